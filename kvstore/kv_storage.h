@@ -1,0 +1,48 @@
+// KvStorage: where the bytes of the KV pool live ([layer][slot][576] bf16). The bookkeeping
+// (KvStore) is shared; a storage only moves rows. Host memory now, device memory later.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kernels/bf16.h"
+
+namespace verifyd {
+
+class KvStorage {
+ public:
+  virtual ~KvStorage() = default;
+  virtual int num_layers() const = 0;
+  virtual int64_t capacity_slots() const = 0;
+
+  // rows: host [slots.size()][576]; row k goes to slot slots[k] of `layer`.
+  virtual absl::Status WriteRows(int layer, absl::Span<const int32_t> slots,
+                                 const bf16_bits* rows) = 0;
+  // out: host [slots.size()][576].
+  virtual absl::Status ReadRows(int layer, absl::Span<const int32_t> slots,
+                                bf16_bits* out) const = 0;
+  // For every layer: row of slot src[k] is copied to slot dst[k]. src and dst are disjoint.
+  virtual absl::Status CopySlots(absl::Span<const int32_t> src, absl::Span<const int32_t> dst) = 0;
+};
+
+// The pool in host memory; the CPU backend computes on layer_data() directly.
+class HostKvStorage : public KvStorage {
+ public:
+  HostKvStorage(int num_layers, int64_t capacity_slots);
+  int num_layers() const override { return num_layers_; }
+  int64_t capacity_slots() const override { return capacity_; }
+  absl::Status WriteRows(int layer, absl::Span<const int32_t> slots, const bf16_bits* rows) override;
+  absl::Status ReadRows(int layer, absl::Span<const int32_t> slots, bf16_bits* out) const override;
+  absl::Status CopySlots(absl::Span<const int32_t> src, absl::Span<const int32_t> dst) override;
+
+  // [capacity][576] rows of one layer.
+  const bf16_bits* layer_data(int layer) const;
+
+ private:
+  int num_layers_;
+  int64_t capacity_;
+  std::unique_ptr<bf16_bits[]> data_;
+};
+
+}  // namespace verifyd

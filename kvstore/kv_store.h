@@ -1,0 +1,143 @@
+// KvStore: sequences, their slot tables, pending trees and leases over one KvStorage (SPEC §2).
+//
+// Not thread-safe: the service's executor (one per device) owns it and serializes every call.
+// Every mutating call validates all of its input first and changes nothing when it fails.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kernels/bf16.h"
+#include "kernels/tree_mask.h"
+#include "kvstore/kv_storage.h"
+#include "kvstore/slot_allocator.h"
+
+namespace verifyd {
+
+using SequenceId = uint64_t;
+
+struct KvStoreOptions {
+  int num_layers = 1;
+  int max_tree_nodes = 1024;
+  absl::Duration lease = absl::Seconds(60);
+  // Injectable clock for lease tests.
+  std::function<absl::Time()> now = [] { return absl::Now(); };
+};
+
+// A commit of the pending tree: accepted_path[0] a root, each next a child of the previous.
+// An empty path rejects the whole tree.
+struct CommitPath {
+  std::vector<int32_t> accepted_path;
+};
+
+// One sequence's part of a Verify for one layer.
+struct VerifyItem {
+  SequenceId sequence = 0;
+  std::vector<int32_t> parents;      // [Q]
+  std::optional<CommitPath> commit;  // applied to the pending tree before this verify
+};
+
+// What the compute needs for one sequence after PrepareVerify: read-only, valid until the next
+// mutating call on the store.
+struct VerifyView {
+  int32_t prefix_len = 0;            // committed length n
+  std::vector<int32_t> slots;        // n prefix slots then Q tree slots
+  const TreeMask* mask = nullptr;    // the pending tree's mask
+};
+
+struct FragmentationStats {
+  int64_t sequences = 0;
+  int64_t tokens = 0;              // slots held by committed positions
+  int64_t runs = 0;                // maximal runs of consecutive slots, summed over sequences
+  int64_t tokens_outside_first_run = 0;
+  double fragmented_ratio() const {
+    return tokens == 0 ? 0.0 : static_cast<double>(tokens_outside_first_run) / tokens;
+  }
+};
+
+struct StoreStats {
+  int64_t capacity_slots = 0;
+  int64_t used_slots = 0;          // committed + pending
+  int64_t free_slots = 0;
+  int64_t pending_slots = 0;
+  int64_t largest_free_run = 0;
+  FragmentationStats fragmentation;
+};
+
+struct SlotMove {
+  int32_t src = 0;
+  int32_t dst = 0;
+};
+
+// A compaction step: moves in position order; executing it copies rows for every layer, rewrites
+// slot tables and frees the sources.
+struct CompactionPlan {
+  std::vector<SlotMove> moves;
+  int64_t bytes() const;  // bytes copied (all layers)
+};
+
+class KvStore {
+ public:
+  KvStore(KvStoreOptions options, std::unique_ptr<KvStorage> storage);
+
+  // Appends T = rows/(layer_count) committed tokens to layers [layer_begin, layer_begin+layer_count)
+  // at each layer's fill level; creates the sequence on first use. kv: host
+  // [layer_count][num_tokens][576]. Atomic: RESOURCE_EXHAUSTED keeps nothing.
+  // FAILED_PRECONDITION while a tree is pending.
+  absl::Status Append(SequenceId seq, int layer_begin, int layer_count, int num_tokens,
+                      const bf16_bits* kv);
+
+  // For a batch of sequences on one layer, atomically: applies each item's commit, begins a pending
+  // tree where none is pending (allocating Q slots), or checks that parents equal the pending tree's.
+  absl::Status PrepareVerify(int layer, absl::Span<const VerifyItem> items);
+  // Writes the tree's own KV for `layer` into the pending slots (tree_kv: host [Q][576]).
+  absl::Status WriteTreeLayer(SequenceId seq, int layer, const bf16_bits* tree_kv);
+  absl::StatusOr<VerifyView> GetVerifyView(SequenceId seq) const;
+
+  // Commits the pending tree (see CommitPath). FAILED_PRECONDITION when no tree is pending or a
+  // layer of it was never written (unless the path is empty).
+  absl::Status Commit(SequenceId seq, const CommitPath& path);
+  absl::Status Release(SequenceId seq);
+  // Releases every sequence whose lease has passed; returns them.
+  std::vector<SequenceId> ExpireLeases();
+
+  // Committed length and per-layer fill levels.
+  absl::StatusOr<int64_t> CommittedLength(SequenceId seq) const;
+  absl::StatusOr<std::vector<int64_t>> LayerFill(SequenceId seq) const;
+  // Slots of the committed positions in position order (a copy).
+  absl::StatusOr<std::vector<int32_t>> CommittedSlots(SequenceId seq) const;
+  // Reads committed KV of one layer back: out host [n][576].
+  absl::Status ReadCommitted(SequenceId seq, int layer, bf16_bits* out) const;
+  std::vector<SequenceId> Sequences() const;
+  bool Contains(SequenceId seq) const;
+
+  StoreStats Stats() const;
+
+  // Plans moves of at most budget_bytes that make sequences contiguous in position order.
+  CompactionPlan PlanCompaction(int64_t budget_bytes) const;
+  // Copies, rewrites slot tables, frees sources. A plan is valid only until the next mutating call.
+  absl::Status ExecuteCompaction(const CompactionPlan& plan);
+
+  const KvStoreOptions& options() const { return options_; }
+  KvStorage& storage() { return *storage_; }
+  const KvStorage& storage() const { return *storage_; }
+
+ private:
+  // See kv_store.cc.
+  struct PendingTree;
+  struct Sequence;
+  KvStoreOptions options_;
+  std::unique_ptr<KvStorage> storage_;
+  SlotAllocator allocator_;
+  absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
+};
+
+}  // namespace verifyd
