@@ -16,7 +16,8 @@ namespace verifyd {
 class TreeMask {
  public:
   // Validates parents (length 1..max_nodes, parents[i] == -1 or 0 <= parents[i] < i) and builds
-  // the ancestor sets. Errors are INVALID_ARGUMENT naming `field` (e.g. "parents[3]") and the bound.
+  // the ancestor sets. Errors are INVALID_ARGUMENT naming `field` (e.g. "parents[3]") and the
+  // bound.
   static absl::StatusOr<TreeMask> FromParents(absl::Span<const int32_t> parents, int max_nodes,
                                               const char* field = "parents");
 
@@ -28,7 +29,9 @@ class TreeMask {
   bool Visible(int i, int j) const {
     return (bits_[static_cast<size_t>(i) * words_per_row_ + j / 64] >> (j % 64)) & 1u;
   }
-  const uint64_t* row(int i) const { return bits_.data() + static_cast<size_t>(i) * words_per_row_; }
+  const uint64_t* row(int i) const {
+    return bits_.data() + static_cast<size_t>(i) * words_per_row_;
+  }
   // [num_nodes][words_per_row] words, row-major.
   const std::vector<uint64_t>& bits() const { return bits_; }
   // Depth of each node (roots have depth 0).

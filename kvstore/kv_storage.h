@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -26,13 +27,15 @@ class KvStorage {
   virtual absl::Status CopySlots(absl::Span<const int32_t> src, absl::Span<const int32_t> dst) = 0;
 };
 
-// The pool in host memory; the CPU backend computes on layer_data() directly.
+// The pool in host memory; the CPU backend computes on layer_data() directly. The pool is not
+// zeroed (a slot's row is defined once written), so a large pool costs no page touching up front.
 class HostKvStorage : public KvStorage {
  public:
   HostKvStorage(int num_layers, int64_t capacity_slots);
   int num_layers() const override { return num_layers_; }
   int64_t capacity_slots() const override { return capacity_; }
-  absl::Status WriteRows(int layer, absl::Span<const int32_t> slots, const bf16_bits* rows) override;
+  absl::Status WriteRows(int layer, absl::Span<const int32_t> slots,
+                         const bf16_bits* rows) override;
   absl::Status ReadRows(int layer, absl::Span<const int32_t> slots, bf16_bits* out) const override;
   absl::Status CopySlots(absl::Span<const int32_t> src, absl::Span<const int32_t> dst) override;
 
@@ -40,6 +43,10 @@ class HostKvStorage : public KvStorage {
   const bf16_bits* layer_data(int layer) const;
 
  private:
+  bf16_bits* row(int layer, int32_t slot) const;
+  absl::Status CheckLayer(int layer) const;
+  absl::Status CheckSlots(absl::Span<const int32_t> slots, const char* field) const;
+
   int num_layers_;
   int64_t capacity_;
   std::unique_ptr<bf16_bits[]> data_;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -48,15 +49,15 @@ struct VerifyItem {
 // What the compute needs for one sequence after PrepareVerify: read-only, valid until the next
 // mutating call on the store.
 struct VerifyView {
-  int32_t prefix_len = 0;            // committed length n
-  std::vector<int32_t> slots;        // n prefix slots then Q tree slots
-  const TreeMask* mask = nullptr;    // the pending tree's mask
+  int32_t prefix_len = 0;          // committed length n
+  std::vector<int32_t> slots;      // n prefix slots then Q tree slots
+  const TreeMask* mask = nullptr;  // the pending tree's mask
 };
 
 struct FragmentationStats {
   int64_t sequences = 0;
-  int64_t tokens = 0;              // slots held by committed positions
-  int64_t runs = 0;                // maximal runs of consecutive slots, summed over sequences
+  int64_t tokens = 0;  // slots held by committed positions
+  int64_t runs = 0;    // maximal runs of consecutive slots, summed over sequences
   int64_t tokens_outside_first_run = 0;
   double fragmented_ratio() const {
     return tokens == 0 ? 0.0 : static_cast<double>(tokens_outside_first_run) / tokens;
@@ -65,14 +66,18 @@ struct FragmentationStats {
 
 struct StoreStats {
   int64_t capacity_slots = 0;
-  int64_t used_slots = 0;          // committed + pending
+  int64_t used_slots = 0;  // committed + pending
   int64_t free_slots = 0;
   int64_t pending_slots = 0;
   int64_t largest_free_run = 0;
   FragmentationStats fragmentation;
 };
 
+// Position `position` of `sequence` moves from slot src to slot dst. The owner is named so that
+// executing a stale plan is detected instead of moving somebody else's row.
 struct SlotMove {
+  SequenceId sequence = 0;
+  int32_t position = 0;
   int32_t src = 0;
   int32_t dst = 0;
 };
@@ -81,22 +86,34 @@ struct SlotMove {
 // slot tables and frees the sources.
 struct CompactionPlan {
   std::vector<SlotMove> moves;
-  int64_t bytes() const;  // bytes copied (all layers)
+  int64_t bytes_per_move = 0;  // layers * 1152, set by the planner
+  int64_t bytes() const { return static_cast<int64_t>(moves.size()) * bytes_per_move; }
 };
 
 class KvStore {
  public:
+  // options.num_layers is taken from the storage; capacity is the storage's; max_tree_nodes is
+  // clamped to [1, kMaxTreeNodes].
   KvStore(KvStoreOptions options, std::unique_ptr<KvStorage> storage);
+  ~KvStore();
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
 
-  // Appends T = rows/(layer_count) committed tokens to layers [layer_begin, layer_begin+layer_count)
-  // at each layer's fill level; creates the sequence on first use. kv: host
-  // [layer_count][num_tokens][576]. Atomic: RESOURCE_EXHAUSTED keeps nothing.
-  // FAILED_PRECONDITION while a tree is pending.
+  // Appends num_tokens (T) committed tokens to layers [layer_begin, layer_begin+layer_count) at
+  // each layer's fill level; creates the sequence on first use. kv: host
+  // [layer_count][num_tokens][576]. New slots are allocated only past the slot list's end,
+  // extending the last run in place when possible, else one run, else the lowest free slots.
+  // INVALID_ARGUMENT (layer range, T >= 1, kv), FAILED_PRECONDITION while a tree is pending,
+  // RESOURCE_EXHAUSTED keeps nothing (not even a new sequence).
   absl::Status Append(SequenceId seq, int layer_begin, int layer_count, int num_tokens,
                       const bf16_bits* kv);
 
   // For a batch of sequences on one layer, atomically: applies each item's commit, begins a pending
-  // tree where none is pending (allocating Q slots), or checks that parents equal the pending tree's.
+  // tree where none is pending (allocating Q slots, preferably right after the prefix), or checks
+  // that parents equal the pending tree's. Checks, in order: layer, non-empty batch; per item:
+  // duplicate id (INVALID_ARGUMENT), unknown id (NOT_FOUND), the commit (as Commit), then a new
+  // tree's parents (INVALID_ARGUMENT) and equal layer fills (FAILED_PRECONDITION), or a pending
+  // tree's parents (FAILED_PRECONDITION); last, capacity for the batch (RESOURCE_EXHAUSTED).
   absl::Status PrepareVerify(int layer, absl::Span<const VerifyItem> items);
   // Writes the tree's own KV for `layer` into the pending slots (tree_kv: host [Q][576]).
   absl::Status WriteTreeLayer(SequenceId seq, int layer, const bf16_bits* tree_kv);
@@ -106,34 +123,47 @@ class KvStore {
   // layer of it was never written (unless the path is empty).
   absl::Status Commit(SequenceId seq, const CommitPath& path);
   absl::Status Release(SequenceId seq);
-  // Releases every sequence whose lease has passed; returns them.
+  // Releases every sequence whose deadline (now + lease, renewed by every successful call that
+  // names it; not by read-only calls or compaction) is <= now; returns them in id order.
   std::vector<SequenceId> ExpireLeases();
 
   // Committed length and per-layer fill levels.
   absl::StatusOr<int64_t> CommittedLength(SequenceId seq) const;
   absl::StatusOr<std::vector<int64_t>> LayerFill(SequenceId seq) const;
-  // Slots of the committed positions in position order (a copy).
+  // The slot list in position order (a copy): max fill entries, so every position some layer holds.
   absl::StatusOr<std::vector<int32_t>> CommittedSlots(SequenceId seq) const;
-  // Reads committed KV of one layer back: out host [n][576].
+  // Reads the committed KV of one layer back: out host [LayerFill(seq)[layer]][576].
   absl::Status ReadCommitted(SequenceId seq, int layer, bf16_bits* out) const;
   std::vector<SequenceId> Sequences() const;
   bool Contains(SequenceId seq) const;
 
   StoreStats Stats() const;
 
-  // Plans moves of at most budget_bytes that make sequences contiguous in position order.
+  // Plans moves of at most budget_bytes that make sequences contiguous in position order
+  // (strategy in plans/0001-core.md). Cost O(sequences + their first runs) + O(moves log).
   CompactionPlan PlanCompaction(int64_t budget_bytes) const;
-  // Copies, rewrites slot tables, frees sources. A plan is valid only until the next mutating call.
+  // Copies, rewrites slot tables, frees sources. A plan is valid only until the next mutating call;
+  // a stale or malformed plan is rejected (FAILED_PRECONDITION / INVALID_ARGUMENT) with no change.
   absl::Status ExecuteCompaction(const CompactionPlan& plan);
 
   const KvStoreOptions& options() const { return options_; }
+  const SlotAllocator& allocator() const { return allocator_; }
   KvStorage& storage() { return *storage_; }
   const KvStorage& storage() const { return *storage_; }
 
  private:
-  // See kv_store.cc.
+  // Defined in kvstore/sequence.h.
   struct PendingTree;
   struct Sequence;
+
+  absl::StatusOr<Sequence*> Find(SequenceId seq, const char* field);
+  absl::StatusOr<const Sequence*> Find(SequenceId seq, const char* field) const;
+  absl::Status ValidateCommit(const Sequence& sequence, const CommitPath& path,
+                              const std::string& field) const;
+  // Slot-table rewrite of a validated commit; frees the rejected nodes' slots.
+  absl::Status ApplyCommit(Sequence& sequence, const CommitPath& path);
+  absl::Status CheckLayer(int layer, const char* field) const;
+  void Renew(Sequence& sequence) const;
   KvStoreOptions options_;
   std::unique_ptr<KvStorage> storage_;
   SlotAllocator allocator_;

@@ -1,0 +1,60 @@
+#include "client/append_chunking.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client/tensor.h"
+
+namespace verifyd {
+
+absl::StatusOr<std::vector<v1::AppendRequest>> SplitAppend(const v1::AppendRequest& request,
+                                                           int64_t max_message_bytes) {
+  if (static_cast<int64_t>(request.ByteSizeLong()) <= max_message_bytes) return {{request}};
+
+  const v1::Tensor& kv = request.kv();
+  if (kv.dtype() != v1::DTYPE_BF16 || kv.shape_size() != 3 ||
+      kv.data_case() != v1::Tensor::kInlineData) {
+    return absl::InvalidArgumentError(
+        "kv must be an inline DTYPE_BF16 tensor of shape [layer_count, T, row] to be split");
+  }
+  const int64_t layers = kv.shape(0), tokens = kv.shape(1), row = kv.shape(2);
+  auto elements = tensor::NumElements({layers, tokens, row}, "kv.shape");
+  if (!elements.ok()) return elements.status();
+  if (layers < 1 || tokens < 1 || row < 1 ||
+      static_cast<int64_t>(kv.inline_data().size()) != *elements * 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv.shape = [", layers, ", ", tokens, ", ", row, "] with ", kv.inline_data().size(),
+        " bytes of inline_data cannot be split (need dims >= 1 and shape product x 2 bytes)"));
+  }
+  const int64_t token_bytes = layers * row * 2;  // one token of every layer
+  const int64_t per_chunk = (max_message_bytes - kAppendEnvelopeBytes) / token_bytes;
+  if (per_chunk < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "one token of ", layers, " layers is ", token_bytes, " bytes; with ", kAppendEnvelopeBytes,
+        " bytes of envelope it exceeds max_message_bytes = ", max_message_bytes));
+  }
+
+  const char* data = kv.inline_data().data();
+  const int64_t layer_stride = tokens * row * 2;
+  std::vector<v1::AppendRequest> chunks;
+  for (int64_t t0 = 0; t0 < tokens; t0 += per_chunk) {
+    const int64_t t1 = std::min(tokens, t0 + per_chunk);
+    v1::AppendRequest& chunk = chunks.emplace_back();
+    chunk.set_sequence_id(request.sequence_id());
+    chunk.set_layer_begin(request.layer_begin());
+    v1::Tensor* out = chunk.mutable_kv();
+    out->set_dtype(v1::DTYPE_BF16);
+    out->add_shape(layers);
+    out->add_shape(t1 - t0);
+    out->add_shape(row);
+    std::string* bytes = out->mutable_inline_data();
+    bytes->reserve(layers * (t1 - t0) * row * 2);
+    for (int64_t l = 0; l < layers; ++l) {
+      bytes->append(data + l * layer_stride + t0 * row * 2, (t1 - t0) * row * 2);
+    }
+  }
+  return chunks;
+}
+
+}  // namespace verifyd

@@ -1,0 +1,268 @@
+#include "client/client.h"
+
+#include <algorithm>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client/append_chunking.h"
+#include "client/health_codec.h"
+#include "client/tensor.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+
+namespace verifyd {
+namespace {
+
+constexpr char kAdminTokenKey[] = "x-verifyd-admin-token";
+constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
+
+// gRPC and Abseil share the canonical code numbering, so the code carries over unchanged.
+absl::Status FromGrpc(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+std::string SliceBytes(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!buffer.Dump(&slices).ok()) return out;
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+}  // namespace
+
+const char* HealthStatusName(HealthStatus status) {
+  switch (status) {
+    case HealthStatus::kUnknown:
+      return "UNKNOWN";
+    case HealthStatus::kServing:
+      return "SERVING";
+    case HealthStatus::kNotServing:
+      return "NOT_SERVING";
+    case HealthStatus::kServiceUnknown:
+      return "SERVICE_UNKNOWN";
+  }
+  return "UNKNOWN";
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
+                                                        ClientOptions options) {
+  if (target.empty()) return absl::InvalidArgumentError("target must not be empty");
+  if (options.max_message_bytes < 4096 ||
+      options.max_message_bytes > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_message_bytes = ", options.max_message_bytes, " must be in [4096, ",
+                     std::numeric_limits<int32_t>::max(), "]"));
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  return FromChannel(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args),
+                     std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::FromChannel(std::shared_ptr<grpc::Channel> channel,
+                                                            ClientOptions options) {
+  if (channel == nullptr) return absl::InvalidArgumentError("channel must not be null");
+  if (options.default_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "default_deadline = ", absl::FormatDuration(options.default_deadline), " must be > 0"));
+  }
+  if (options.retries < 0 || options.retries > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retries = ", options.retries, " must be in [0, 100]"));
+  }
+  if (options.max_message_bytes <= kAppendEnvelopeBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_message_bytes = ", options.max_message_bytes, " must be > ", kAppendEnvelopeBytes));
+  }
+  return std::unique_ptr<Client>(new Client(std::move(channel), std::move(options)));
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : options_(std::move(options)),
+      channel_(std::move(channel)),
+      stub_(v1::Verifyd::NewStub(channel_)),
+      generic_stub_(std::make_unique<grpc::GenericStub>(channel_)) {}
+
+Client::~Client() = default;
+
+absl::Status Client::Call(const char* method, bool idempotent, const CallOptions& call,
+                          const std::function<absl::Status(grpc::ClientContext&)>& attempt) {
+  const absl::Time deadline = absl::Now() + call.deadline.value_or(options_.default_deadline);
+  absl::Duration backoff = options_.retry_backoff;
+  const int attempts = idempotent ? 1 + options_.retries : 1;
+  absl::Status status;
+  for (int a = 0; a < attempts; ++a) {
+    if (a > 0) {
+      // A retry that cannot finish before the deadline is not worth starting.
+      if (absl::Now() + backoff >= deadline) break;
+      absl::SleepFor(backoff);
+      backoff *= 2;
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    status = attempt(context);
+    if (status.code() != absl::StatusCode::kUnavailable) break;
+  }
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(method, ": ", status.message()));
+}
+
+absl::StatusOr<v1::AppendResponse> Client::Append(const v1::AppendRequest& request,
+                                                  const CallOptions& call) {
+  auto chunks = SplitAppend(request, options_.max_message_bytes);
+  if (!chunks.ok()) {
+    return absl::Status(chunks.status().code(),
+                        absl::StrCat("Append: ", chunks.status().message()));
+  }
+  v1::AppendResponse response;
+  int64_t tokens_done = 0;
+  for (size_t i = 0; i < chunks->size(); ++i) {
+    const v1::AppendRequest& chunk = (*chunks)[i];
+    absl::Status status = Call("Append", false, call, [&](grpc::ClientContext& context) {
+      return FromGrpc(stub_->Append(&context, chunk, &response));
+    });
+    if (!status.ok()) {
+      if (chunks->size() == 1) return status;
+      return absl::Status(status.code(),
+                          absl::StrCat(status.message(), " (chunk ", i + 1, " of ", chunks->size(),
+                                       "; the first ", tokens_done, " tokens stay appended)"));
+    }
+    tokens_done += chunk.kv().shape_size() > 1 ? chunk.kv().shape(1) : 0;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::AppendResponse> Client::AppendKv(uint64_t sequence_id, uint32_t layer_begin,
+                                                    int64_t layer_count, int64_t tokens,
+                                                    absl::Span<const uint16_t> kv,
+                                                    const CallOptions& call) {
+  v1::AppendRequest request;
+  request.set_sequence_id(sequence_id);
+  request.set_layer_begin(layer_begin);
+  const int64_t shape[] = {layer_count, tokens, 576};
+  auto tensor = tensor::MakeBf16(shape, kv);
+  if (!tensor.ok()) {
+    return absl::Status(tensor.status().code(),
+                        absl::StrCat("Append: kv ", tensor.status().message()));
+  }
+  *request.mutable_kv() = std::move(*tensor);
+  return Append(request, call);
+}
+
+absl::StatusOr<v1::VerifyResponse> Client::Verify(const v1::VerifyRequest& request,
+                                                  const CallOptions& call) {
+  v1::VerifyResponse response;
+  absl::Status status = Call("Verify", false, call, [&](grpc::ClientContext& context) {
+    return FromGrpc(stub_->Verify(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::CommitResponse> Client::Commit(uint64_t sequence_id,
+                                                  absl::Span<const int32_t> accepted_path,
+                                                  const CallOptions& call) {
+  v1::CommitRequest request;
+  request.set_sequence_id(sequence_id);
+  request.mutable_commit()->set_commit_length(static_cast<uint32_t>(accepted_path.size()));
+  request.mutable_commit()->mutable_accepted_path()->Add(accepted_path.begin(),
+                                                         accepted_path.end());
+  v1::CommitResponse response;
+  absl::Status status = Call("Commit", false, call, [&](grpc::ClientContext& context) {
+    return FromGrpc(stub_->Commit(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::ReleaseResponse> Client::Release(uint64_t sequence_id, const CallOptions& call) {
+  v1::ReleaseRequest request;
+  request.set_sequence_id(sequence_id);
+  v1::ReleaseResponse response;
+  absl::Status status = Call("Release", false, call, [&](grpc::ClientContext& context) {
+    return FromGrpc(stub_->Release(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::CompactResponse> Client::Compact(uint64_t budget_bytes,
+                                                    const CallOptions& call) {
+  v1::CompactRequest request;
+  request.set_budget_bytes(budget_bytes);
+  v1::CompactResponse response;
+  absl::Status status = Call("Compact", false, call, [&](grpc::ClientContext& context) {
+    if (!options_.admin_token.empty()) context.AddMetadata(kAdminTokenKey, options_.admin_token);
+    return FromGrpc(stub_->Compact(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::CompactionStatus> Client::GetCompaction(const std::string& operation_id,
+                                                           const CallOptions& call) {
+  v1::GetCompactionRequest request;
+  request.set_operation_id(operation_id);
+  v1::CompactionStatus response;
+  absl::Status status = Call("GetCompaction", true, call, [&](grpc::ClientContext& context) {
+    return FromGrpc(stub_->GetCompaction(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::CompactionStatus> Client::WaitCompaction(
+    const std::string& operation_id, absl::Duration poll_interval,
+    const std::function<void(const v1::CompactionStatus&)>& on_progress, const CallOptions& call) {
+  for (;;) {
+    auto status = GetCompaction(operation_id, call);
+    if (!status.ok()) return status.status();
+    if (on_progress) on_progress(*status);
+    if (status->state() == v1::CompactionStatus::DONE ||
+        status->state() == v1::CompactionStatus::FAILED) {
+      return status;
+    }
+    absl::SleepFor(poll_interval);
+  }
+}
+
+absl::StatusOr<v1::StatsResponse> Client::Stats(const CallOptions& call) {
+  v1::StatsResponse response;
+  absl::Status status = Call("Stats", true, call, [&](grpc::ClientContext& context) {
+    return FromGrpc(stub_->Stats(&context, v1::StatsRequest(), &response));
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<HealthStatus> Client::Health(const std::string& service, const CallOptions& call) {
+  const std::string request_bytes = EncodeHealthCheckRequest(service);
+  int value = 0;
+  absl::Status status = Call("Health", true, call, [&](grpc::ClientContext& context) {
+    grpc::Slice slice(request_bytes);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    std::promise<grpc::Status> done;
+    generic_stub_->UnaryCall(&context, kHealthCheckMethod, grpc::StubOptions(), &request, &response,
+                             [&done](grpc::Status s) { done.set_value(std::move(s)); });
+    absl::Status rpc = FromGrpc(done.get_future().get());
+    if (!rpc.ok()) return rpc;
+    auto decoded = DecodeHealthCheckResponse(SliceBytes(response));
+    if (!decoded.ok()) return decoded.status();
+    value = *decoded;
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  if (value < 0 || value > 3) return HealthStatus::kUnknown;
+  return static_cast<HealthStatus>(value);
+}
+
+}  // namespace verifyd

@@ -1,0 +1,107 @@
+// verifyd::Client: typed, synchronous calls to one verifyd daemon (SPEC §4).
+//
+// Every call returns absl::StatusOr with the daemon's gRPC code carried over unchanged and the
+// message prefixed with the method. Each call gets the default deadline unless CallOptions says
+// otherwise. Only idempotent calls (Stats, GetCompaction, Health) are retried, and only on
+// UNAVAILABLE: a retried Verify, Append or Commit could apply twice
+// (plans/0006-client-and-load.md). Thread-safe: one Client may be shared by every thread of a
+// scheduler.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "verifyd/v1/verifyd.grpc.pb.h"
+
+namespace verifyd {
+
+struct ClientOptions {
+  // Per call unless CallOptions overrides it; a chunked Append gives each chunk this deadline.
+  absl::Duration default_deadline = absl::Seconds(30);
+  // Largest message sent or received; Append is split to stay under it. Match the daemon's
+  // --max-message-bytes.
+  int64_t max_message_bytes = int64_t{64} << 20;
+  // Extra attempts after UNAVAILABLE, for idempotent calls only; all attempts share one deadline.
+  int retries = 3;
+  // Wait before the first retry; doubled for each next one.
+  absl::Duration retry_backoff = absl::Milliseconds(50);
+  // Sent as metadata "x-verifyd-admin-token" with Compact (needed over TCP only).
+  std::string admin_token;
+};
+
+struct CallOptions {
+  std::optional<absl::Duration> deadline;  // overrides ClientOptions::default_deadline
+};
+
+// grpc.health.v1 serving status.
+enum class HealthStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
+const char* HealthStatusName(HealthStatus status);
+
+class Client {
+ public:
+  // Creates the channel; does not wait for the daemon (the first call connects). INVALID_ARGUMENT
+  // for an empty target or an option out of range.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
+                                                         ClientOptions options = {});
+  // Over an existing channel (tests, in-process servers). The channel must allow messages of
+  // options.max_message_bytes.
+  static absl::StatusOr<std::unique_ptr<Client>> FromChannel(std::shared_ptr<grpc::Channel> channel,
+                                                             ClientOptions options = {});
+  ~Client();
+
+  // Sends the request in as many messages as max_message_bytes needs, in order; returns the last
+  // answer (the fill levels after the whole append). On an error after k chunks, those k chunks
+  // stay appended and the message says how many tokens were.
+  absl::StatusOr<v1::AppendResponse> Append(const v1::AppendRequest& request,
+                                            const CallOptions& call = {});
+  // kv: bf16 [layer_count, tokens, 576] (row-major), appended to layers
+  // [layer_begin, layer_begin + layer_count).
+  absl::StatusOr<v1::AppendResponse> AppendKv(uint64_t sequence_id, uint32_t layer_begin,
+                                              int64_t layer_count, int64_t tokens,
+                                              absl::Span<const uint16_t> kv,
+                                              const CallOptions& call = {});
+  absl::StatusOr<v1::VerifyResponse> Verify(const v1::VerifyRequest& request,
+                                            const CallOptions& call = {});
+  // accepted_path: a root, then each node a child of the previous; empty rejects the whole tree.
+  absl::StatusOr<v1::CommitResponse> Commit(uint64_t sequence_id,
+                                            absl::Span<const int32_t> accepted_path,
+                                            const CallOptions& call = {});
+  absl::StatusOr<v1::ReleaseResponse> Release(uint64_t sequence_id, const CallOptions& call = {});
+  // budget_bytes = 0: until converged. Returns the operation id to poll.
+  absl::StatusOr<v1::CompactResponse> Compact(uint64_t budget_bytes, const CallOptions& call = {});
+  absl::StatusOr<v1::CompactionStatus> GetCompaction(const std::string& operation_id,
+                                                     const CallOptions& call = {});
+  // Polls GetCompaction every poll_interval until DONE or FAILED (returned as a status, not an
+  // error: the caller reads state and error), calling on_progress with every status seen.
+  absl::StatusOr<v1::CompactionStatus> WaitCompaction(
+      const std::string& operation_id, absl::Duration poll_interval = absl::Milliseconds(100),
+      const std::function<void(const v1::CompactionStatus&)>& on_progress = nullptr,
+      const CallOptions& call = {});
+  absl::StatusOr<v1::StatsResponse> Stats(const CallOptions& call = {});
+  // grpc.health.v1.Health/Check; service "" is the whole daemon.
+  absl::StatusOr<HealthStatus> Health(const std::string& service = "",
+                                      const CallOptions& call = {});
+
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+
+  // Runs attempt(context) with one absolute deadline, retrying UNAVAILABLE when idempotent.
+  absl::Status Call(const char* method, bool idempotent, const CallOptions& call,
+                    const std::function<absl::Status(grpc::ClientContext&)>& attempt);
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Verifyd::Stub> stub_;
+  std::unique_ptr<grpc::GenericStub> generic_stub_;  // grpc.health.v1 (no generated health proto)
+};
+
+}  // namespace verifyd

@@ -1,0 +1,105 @@
+#include "client/verifyctl/args.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace verifyd::ctl {
+namespace {
+
+absl::Status Usage(auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); }
+
+absl::StatusOr<Command> ParseCommand(const std::string& word) {
+  if (word == "health") return Command::kHealth;
+  if (word == "stats") return Command::kStats;
+  if (word == "compact") return Command::kCompact;
+  if (word == "release") return Command::kRelease;
+  if (word == "help") return Command::kHelp;
+  return Usage("unknown command '", word, "'; expected health, stats, compact or release");
+}
+
+}  // namespace
+
+std::string Usage() {
+  return "usage: verifyctl [--target=unix:///tmp/verifyd-0.sock] [--deadline-seconds=10]\n"
+         "                 [--admin-token=TOKEN] COMMAND\n"
+         "commands:\n"
+         "  health                        grpc.health.v1 status (exit 0 only when SERVING)\n"
+         "  stats                         store occupancy, fragmentation and settings\n"
+         "  compact [--budget-bytes=N]    defragment (0 = until converged), with progress\n"
+         "          [--poll-ms=100]\n"
+         "  release --sequence=ID         drop a sequence and free its slots\n"
+         "exit codes: 0 ok, 1 rpc error, 2 usage\n";
+}
+
+absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& argv) {
+  Args args;
+  bool have_command = false;
+  std::string compact_flag, release_flag;  // a flag that only one command takes
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& word = argv[i];
+    if (word == "-h" || word == "--help") {
+      args.command = Command::kHelp;
+      return args;
+    }
+    if (!absl::StartsWith(word, "--")) {
+      if (have_command) return Usage("unexpected argument '", word, "' after the command");
+      auto command = ParseCommand(word);
+      if (!command.ok()) return command.status();
+      args.command = *command;
+      have_command = true;
+      continue;
+    }
+    std::string name = word.substr(2), value;
+    if (const size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    } else if (i + 1 < argv.size()) {
+      value = argv[++i];
+    } else {
+      return Usage("--", name, " needs a value");
+    }
+    if (name == "target") {
+      if (value.empty()) return Usage("--target must not be empty");
+      args.target = value;
+    } else if (name == "deadline-seconds") {
+      if (!absl::SimpleAtod(value, &args.deadline_seconds) || !(args.deadline_seconds > 0)) {
+        return Usage("--deadline-seconds = '", value, "' must be a number > 0");
+      }
+    } else if (name == "admin-token") {
+      args.admin_token = value;
+    } else if (name == "budget-bytes") {
+      if (!absl::SimpleAtoi(value, &args.budget_bytes)) {
+        return Usage("--budget-bytes = '", value, "' must be an integer >= 0");
+      }
+      compact_flag = "--budget-bytes";
+    } else if (name == "poll-ms") {
+      if (!absl::SimpleAtoi(value, &args.poll_ms) || args.poll_ms < 1 || args.poll_ms > 60000) {
+        return Usage("--poll-ms = '", value, "' must be an integer in [1, 60000]");
+      }
+      compact_flag = "--poll-ms";
+    } else if (name == "sequence") {
+      if (!absl::SimpleAtoi(value, &args.sequence)) {
+        return Usage("--sequence = '", value, "' must be an unsigned integer");
+      }
+      args.has_sequence = true;
+      release_flag = "--sequence";
+    } else {
+      return Usage("unknown flag --", name);
+    }
+  }
+  if (!have_command) return Usage("a command is required");
+  if (!compact_flag.empty() && args.command != Command::kCompact) {
+    return Usage(compact_flag, " applies to compact only");
+  }
+  if (!release_flag.empty() && args.command != Command::kRelease) {
+    return Usage(release_flag, " applies to release only");
+  }
+  if (args.command == Command::kRelease && !args.has_sequence) {
+    return Usage("release needs --sequence=ID");
+  }
+  return args;
+}
+
+}  // namespace verifyd::ctl

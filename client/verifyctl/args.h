@@ -1,0 +1,33 @@
+// verifyctl's command line: `verifyctl [--target=URI] COMMAND [--flag=value ...]`.
+//
+// Parsed by hand rather than with absl flags so that every usage error exits with code 2 (absl's
+// parser exits 1, which verifyctl reserves for RPC errors).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace verifyd::ctl {
+
+enum class Command { kHealth, kStats, kCompact, kRelease, kHelp };
+
+struct Args {
+  Command command = Command::kHelp;
+  std::string target = "unix:///tmp/verifyd-0.sock";
+  double deadline_seconds = 10;
+  std::string admin_token;
+  uint64_t budget_bytes = 0;  // compact; 0 = until converged
+  int poll_ms = 100;          // compact
+  uint64_t sequence = 0;      // release
+  bool has_sequence = false;
+};
+
+// INVALID_ARGUMENT naming the flag for anything unknown, missing or malformed.
+absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& argv);
+
+std::string Usage();
+
+}  // namespace verifyd::ctl

@@ -1,0 +1,366 @@
+// The flash MLA tree-verify kernel: portable tensor-core path (mma.sync, sm_80 / sm_90 / sm_120).
+//
+// Math (SPEC §1). Rows r = node * H + head of one sequence; columns t = 0 .. L+Q-1 (prefix, then tree).
+//   S[r, t] = scale * <q[r, 0:576], kv[slot(t), 0:576]>,   masked to -inf where node(r) cannot see t;
+//   O[r, :] = softmax_t(S[r, :]) @ kv[slot(t), 0:512],      LSE[r] = ln sum_t exp(S[r, t]).
+// Online softmax in fp32, in log2 units (scale folded with log2 e), one KV tile of 32 columns at a time.
+//
+// Tiling. One CTA = one work item: 64 rows of one sequence x a column range [col_begin, col_end)
+// chosen by the split planner. All 64 rows (every head and node in them) share one read of each KV
+// tile from device memory: the latent is read once per row block, not once per head.
+//   per tile: S (64 x 32, k = 576) = 288 mma m16n8k16;  O += P V (64 x 512, k = 32) = 256 mma.
+//
+// Warps (8, 256 threads) and why. The O accumulator (64 x 512 fp32 = 128 KB) only fits in registers
+// spread over all 256 threads (128 regs each), so for P.V warp w owns O[:, 64w, 64w+64) for all 64
+// rows: each V fragment feeds 4 m-tiles and each P fragment 8 n-tiles (128 B of ldmatrix per mma).
+// Q (64 x 576 bf16 = 72 KB) does not fit in shared memory beside a double-buffered KV tile within
+// 99 KB, so Q lives in registers as mma A fragments, split over the warps by k: warp w = (rg, kg),
+// rg = w % 4 holds rows [16 rg, +16), kg = w / 4 holds k-steps [18 kg, +18) (72 registers). Per tile
+// each warp computes a partial S (16 rows x 32 cols over half of k) reading only K fragments (256 B
+// per mma); the two warps of a row group swap the halves of their partials through shared memory and
+// each finishes 8 of the 16 rows: add (k-group 0 first, so results are bit-reproducible), mask, online
+// softmax, then P (bf16) and the per-row rescale to shared memory.
+//
+// Shared memory (88.8 KB of the 99 KB that sm_120 allows per block):
+//   KV tiles  2 x 32 x 584 bf16 (row padded by 16 B so ldmatrix rows fall in distinct banks) 74752 B
+//             (the prologue stages the 64-row Q tile through the same bytes before it goes to registers)
+//   S swap    4 row groups x 2 warps x 2 x 32 lanes x float4 (conflict-free)                 8192 B
+//   P         64 x 40 bf16 (padded)                                                           5120 B
+//   rescale   64 fp32; final row sum and max 2 x 64 fp32                                       768 B
+//
+// Pipeline per tile: wait for tile j, barrier, issue cp.async for tile j+1 into the other buffer,
+// S partials, barrier, softmax (all warps, one row per lane quad), barrier, P.V. Loads of tile j+1
+// overlap all of tile j.
+// KV rows are gathered through the int32 slot table with 16-byte cp.async; lane i of every warp holds
+// the slot of column i of the tile, and when the tile's 32 slots are one consecutive run (the common,
+// compacted case) row addresses come from the first slot alone. Columns past col_end are zero-filled
+// so masked columns never multiply garbage (0 * NaN) into O.
+//
+// Output: a work item that covers all columns writes bf16 O and the LSE directly; a split writes fp32
+// O normalised by its own sum plus its LSE, and mla_verify_combine.cu merges the splits.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/mla_dims.h"
+#include "kernels/mla_verify_kernels.h"
+#include "kernels/mla_verify_mma.cuh"
+#include "kernels/tree_visibility.cuh"
+
+namespace verifyd {
+namespace {
+
+using mma::CpAsync16;
+using mma::CpAsyncCommit;
+using mma::CpAsyncWaitAll;
+using mma::LdMatrixX4;
+using mma::LdMatrixX4Trans;
+using mma::MmaBf16;
+using mma::SmemAddr;
+
+constexpr int kRows = kFlashBlockRows;
+constexpr int kCols = kFlashBlockCols;
+constexpr int kStride = kKvDim + 8;          // bf16 per padded shared row (1168 B)
+constexpr int kChunksPerRow = kKvDim / 8;    // 16-byte chunks per KV row
+constexpr int kNopeKSteps = kVDim / 16 / 2;  // latent k-steps per k-group, held in registers
+constexpr int kRopeKSteps = kRopeDim / 16 / 2;  // rope k-steps per k-group, read from shared memory
+constexpr int kRopeStride = kRopeDim + 8;
+constexpr int kPStride = kCols + 8;
+constexpr int kKvBufferBytes = kCols * kStride * 2;
+constexpr int kKvBytes = 2 * kKvBufferBytes;
+constexpr int kSPartialBytes = 4 * 16 * 32 * 4;
+constexpr int kPBytes = kRows * kPStride * 2;
+constexpr int kQRopeBytes = kRows * kRopeStride * 2;
+constexpr int kSmemBytes = kKvBytes + kSPartialBytes + kPBytes + kQRopeBytes + 3 * kRows * 4;
+static_assert(kRows * kStride * 2 <= kKvBytes, "the Q staging tile must fit in the KV buffers");
+static_assert(kSmemBytes <= 99 * 1024, "sm_120 allows 99 KB of dynamic shared memory per block");
+static_assert(kCols % (kFlashThreads / 32) == 0, "each warp copies whole rows of a tile");
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Issues the cp.async copies of KV columns [tile_col, tile_col + 32) into `dst`. Warp w copies rows
+// [4w, 4w + 4): lane i copies 16-byte chunks i, i + 32, i + 64 (< 72) of each, so a row's address is
+// one multiply per row and consecutive lanes write consecutive 16 bytes.
+__device__ __forceinline__ void LoadKvTile(const bf16_bits* kv, const int32_t* slots, int tile_col, int col_end,
+                                           bf16_bits* dst, int warp, int lane) {
+  const int my_col = tile_col + lane;
+  const int my_slot = my_col < col_end ? slots[my_col] : 0;
+  const int slot0 = __shfl_sync(kFullMask, my_slot, 0);
+  const bool run = __all_sync(kFullMask, my_col >= col_end || my_slot == slot0 + lane);
+  constexpr int kRowsPerWarp = kCols / (kFlashThreads / 32);
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int r = warp * kRowsPerWarp + rr;
+    const int slot = run ? slot0 + r : __shfl_sync(kFullMask, my_slot, r);
+    const bool valid = tile_col + r < col_end;
+    const bf16_bits* src_row = kv + (valid ? static_cast<int64_t>(slot) * kKvDim : 0);
+    const uint32_t dst_row = SmemAddr(dst + r * kStride);
+#pragma unroll
+    for (int j = 0; j < (kChunksPerRow + 31) / 32; ++j) {
+      const int cc = lane + 32 * j;
+      if (cc < kChunksPerRow) CpAsync16(dst_row + cc * 16, src_row + (valid ? cc * 8 : 0), valid);
+    }
+  }
+  CpAsyncCommit();
+}
+
+__global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVerifyParams params) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  bf16_bits* kv_smem = reinterpret_cast<bf16_bits*>(smem);
+  float4* s_xchg = reinterpret_cast<float4*>(smem + kKvBytes);
+  bf16_bits* p_smem = reinterpret_cast<bf16_bits*>(smem + kKvBytes + kSPartialBytes);
+  bf16_bits* q_rope_smem = reinterpret_cast<bf16_bits*>(smem + kKvBytes + kSPartialBytes + kPBytes);
+  float* alpha_smem = reinterpret_cast<float*>(smem + kKvBytes + kSPartialBytes + kPBytes + kQRopeBytes);
+  float* row_sum_smem = alpha_smem + kRows;
+  float* row_max_smem = row_sum_smem + kRows;
+
+  const VerifyProblem& pr = params.problem;
+  const FlashWorkItem item = params.work[blockIdx.x];
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;
+  const int c = lane & 3;
+  const int rg = warp & 3;
+  const int kg = warp >> 2;
+
+  const int q_begin = pr.qo_indptr[item.seq];
+  const int num_nodes = pr.qo_indptr[item.seq + 1] - q_begin;
+  const int prefix_len = pr.prefix_len[item.seq];
+  const int heads = pr.num_heads;
+  const int seq_rows = num_nodes * heads;
+  const int rows_here = min(kRows, seq_rows - item.row_begin);
+  const int64_t first_row = static_cast<int64_t>(q_begin) * heads + item.row_begin;
+  const int32_t* slots = pr.slots + pr.slot_indptr[item.seq];
+  const uint64_t* mask_rows = pr.mask_bits + pr.mask_indptr[item.seq];
+  const int words_per_row = (num_nodes + 63) / 64;
+
+  // Prologue: stage Q through the KV buffers, then keep it in registers as A fragments.
+  for (int chunk = tid; chunk < kRows * kChunksPerRow; chunk += kFlashThreads) {
+    const int r = chunk / kChunksPerRow;
+    const int cc = chunk % kChunksPerRow;
+    const bool valid = r < rows_here;
+    const bf16_bits* src = valid ? pr.q + (first_row + r) * kKvDim + cc * 8 : pr.q;
+    bf16_bits* dst = cc * 8 < kVDim ? kv_smem + r * kStride + cc * 8 : q_rope_smem + r * kRopeStride + cc * 8 - kVDim;
+    CpAsync16(SmemAddr(dst), src, valid);
+  }
+  CpAsyncCommit();
+  CpAsyncWaitAll();
+  __syncthreads();
+  uint32_t q_frag[kNopeKSteps][4];
+#pragma unroll
+  for (int ks = 0; ks < kNopeKSteps; ++ks) {
+    const int k0 = (kg * kNopeKSteps + ks) * 16;
+    LdMatrixX4(q_frag[ks], SmemAddr(kv_smem + (rg * 16 + (lane & 15)) * kStride + k0 + (lane >> 4) * 8));
+  }
+  __syncthreads();
+
+  float o[4][8][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[mt][nt][i] = 0.f;
+  // Softmax: warp kg of row group rg owns row rg*16 + g + 8*kg (the quad of lanes 4g .. 4g+3 shares it).
+  const int my_row = rg * 16 + g + 8 * kg;
+  const int my_node = item.row_begin + my_row < seq_rows ? (item.row_begin + my_row) / heads : -1;
+  float row_max = -INFINITY;
+  float row_sum = 0.f;
+  const float scale_log2 = pr.scale * kLog2e;
+
+  const int num_tiles = (item.col_end - item.col_begin + kCols - 1) / kCols;
+  LoadKvTile(pr.kv, slots, item.col_begin, item.col_end, kv_smem, warp, lane);
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int tile_col = item.col_begin + tile * kCols;
+    CpAsyncWaitAll();
+    __syncthreads();  // tile lands for everyone; everyone is done with the other buffer
+    if (tile + 1 < num_tiles) {
+      LoadKvTile(pr.kv, slots, tile_col + kCols, item.col_end, kv_smem + ((tile + 1) & 1) * kCols * kStride, warp,
+                 lane);
+    }
+    const bf16_bits* kv_tile = kv_smem + (tile & 1) * kCols * kStride;
+
+    // S partial: 16 rows x 32 columns over this warp's 288 of the 576 dimensions.
+    float s[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[nt][i] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kNopeKSteps + kRopeKSteps; ++ks) {
+      const bool rope = ks >= kNopeKSteps;
+      const int k0 = rope ? kVDim + (kg * kRopeKSteps + ks - kNopeKSteps) * 16 : (kg * kNopeKSteps + ks) * 16;
+      uint32_t rope_frag[4];
+      if (rope) {
+        LdMatrixX4(rope_frag, SmemAddr(q_rope_smem + (rg * 16 + (lane & 15)) * kRopeStride + k0 - kVDim +
+                                       (lane >> 4) * 8));
+      }
+      const uint32_t(&a)[4] = rope ? rope_frag : q_frag[rope ? 0 : ks];
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t b[4];
+        LdMatrixX4(b, SmemAddr(kv_tile + (np * 16 + (lane & 7) + (lane >> 4) * 8) * kStride + k0 +
+                               ((lane >> 3) & 1) * 8));
+        MmaBf16(s[2 * np], a, b[0], b[1]);
+        MmaBf16(s[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    // Each warp of the pair hands over the 8 values of the row half the other finishes.
+    {
+      const int give = 1 - kg;  // the row half (0: rows g, 1: rows g + 8) this warp gives away
+      float4* out = s_xchg + ((rg * 2 + kg) * 2) * 32 + lane;
+      out[0] = give == 0 ? make_float4(s[0][0], s[0][1], s[1][0], s[1][1]) : make_float4(s[0][2], s[0][3], s[1][2], s[1][3]);
+      out[32] = give == 0 ? make_float4(s[2][0], s[2][1], s[3][0], s[3][1]) : make_float4(s[2][2], s[2][3], s[3][2], s[3][3]);
+    }
+    __syncthreads();
+
+    {
+      const float4* in = s_xchg + ((rg * 2 + (1 - kg)) * 2) * 32 + lane;
+      const float4 other0 = in[0];
+      const float4 other1 = in[32];
+      const float other[8] = {other0.x, other0.y, other0.z, other0.w, other1.x, other1.y, other1.z, other1.w};
+      // Own values of this warp's row half, in the same (nt, j) order; ?: keeps s in registers.
+      const float own[8] = {kg == 0 ? s[0][0] : s[0][2], kg == 0 ? s[0][1] : s[0][3], kg == 0 ? s[1][0] : s[1][2],
+                            kg == 0 ? s[1][1] : s[1][3], kg == 0 ? s[2][0] : s[2][2], kg == 0 ? s[2][1] : s[2][3],
+                            kg == 0 ? s[3][0] : s[3][2], kg == 0 ? s[3][1] : s[3][3]};
+      const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= item.col_end;
+      float x[8];
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        // k-group 0's partial first in both warps, so both halves round the same way every run.
+        x[e] = (kg == 0 ? own[e] + other[e] : other[e] + own[e]) * scale_log2;
+        if (!all_visible) {
+          // value e = (nt, j) with nt = e / 2 ... laid out as {nt0 j0, nt0 j1, nt1 j0, nt1 j1, nt2 .., nt3 ..}
+          const int t = tile_col + (e >> 1) * 8 + 2 * c + (e & 1);
+          const bool visible =
+              t < item.col_end &&
+              (t < prefix_len || (my_node >= 0 && ColumnVisible(mask_rows, words_per_row, prefix_len, my_node, t)));
+          x[e] = visible ? x[e] : -INFINITY;
+        }
+        tile_max = fmaxf(tile_max, x[e]);
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 2));
+      const float new_max = fmaxf(row_max, tile_max);
+      // A row that has seen nothing yet keeps max -inf; subtracting 0 then keeps exp2 finite.
+      const float base = new_max == -INFINITY ? 0.f : new_max;
+      const float alpha = exp2f(row_max - base);
+      row_max = new_max;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const float p0 = exp2f(x[2 * nt] - base);
+        const float p1 = exp2f(x[2 * nt + 1] - base);
+        sum += p0 + p1;
+        *reinterpret_cast<uint32_t*>(p_smem + my_row * kPStride + nt * 8 + 2 * c) = mma::PackBf16x2(p0, p1);
+      }
+      row_sum = row_sum * alpha + sum;
+      if (c == 0) alpha_smem[my_row] = alpha;
+    }
+    __syncthreads();
+
+    // O = O * alpha + P V over this warp's 64 value dimensions.
+    {
+      float alpha[4][2];
+      bool rescale = false;
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        alpha[mt][0] = alpha_smem[mt * 16 + g];
+        alpha[mt][1] = alpha_smem[mt * 16 + g + 8];
+        rescale |= alpha[mt][0] != 1.f || alpha[mt][1] != 1.f;
+      }
+      if (__any_sync(kFullMask, rescale)) {
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            o[mt][nt][0] *= alpha[mt][0];
+            o[mt][nt][1] *= alpha[mt][0];
+            o[mt][nt][2] *= alpha[mt][1];
+            o[mt][nt][3] *= alpha[mt][1];
+          }
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kCols / 16; ++kk) {
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        LdMatrixX4(pa[mt], SmemAddr(p_smem + (mt * 16 + (lane & 15)) * kPStride + kk * 16 + (lane >> 4) * 8));
+      }
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        const int n0 = warp * 64 + np * 16;
+        uint32_t vb[4];
+        LdMatrixX4Trans(vb, SmemAddr(kv_tile + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + n0 +
+                                     (lane >> 4) * 8));
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          MmaBf16(o[mt][2 * np], pa[mt], vb[0], vb[1]);
+          MmaBf16(o[mt][2 * np + 1], pa[mt], vb[2], vb[3]);
+        }
+      }
+    }
+  }
+
+  {
+    float sum = row_sum;
+    sum += __shfl_xor_sync(kFullMask, sum, 1);
+    sum += __shfl_xor_sync(kFullMask, sum, 2);
+    if (c == 0) {
+      row_sum_smem[my_row] = sum;
+      row_max_smem[my_row] = row_max;
+    }
+  }
+  __syncthreads();
+
+  const bool direct = item.partial < 0;
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int r = mt * 16 + g + 8 * hi;
+      if (r >= rows_here) continue;
+      const float sum = row_sum_smem[r];
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int col = warp * 64 + nt * 8 + 2 * c;
+        const float x0 = o[mt][nt][2 * hi] * inv;
+        const float x1 = o[mt][nt][2 * hi + 1] * inv;
+        if (direct) {
+          *reinterpret_cast<uint32_t*>(pr.out + (first_row + r) * kVDim + col) = mma::PackBf16x2(x0, x1);
+        } else {
+          *reinterpret_cast<float2*>(params.partial_o + (static_cast<int64_t>(item.partial) * kRows + r) * kVDim +
+                                     col) = make_float2(x0, x1);
+        }
+      }
+    }
+  }
+  if (tid < rows_here) {
+    const float sum = row_sum_smem[tid];
+    const float lse = sum > 0.f ? (row_max_smem[tid] + log2f(sum)) * kLn2 : -INFINITY;
+    if (direct) {
+      if (pr.lse != nullptr) pr.lse[first_row + tid] = lse;
+    } else {
+      params.partial_lse[static_cast<int64_t>(item.partial) * kRows + tid] = lse;
+    }
+  }
+}
+
+}  // namespace
+
+int FlashSmemBytes() { return kSmemBytes; }
+
+const void* FlashKernelSymbol() { return reinterpret_cast<const void*>(&MlaVerifyFlashKernel); }
+
+void LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
+  MlaVerifyFlashKernel<<<params.num_work, kFlashThreads, kSmemBytes, stream>>>(params);
+}
+
+}  // namespace verifyd

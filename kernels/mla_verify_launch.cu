@@ -1,0 +1,87 @@
+#include "kernels/mla_verify_launch.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda_check.h"
+#include "kernels/mla_verify_kernels.h"
+
+namespace verifyd {
+namespace {
+
+absl::Status CheckProblemShape(const VerifyProblem& p) {
+  if (p.kv == nullptr || p.q == nullptr || p.out == nullptr || p.qo_indptr == nullptr || p.prefix_len == nullptr ||
+      p.slot_indptr == nullptr || p.slots == nullptr || p.mask_indptr == nullptr || p.mask_bits == nullptr) {
+    return absl::InvalidArgumentError("problem: kv, q, out, qo_indptr, prefix_len, slot_indptr, slots, "
+                                      "mask_indptr and mask_bits must all be set");
+  }
+  if (p.num_heads < 1) return absl::InvalidArgumentError(absl::StrCat("num_heads = ", p.num_heads, " must be >= 1"));
+  if (p.batch < 1) return absl::InvalidArgumentError(absl::StrCat("batch = ", p.batch, " must be >= 1"));
+  if (p.total_q < p.batch) {
+    return absl::InvalidArgumentError(absl::StrCat("total_q = ", p.total_q, " must be >= batch = ", p.batch));
+  }
+  if (p.num_slots < 1) return absl::InvalidArgumentError(absl::StrCat("num_slots = ", p.num_slots, " must be >= 1"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int> CurrentDeviceSmCount() {
+  int device = 0;
+  VERIFYD_CUDA_CHECK(cudaGetDevice(&device));
+  int sms = 0;
+  VERIFYD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+absl::Status UploadPlan(const SplitPlan& plan, const WorkspaceLayout& layout, void* workspace, cudaStream_t stream) {
+  const std::vector<uint8_t> bytes = PackPlan(plan, layout);
+  if (bytes.empty()) return absl::OkStatus();
+  VERIFYD_CUDA_CHECK(cudaMemcpyAsync(workspace, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream));
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan, const WorkspaceLayout& layout,
+                             void* workspace, cudaStream_t stream) {
+  if (absl::Status s = CheckProblemShape(problem); !s.ok()) return s;
+  if (plan.work.empty()) return absl::InvalidArgumentError("plan.work is empty: plan the batch first");
+  if (workspace == nullptr) return absl::InvalidArgumentError("workspace must be set");
+  // Setting the attribute is not a stream operation, so it is legal while a stream is capturing.
+  VERIFYD_CUDA_CHECK(
+      cudaFuncSetAttribute(FlashKernelSymbol(), cudaFuncAttributeMaxDynamicSharedMemorySize, FlashSmemBytes()));
+  auto* base = static_cast<uint8_t*>(workspace);
+  MlaVerifyParams params;
+  params.problem = problem;
+  params.work = reinterpret_cast<const FlashWorkItem*>(base + layout.work_offset);
+  params.num_work = static_cast<int>(plan.work.size());
+  params.combine = reinterpret_cast<const CombineItem*>(base + layout.combine_offset);
+  params.num_combine = static_cast<int>(plan.combine.size());
+  params.partial_o = reinterpret_cast<float*>(base + layout.partial_o_offset);
+  params.partial_lse = reinterpret_cast<float*>(base + layout.partial_lse_offset);
+  params.num_partials = plan.num_partials;
+  LaunchFlashKernel(params, stream);
+  VERIFYD_CUDA_CHECK(cudaGetLastError());
+  LaunchCombineKernel(params, stream);
+  VERIFYD_CUDA_CHECK(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMlaVerifyNaive(const VerifyProblem& problem, cudaStream_t stream) {
+  if (absl::Status s = CheckProblemShape(problem); !s.ok()) return s;
+  LaunchNaiveKernel(problem, stream);
+  VERIFYD_CUDA_CHECK(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status LaunchKvSlotWrite(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows, const int32_t* slots,
+                               int num_rows, cudaStream_t stream) {
+  if (num_rows < 0) return absl::InvalidArgumentError(absl::StrCat("num_rows = ", num_rows, " must be >= 0"));
+  if (num_rows > 0 && (kv == nullptr || rows == nullptr || slots == nullptr)) {
+    return absl::InvalidArgumentError("kv, rows and slots must be set when num_rows > 0");
+  }
+  LaunchKvSlotWriteKernel(kv, num_slots, rows, slots, num_rows, stream);
+  VERIFYD_CUDA_CHECK(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd

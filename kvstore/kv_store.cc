@@ -1,0 +1,367 @@
+// KvStore: sequence life cycle (Append, trees, Commit, Release, leases) and queries. Compaction and
+// statistics live in kv_store_compaction.cc.
+#include "kvstore/kv_store.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/mla_dims.h"
+#include "kernels/status_macros.h"
+#include "kvstore/sequence.h"
+
+namespace verifyd {
+namespace {
+
+std::vector<int32_t> SlotsOf(absl::Span<const SlotRun> runs) {
+  std::vector<int32_t> slots;
+  for (const SlotRun& run : runs) {
+    for (int32_t s = run.begin; s < run.end(); ++s) slots.push_back(s);
+  }
+  return slots;
+}
+
+}  // namespace
+
+KvStore::KvStore(KvStoreOptions options, std::unique_ptr<KvStorage> storage)
+    : options_(std::move(options)),
+      storage_(std::move(storage)),
+      allocator_(storage_->capacity_slots()) {
+  options_.num_layers = storage_->num_layers();
+  // The kernels' mask rows and launch bounds stop at kMaxTreeNodes (SPEC §1).
+  options_.max_tree_nodes = std::clamp(options_.max_tree_nodes, 1, kMaxTreeNodes);
+}
+
+KvStore::~KvStore() = default;
+
+absl::StatusOr<KvStore::Sequence*> KvStore::Find(SequenceId seq, const char* field) {
+  auto it = sequences_.find(seq);
+  if (it == sequences_.end()) {
+    return absl::NotFoundError(absl::StrCat(field, " = ", seq, " is not a live sequence"));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<const KvStore::Sequence*> KvStore::Find(SequenceId seq, const char* field) const {
+  auto it = sequences_.find(seq);
+  if (it == sequences_.end()) {
+    return absl::NotFoundError(absl::StrCat(field, " = ", seq, " is not a live sequence"));
+  }
+  return it->second.get();
+}
+
+absl::Status KvStore::CheckLayer(int layer, const char* field) const {
+  if (layer < 0 || layer >= options_.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " = ", layer, " must be in [0, ", options_.num_layers, ")"));
+  }
+  return absl::OkStatus();
+}
+
+void KvStore::Renew(Sequence& sequence) const {
+  sequence.deadline = options_.now() + options_.lease;
+}
+
+absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, int num_tokens,
+                             const bf16_bits* kv) {
+  const int layers = options_.num_layers;
+  VERIFYD_RETURN_IF_ERROR(CheckLayer(layer_begin, "layer_begin"));
+  if (layer_count < 1 || layer_count > layers - layer_begin) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer_count = ", layer_count,
+                     " must be in [1, layers - layer_begin = ", layers - layer_begin, "]"));
+  }
+  if (num_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_tokens = ", num_tokens, " must be >= 1"));
+  }
+  if (kv == nullptr) return absl::InvalidArgumentError("kv must not be null");
+
+  auto it = sequences_.find(seq);
+  Sequence* existing = it == sequences_.end() ? nullptr : it->second.get();
+  if (existing != nullptr && existing->pending) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has a pending tree of ",
+                                                      existing->pending->num_nodes(),
+                                                      " nodes; commit it before appending"));
+  }
+  const int64_t length = existing ? static_cast<int64_t>(existing->slots.size()) : 0;
+  int64_t new_length = length;
+  for (int l = layer_begin; l < layer_begin + layer_count; ++l) {
+    const int64_t fill = existing ? existing->fill[l] : 0;
+    new_length = std::max(new_length, fill + num_tokens);
+  }
+  const int64_t need = new_length - length;
+  std::vector<SlotRun> runs;
+  if (need > 0) {
+    // Extending the last run in place keeps the sequence contiguous with no copy.
+    VERIFYD_ASSIGN_OR_RETURN(
+        runs, length > 0 ? allocator_.AllocateAfter(existing->slots.back() + 1, need, "num_tokens")
+                         : allocator_.Allocate(need, "num_tokens"));
+  }
+
+  Sequence* sequence = existing;
+  if (sequence == nullptr) {
+    auto created = std::make_unique<Sequence>();
+    created->id = seq;
+    created->fill.assign(layers, 0);
+    sequence = created.get();
+    sequences_.emplace(seq, std::move(created));
+  }
+  for (const SlotRun& run : runs) {
+    for (int32_t s = run.begin; s < run.end(); ++s) sequence->slots.push_back(s);
+  }
+  for (int l = layer_begin; l < layer_begin + layer_count; ++l) {
+    const absl::Span<const int32_t> target(sequence->slots.data() + sequence->fill[l], num_tokens);
+    absl::Status written = storage_->WriteRows(
+        l, target, kv + static_cast<size_t>(l - layer_begin) * num_tokens * kKvDim);
+    if (!written.ok()) {
+      // Only a broken storage gets here (slots are in range); undo so the call keeps nothing.
+      sequence->slots.resize(length);
+      (void)allocator_.Free(SlotsOf(runs));
+      if (existing == nullptr) sequences_.erase(seq);
+      return written;
+    }
+  }
+  for (int l = layer_begin; l < layer_begin + layer_count; ++l) sequence->fill[l] += num_tokens;
+  Renew(*sequence);
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::ValidateCommit(const Sequence& sequence, const CommitPath& path,
+                                     const std::string& field) const {
+  if (!sequence.pending) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": sequence ", sequence.id, " has no pending tree to commit"));
+  }
+  const PendingTree& tree = *sequence.pending;
+  const std::vector<int32_t>& a = path.accepted_path;
+  if (a.size() > static_cast<size_t>(tree.num_nodes())) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".accepted_path has ", a.size(),
+                                                   " nodes; must be <= the tree's ",
+                                                   tree.num_nodes()));
+  }
+  for (size_t j = 0; j < a.size(); ++j) {
+    if (a[j] < 0 || a[j] >= tree.num_nodes()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".accepted_path[", j, "] = ", a[j],
+                                                     " must be in [0, ", tree.num_nodes(), ")"));
+    }
+    const int32_t parent = tree.parents[a[j]];
+    if (j == 0 && parent != -1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".accepted_path[0] = ", a[0], " must be a root (its parent is ", parent, ")"));
+    }
+    if (j > 0 && parent != a[j - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".accepted_path[", j, "] = ", a[j], " must be a child of accepted_path[", j - 1,
+          "] = ", a[j - 1], " (its parent is ", parent, ")"));
+    }
+  }
+  if (!a.empty() && tree.layers_written < options_.num_layers) {
+    const int missing =
+        static_cast<int>(std::find(tree.layer_written.begin(), tree.layer_written.end(), false) -
+                         tree.layer_written.begin());
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": layer ", missing, " of sequence ", sequence.id,
+                     "'s pending tree was never verified; all ", options_.num_layers,
+                     " layers must be written before a commit"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::ApplyCommit(Sequence& sequence, const CommitPath& path) {
+  PendingTree& tree = *sequence.pending;
+  std::vector<bool> accepted(tree.num_nodes(), false);
+  for (int32_t node : path.accepted_path) {
+    sequence.slots.push_back(tree.slots[node]);
+    accepted[node] = true;
+  }
+  std::vector<int32_t> rejected;
+  for (int32_t i = 0; i < tree.num_nodes(); ++i) {
+    if (!accepted[i]) rejected.push_back(tree.slots[i]);
+  }
+  for (int64_t& fill : sequence.fill) fill += static_cast<int64_t>(path.accepted_path.size());
+  sequence.pending.reset();
+  return allocator_.Free(rejected);
+}
+
+absl::Status KvStore::PrepareVerify(int layer, absl::Span<const VerifyItem> items) {
+  VERIFYD_RETURN_IF_ERROR(CheckLayer(layer, "layer"));
+  if (items.empty()) return absl::InvalidArgumentError("items must not be empty");
+
+  struct Planned {
+    Sequence* sequence = nullptr;
+    std::optional<TreeMask> new_tree;  // set when this item begins a tree
+  };
+  std::vector<Planned> planned(items.size());
+  absl::flat_hash_map<SequenceId, size_t> first_index;
+  int64_t need = 0;
+  int64_t freed_by_commits = 0;
+  for (size_t b = 0; b < items.size(); ++b) {
+    const VerifyItem& item = items[b];
+    const std::string field = absl::StrCat("items[", b, "]");
+    auto [dup, inserted] = first_index.emplace(item.sequence, b);
+    if (!inserted) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".sequence = ", item.sequence, " repeats items[", dup->second, "]"));
+    }
+    VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence,
+                             Find(item.sequence, absl::StrCat(field, ".sequence").c_str()));
+    planned[b].sequence = sequence;
+    bool pending_after = sequence->pending.has_value();
+    if (item.commit) {
+      VERIFYD_RETURN_IF_ERROR(ValidateCommit(*sequence, *item.commit, field + ".commit"));
+      freed_by_commits +=
+          sequence->pending->num_nodes() - static_cast<int64_t>(item.commit->accepted_path.size());
+      pending_after = false;
+    }
+    if (pending_after) {
+      if (item.parents != sequence->pending->parents) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            field, ".parents differ from sequence ", item.sequence, "'s pending tree (",
+            sequence->pending->num_nodes(), " nodes); commit it before sending a new tree"));
+      }
+      continue;
+    }
+    const std::string parents_field = field + ".parents";
+    VERIFYD_ASSIGN_OR_RETURN(
+        planned[b].new_tree,
+        TreeMask::FromParents(item.parents, options_.max_tree_nodes, parents_field.c_str()));
+    const auto [lo, hi] = std::minmax_element(sequence->fill.begin(), sequence->fill.end());
+    if (*lo != *hi) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ": sequence ", item.sequence,
+                       " has layers at different fill levels (layer ", lo - sequence->fill.begin(),
+                       " holds ", *lo, " tokens, layer ", hi - sequence->fill.begin(), " holds ",
+                       *hi, "); append every layer to the same length before a tree"));
+    }
+    need += static_cast<int64_t>(item.parents.size());
+  }
+  const int64_t available = allocator_.free_slots() + freed_by_commits;
+  if (need > available) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "items: the new trees need ", need, " free KV slots, only ", available, " of ",
+        allocator_.capacity(), " are free (counting ", freed_by_commits, " freed by the commits)"));
+  }
+
+  // Validated: nothing below can fail for a reason the caller controls.
+  for (size_t b = 0; b < items.size(); ++b) {
+    if (items[b].commit)
+      VERIFYD_RETURN_IF_ERROR(ApplyCommit(*planned[b].sequence, *items[b].commit));
+  }
+  for (size_t b = 0; b < items.size(); ++b) {
+    Sequence& sequence = *planned[b].sequence;
+    if (planned[b].new_tree) {
+      const int64_t q = static_cast<int64_t>(items[b].parents.size());
+      // The run right after the prefix keeps an accepted chain contiguous with it.
+      VERIFYD_ASSIGN_OR_RETURN(
+          std::vector<SlotRun> runs,
+          sequence.slots.empty() ? allocator_.Allocate(q, "items")
+                                 : allocator_.AllocateAfter(sequence.slots.back() + 1, q, "items"));
+      PendingTree tree;
+      tree.parents = items[b].parents;
+      tree.mask = *std::move(planned[b].new_tree);
+      tree.slots = SlotsOf(runs);
+      tree.layer_written.assign(options_.num_layers, false);
+      sequence.pending = std::move(tree);
+    }
+    Renew(sequence);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::WriteTreeLayer(SequenceId seq, int layer, const bf16_bits* tree_kv) {
+  VERIFYD_RETURN_IF_ERROR(CheckLayer(layer, "layer"));
+  if (tree_kv == nullptr) return absl::InvalidArgumentError("tree_kv must not be null");
+  VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, "sequence"));
+  if (!sequence->pending) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", seq, " has no pending tree; PrepareVerify begins one"));
+  }
+  PendingTree& tree = *sequence->pending;
+  VERIFYD_RETURN_IF_ERROR(storage_->WriteRows(layer, tree.slots, tree_kv));
+  if (!tree.layer_written[layer]) {
+    tree.layer_written[layer] = true;
+    ++tree.layers_written;
+  }
+  Renew(*sequence);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<VerifyView> KvStore::GetVerifyView(SequenceId seq) const {
+  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, "sequence"));
+  if (!sequence->pending) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", seq, " has no pending tree; PrepareVerify begins one"));
+  }
+  VerifyView view;
+  view.prefix_len = static_cast<int32_t>(sequence->slots.size());
+  view.slots.reserve(sequence->slots.size() + sequence->pending->slots.size());
+  view.slots = sequence->slots;
+  view.slots.insert(view.slots.end(), sequence->pending->slots.begin(),
+                    sequence->pending->slots.end());
+  view.mask = &sequence->pending->mask;
+  return view;
+}
+
+absl::Status KvStore::Commit(SequenceId seq, const CommitPath& path) {
+  VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, "sequence"));
+  VERIFYD_RETURN_IF_ERROR(ValidateCommit(*sequence, path, "commit"));
+  VERIFYD_RETURN_IF_ERROR(ApplyCommit(*sequence, path));
+  Renew(*sequence);
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::Release(SequenceId seq) {
+  VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, "sequence"));
+  std::vector<int32_t> slots = std::move(sequence->slots);
+  if (sequence->pending) {
+    slots.insert(slots.end(), sequence->pending->slots.begin(), sequence->pending->slots.end());
+  }
+  sequences_.erase(seq);
+  return allocator_.Free(slots);
+}
+
+std::vector<SequenceId> KvStore::ExpireLeases() {
+  const absl::Time now = options_.now();
+  std::vector<SequenceId> expired;
+  for (const auto& [id, sequence] : sequences_) {
+    if (sequence->deadline <= now) expired.push_back(id);
+  }
+  std::sort(expired.begin(), expired.end());
+  for (SequenceId id : expired) (void)Release(id);
+  return expired;
+}
+
+absl::StatusOr<int64_t> KvStore::CommittedLength(SequenceId seq) const {
+  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, "sequence"));
+  return sequence->committed_length();
+}
+
+absl::StatusOr<std::vector<int64_t>> KvStore::LayerFill(SequenceId seq) const {
+  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, "sequence"));
+  return sequence->fill;
+}
+
+absl::StatusOr<std::vector<int32_t>> KvStore::CommittedSlots(SequenceId seq) const {
+  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, "sequence"));
+  return sequence->slots;
+}
+
+absl::Status KvStore::ReadCommitted(SequenceId seq, int layer, bf16_bits* out) const {
+  VERIFYD_RETURN_IF_ERROR(CheckLayer(layer, "layer"));
+  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, "sequence"));
+  return storage_->ReadRows(
+      layer, absl::MakeConstSpan(sequence->slots.data(), sequence->fill[layer]), out);
+}
+
+std::vector<SequenceId> KvStore::Sequences() const {
+  std::vector<SequenceId> ids;
+  ids.reserve(sequences_.size());
+  for (const auto& [id, sequence] : sequences_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+bool KvStore::Contains(SequenceId seq) const { return sequences_.contains(seq); }
+
+}  // namespace verifyd

@@ -1,0 +1,42 @@
+// The per-sequence bookkeeping of KvStore (private to kvstore/; shared by its .cc files).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "kernels/tree_mask.h"
+#include "kvstore/kv_store.h"
+
+namespace verifyd {
+
+// The draft tree between its first Verify and its Commit. Node i lives in slots[i].
+struct KvStore::PendingTree {
+  std::vector<int32_t> parents;
+  TreeMask mask;
+  std::vector<int32_t> slots;
+  std::vector<bool> layer_written;
+  int layers_written = 0;
+
+  int32_t num_nodes() const { return static_cast<int32_t>(slots.size()); }
+};
+
+// Invariants: slots.size() == max(fill); fill[l] <= slots.size(); while a tree is pending every
+// fill equals slots.size() (PrepareVerify demands it and Append is refused until the commit).
+struct KvStore::Sequence {
+  SequenceId id = 0;
+  std::vector<int32_t> slots;  // position -> slot
+  std::vector<int64_t> fill;   // per layer
+  std::optional<PendingTree> pending;
+  absl::Time deadline;
+
+  int64_t committed_length() const {
+    int64_t n = static_cast<int64_t>(slots.size());
+    for (int64_t f : fill) n = std::min(n, f);
+    return n;
+  }
+};
+
+}  // namespace verifyd

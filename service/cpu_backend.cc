@@ -1,0 +1,28 @@
+#include "service/cpu_backend.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/verify_reference.h"
+#include "kvstore/kv_storage.h"
+
+namespace verifyd {
+
+absl::StatusOr<std::unique_ptr<KvStorage>> CpuBackend::CreateStorage(int num_layers,
+                                                                     int64_t capacity_slots) {
+  if (storage_ != nullptr) return absl::FailedPreconditionError("CpuBackend storage exists");
+  auto storage = std::make_unique<HostKvStorage>(num_layers, capacity_slots);
+  storage_ = storage.get();
+  return std::unique_ptr<KvStorage>(std::move(storage));
+}
+
+absl::Status CpuBackend::ComputeVerify(int layer, VerifyProblem problem) {
+  if (storage_ == nullptr) return absl::FailedPreconditionError("CpuBackend has no storage");
+  if (layer < 0 || layer >= storage_->num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer = ", layer, " must be < ", storage_->num_layers()));
+  }
+  problem.kv = storage_->layer_data(layer);
+  problem.num_slots = storage_->capacity_slots();
+  return ComputeVerifyReference(problem, num_threads_);
+}
+
+}  // namespace verifyd

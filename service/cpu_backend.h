@@ -1,0 +1,25 @@
+// The CPU backend: the reference arithmetic (fp32 accumulation) directly on host KV rows.
+#pragma once
+
+#include "service/compute_backend.h"
+
+namespace verifyd {
+
+class HostKvStorage;
+
+class CpuBackend : public ComputeBackend {
+ public:
+  // num_threads <= 0: every core.
+  explicit CpuBackend(int num_threads) : num_threads_(num_threads) {}
+  const char* name() const override { return "cpu"; }
+  absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers,
+                                                           int64_t capacity_slots) override;
+  absl::Status ComputeVerify(int layer, VerifyProblem problem) override;
+
+ private:
+  int num_threads_;
+  // Owned by the KvStore, which outlives the executor's use of this backend.
+  HostKvStorage* storage_ = nullptr;
+};
+
+}  // namespace verifyd

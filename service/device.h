@@ -1,0 +1,45 @@
+// Device: one GPU's (or the CPU backend's) state and the executor thread that owns it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "service/compaction_manager.h"
+#include "service/device_executor.h"
+#include "service/device_operations.h"
+#include "service/service_metrics.h"
+#include "service/service_options.h"
+
+namespace verifyd {
+
+class Device {
+ public:
+  // Builds the backend's storage and the store, and starts the executor.
+  static absl::StatusOr<std::unique_ptr<Device>> Create(const ServiceOptions& options,
+                                                        std::unique_ptr<ComputeBackend> backend,
+                                                        ServiceMetrics* metrics);
+  ~Device();
+
+  // Runs `task` on the executor thread; false (not run) once draining began.
+  bool Submit(std::function<void(DeviceOperations&)> task);
+  // Queues a Compact operation and returns its id at once.
+  std::string StartCompaction(int64_t budget_bytes);
+  std::optional<CompactionOperation> GetCompaction(const std::string& id) const;
+  // Finishes every queued task, abandons unfinished compactions, stops the thread.
+  void Drain();
+
+  const char* backend_name() const { return ops_->backend().name(); }
+
+ private:
+  Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> ops,
+         ServiceMetrics* metrics);
+
+  std::unique_ptr<DeviceOperations> ops_;
+  CompactionManager compactions_;
+  std::unique_ptr<DeviceExecutor> executor_;
+};
+
+}  // namespace verifyd

@@ -1,0 +1,251 @@
+#include "service/request_validation.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/mla_dims.h"
+#include "kernels/status_macros.h"
+
+namespace verifyd {
+namespace {
+
+using v1::Tensor;
+
+absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+// dtype, rank and an inline payload; dimension values are checked by the caller.
+absl::Status CheckTensorForm(const Tensor& t, const std::string& field, int rank,
+                             const char* layout) {
+  if (t.data_case() == Tensor::kSharedMemory) {
+    return absl::UnimplementedError(absl::StrCat(
+        field, ".shared_memory: shared-memory tensors are not supported yet; send inline_data"));
+  }
+  if (t.dtype() != v1::DTYPE_BF16) {
+    return Invalid(
+        absl::StrCat(field, ".dtype = ", v1::DType_Name(t.dtype()), " must be DTYPE_BF16"));
+  }
+  if (t.shape_size() != rank) {
+    return Invalid(
+        absl::StrCat(field, ".shape has ", t.shape_size(), " dims, must have ", rank, " ", layout));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDimEquals(const Tensor& t, const std::string& field, int dim, int64_t expected,
+                            const std::string& bound) {
+  if (t.shape(dim) != expected) {
+    return Invalid(absl::StrCat(field, ".shape[", dim, "] = ", t.shape(dim), " must equal ", bound,
+                                " = ", expected));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDimRange(const Tensor& t, const std::string& field, int dim, int64_t lo,
+                           int64_t hi, const std::string& hi_name) {
+  if (t.shape(dim) < lo || t.shape(dim) > hi) {
+    return Invalid(absl::StrCat(field, ".shape[", dim, "] = ", t.shape(dim), " must be in [", lo,
+                                ", ", hi_name, " = ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+// Dimensions are already bounded, so the product cannot overflow.
+absl::StatusOr<const bf16_bits*> CheckPayload(const Tensor& t, const std::string& field) {
+  int64_t elements = 1;
+  for (int64_t d : t.shape()) elements *= d;
+  const int64_t expected = elements * 2;
+  const int64_t got = static_cast<int64_t>(t.inline_data().size());
+  if (got != expected) {
+    return Invalid(absl::StrCat(field, ".inline_data has ", got, " bytes, must be ", expected,
+                                " (shape product x 2 bytes of bf16)"));
+  }
+  return reinterpret_cast<const bf16_bits*>(t.inline_data().data());
+}
+
+absl::Status CheckParents(const google::protobuf::RepeatedField<int32_t>& parents,
+                          const std::string& field, int max_tree_nodes) {
+  if (parents.empty() || parents.size() > max_tree_nodes) {
+    return Invalid(absl::StrCat(field, " has ", parents.size(),
+                                " nodes, must be in [1, --max-tree-nodes = ", max_tree_nodes, "]"));
+  }
+  for (int i = 0; i < parents.size(); ++i) {
+    const int32_t p = parents[i];
+    if (p == -1) continue;
+    if (p < -1) {
+      return Invalid(
+          absl::StrCat(field, "[", i, "] = ", p, " must be -1 (a root) or an index >= 0"));
+    }
+    if (p >= i) {
+      return Invalid(
+          absl::StrCat(field, "[", i, "] = ", p, " must be < ", i, " (or -1 for a root)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CommitPath> DecodeCommit(const v1::CommitSpec& spec, const std::string& field,
+                                        int max_tree_nodes) {
+  if (static_cast<int64_t>(spec.commit_length()) != spec.accepted_path_size()) {
+    return Invalid(absl::StrCat(field, ".commit_length = ", spec.commit_length(),
+                                " must equal the size of ", field,
+                                ".accepted_path = ", spec.accepted_path_size()));
+  }
+  CommitPath path;
+  path.accepted_path.reserve(spec.accepted_path_size());
+  for (int k = 0; k < spec.accepted_path_size(); ++k) {
+    const int32_t node = spec.accepted_path(k);
+    if (node < 0 || node >= max_tree_nodes) {
+      return Invalid(absl::StrCat(field, ".accepted_path[", k, "] = ", node,
+                                  " must be in [0, --max-tree-nodes = ", max_tree_nodes, ")"));
+    }
+    path.accepted_path.push_back(node);
+  }
+  return path;
+}
+
+}  // namespace
+
+ValidationLimits LimitsFromOptions(const ServiceOptions& options) {
+  return ValidationLimits{options.layers, options.heads, options.max_tree_nodes,
+                          options.softmax_scale, options.max_message_bytes};
+}
+
+absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
+                                          const ValidationLimits& limits) {
+  if (request.layer_begin() >= static_cast<uint32_t>(limits.layers)) {
+    return Invalid(absl::StrCat("layer_begin = ", request.layer_begin(),
+                                " must be < --layers = ", limits.layers));
+  }
+  if (!request.has_kv()) return Invalid("kv is missing");
+  const Tensor& kv = request.kv();
+  VERIFYD_RETURN_IF_ERROR(CheckTensorForm(kv, "kv", 3, "[layer_count, T, 576]"));
+  const int64_t max_count = limits.layers - static_cast<int64_t>(request.layer_begin());
+  VERIFYD_RETURN_IF_ERROR(CheckDimRange(kv, "kv", 0, 1, max_count, "--layers - layer_begin"));
+  VERIFYD_RETURN_IF_ERROR(
+      CheckDimRange(kv, "kv", 1, 1, std::numeric_limits<int32_t>::max(), "int32 max"));
+  VERIFYD_RETURN_IF_ERROR(CheckDimEquals(kv, "kv", 2, kKvDim, "the KV row width"));
+  AppendCall call;
+  VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckPayload(kv, "kv"));
+  call.sequence = request.sequence_id();
+  call.layer_begin = static_cast<int>(request.layer_begin());
+  call.layer_count = static_cast<int>(kv.shape(0));
+  call.num_tokens = static_cast<int>(kv.shape(1));
+  return call;
+}
+
+absl::StatusOr<VerifyCall> ValidateVerify(const v1::VerifyRequest& request,
+                                          const ValidationLimits& limits) {
+  if (request.layer() >= static_cast<uint32_t>(limits.layers)) {
+    return Invalid(
+        absl::StrCat("layer = ", request.layer(), " must be < --layers = ", limits.layers));
+  }
+  if (request.sequences().empty()) return Invalid("sequences must not be empty");
+  VerifyCall call;
+  call.layer = static_cast<int>(request.layer());
+  call.num_heads = limits.heads;
+  call.return_lse = request.return_lse();
+  call.scale = limits.default_scale;
+  if (request.has_softmax_scale()) {
+    const float s = request.softmax_scale();
+    if (!std::isfinite(s) || s <= 0.f) {
+      return Invalid(absl::StrCat("softmax_scale = ", s, " must be finite and > 0"));
+    }
+    call.scale = s;
+  }
+  call.items.reserve(request.sequences_size());
+  call.qo_indptr.reserve(request.sequences_size() + 1);
+  call.qo_indptr.push_back(0);
+  absl::flat_hash_map<SequenceId, int> first_index;
+  int64_t total_q = 0;
+  for (int b = 0; b < request.sequences_size(); ++b) {
+    const v1::VerifySequence& seq = request.sequences(b);
+    const std::string field = absl::StrCat("sequences[", b, "]");
+    auto [it, inserted] = first_index.emplace(seq.sequence_id(), b);
+    if (!inserted) {
+      return Invalid(absl::StrCat(field, ".sequence_id = ", seq.sequence_id(),
+                                  " repeats sequences[", it->second,
+                                  "]; a sequence may appear once per Verify"));
+    }
+    VERIFYD_RETURN_IF_ERROR(
+        CheckParents(seq.parents(), absl::StrCat(field, ".parents"), limits.max_tree_nodes));
+    VerifyItem item;
+    item.sequence = seq.sequence_id();
+    item.parents.assign(seq.parents().begin(), seq.parents().end());
+    if (seq.has_commit_previous()) {
+      VERIFYD_ASSIGN_OR_RETURN(
+          item.commit, DecodeCommit(seq.commit_previous(), absl::StrCat(field, ".commit_previous"),
+                                    limits.max_tree_nodes));
+    }
+    total_q += seq.parents_size();
+    call.qo_indptr.push_back(static_cast<int32_t>(total_q));
+    call.items.push_back(std::move(item));
+  }
+  call.total_q = static_cast<int>(total_q);
+  const std::string sum_q = "the total number of parents over sequences";
+
+  if (!request.has_q()) return Invalid("q is missing");
+  VERIFYD_RETURN_IF_ERROR(CheckTensorForm(request.q(), "q", 3, "[sum Q, H, 576]"));
+  VERIFYD_RETURN_IF_ERROR(CheckDimEquals(request.q(), "q", 0, total_q, sum_q));
+  VERIFYD_RETURN_IF_ERROR(CheckDimEquals(request.q(), "q", 1, limits.heads, "--heads"));
+  VERIFYD_RETURN_IF_ERROR(CheckDimEquals(request.q(), "q", 2, kKvDim, "the KV row width"));
+  VERIFYD_ASSIGN_OR_RETURN(call.q, CheckPayload(request.q(), "q"));
+
+  if (!request.has_tree_kv()) return Invalid("tree_kv is missing");
+  VERIFYD_RETURN_IF_ERROR(CheckTensorForm(request.tree_kv(), "tree_kv", 2, "[sum Q, 576]"));
+  VERIFYD_RETURN_IF_ERROR(CheckDimEquals(request.tree_kv(), "tree_kv", 0, total_q, sum_q));
+  VERIFYD_RETURN_IF_ERROR(
+      CheckDimEquals(request.tree_kv(), "tree_kv", 1, kKvDim, "the KV row width"));
+  VERIFYD_ASSIGN_OR_RETURN(call.tree_kv, CheckPayload(request.tree_kv(), "tree_kv"));
+
+  // The answer must fit the same message limit as the request; 4 KiB covers framing and the
+  // per-sequence committed lengths of any batch that fits the request.
+  const int64_t rows = total_q * limits.heads;
+  const int64_t response_bytes = rows * kVDim * 2 + (call.return_lse ? rows * 4 : 0) + 4096 +
+                                 int64_t{10} * request.sequences_size();
+  if (response_bytes > limits.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the response (out [", total_q, ", ", limits.heads, ", 512] bf16",
+        call.return_lse ? " + lse" : "", ") needs ", response_bytes,
+        " bytes, more than --max-message-bytes = ", limits.max_message_bytes, "; split the batch"));
+  }
+  return call;
+}
+
+absl::StatusOr<CommitCall> ValidateCommit(const v1::CommitRequest& request,
+                                          const ValidationLimits& limits) {
+  if (!request.has_commit()) {
+    return Invalid(
+        "commit is missing (commit_length = 0 with an empty accepted_path rejects the tree)");
+  }
+  CommitCall call;
+  call.sequence = request.sequence_id();
+  VERIFYD_ASSIGN_OR_RETURN(call.path,
+                           DecodeCommit(request.commit(), "commit", limits.max_tree_nodes));
+  return call;
+}
+
+absl::StatusOr<ReleaseCall> ValidateRelease(const v1::ReleaseRequest& request) {
+  return ReleaseCall{request.sequence_id()};
+}
+
+absl::StatusOr<CompactCall> ValidateCompact(const v1::CompactRequest& request) {
+  if (request.budget_bytes() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return Invalid(absl::StrCat("budget_bytes = ", request.budget_bytes(),
+                                " must be <= int64 max (0 means until converged)"));
+  }
+  return CompactCall{static_cast<int64_t>(request.budget_bytes())};
+}
+
+absl::StatusOr<GetCompactionCall> ValidateGetCompaction(const v1::GetCompactionRequest& request) {
+  if (request.operation_id().empty()) return Invalid("operation_id must not be empty");
+  if (request.operation_id().size() > 64) {
+    return Invalid(absl::StrCat("operation_id has ", request.operation_id().size(),
+                                " characters, must be <= 64"));
+  }
+  return GetCompactionCall{request.operation_id()};
+}
+
+}  // namespace verifyd

@@ -1,0 +1,67 @@
+// Every metric of plans/0003-service-metrics.md, registered once; the service records through
+// this class only. Thread-safe (prometheus-cpp metrics are atomic; family lookups lock).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "kvstore/kv_store.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace verifyd {
+
+// The `kernel` label values.
+enum class KernelKind { kVerify, kAppend, kCompact };
+
+class ServiceMetrics {
+ public:
+  ServiceMetrics();
+
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  // Once the backend is known (cpu|cuda): verifyd_build_info{version,backend} = 1.
+  void SetBuildInfo(const std::string& version, const std::string& backend);
+  void SetReady(bool ready);
+  // One finished RPC: code is the upper-case gRPC code name.
+  void RecordRpc(const std::string& method, const char* code, absl::Duration total);
+  void RecordQueue(const std::string& method, absl::Duration waited);
+  void RecordKernel(KernelKind kernel, absl::Duration took);
+  void RecordVerifyBatch(int sequences);
+  void RecordTreeNodes(int nodes);
+  void RecordStore(const StoreStats& stats);
+  void RecordCompactionChunk(int64_t bytes, absl::Duration took);
+  void RecordCompactionFinished(bool done);
+  void RecordLeaseExpiries(int64_t count);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Gauge>& build_info_;
+  prometheus::Gauge& ready_;
+  prometheus::Family<prometheus::Counter>& rpc_requests_;
+  prometheus::Family<prometheus::Histogram>& rpc_duration_;
+  prometheus::Family<prometheus::Histogram>& queue_duration_;
+  prometheus::Family<prometheus::Histogram>& kernel_duration_;
+  prometheus::Histogram& batch_sequences_;
+  prometheus::Histogram& tree_nodes_;
+  prometheus::Gauge& capacity_tokens_;
+  prometheus::Gauge& used_tokens_;
+  prometheus::Gauge& pending_tokens_;
+  prometheus::Gauge& sequences_;
+  prometheus::Gauge& fragment_runs_;
+  prometheus::Gauge& fragmented_ratio_;
+  prometheus::Counter& compaction_bytes_;
+  prometheus::Counter& compaction_seconds_;
+  prometheus::Family<prometheus::Counter>& compaction_operations_;
+  prometheus::Counter& graph_captures_;
+  prometheus::Counter& graph_replays_;
+  prometheus::Counter& graph_fallbacks_;
+  prometheus::Counter& lease_expiries_;
+};
+
+}  // namespace verifyd

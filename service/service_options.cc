@@ -1,0 +1,128 @@
+#include "service/service_options.h"
+
+#include <cmath>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/mla_dims.h"
+#include "kernels/status_macros.h"
+
+namespace verifyd {
+
+absl::StatusOr<BackendKind> ParseBackendKind(const std::string& name) {
+  if (name == "auto") return BackendKind::kAuto;
+  if (name == "cpu") return BackendKind::kCpu;
+  if (name == "cuda") return BackendKind::kCuda;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend = '", name, "' must be one of auto, cpu, cuda"));
+}
+
+const char* BackendName(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kAuto:
+      return "auto";
+    case BackendKind::kCpu:
+      return "cpu";
+    case BackendKind::kCuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+std::string DefaultListenAddress(int device) {
+  return absl::StrCat("unix:///tmp/verifyd-", device, ".sock");
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  const std::string h = absl::AsciiStrToLower(host);
+  return h == "localhost" || h == "::1" || absl::StartsWith(h, "127.");
+}
+
+absl::Status SplitHostPort(const std::string& address, const char* flag, std::string* host,
+                           int* port) {
+  std::string port_text;
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find("]:");
+    if (close == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " = '", address, "' must be [ipv6]:port"));
+    }
+    *host = address.substr(1, close - 1);
+    port_text = address.substr(close + 2);
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos || colon == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " = '", address, "' must be host:port"));
+    }
+    *host = address.substr(0, colon);
+    port_text = address.substr(colon + 1);
+  }
+  if (!absl::SimpleAtoi(port_text, port) || *port < 0 || *port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " = '", address, "': port must be in [0, 65535]"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status CheckRange(const char* flag, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " = ", value, " must be in [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPositiveFinite(const char* flag, double value) {
+  if (!std::isfinite(value) || value <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " = ", value, " must be finite and > 0"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateServiceOptions(const ServiceOptions& o) {
+  if (o.listen.empty()) return absl::InvalidArgumentError("--listen must not be empty");
+  VERIFYD_RETURN_IF_ERROR(CheckRange("--device", o.device, 0, 1023));
+  VERIFYD_RETURN_IF_ERROR(CheckRange("--layers", o.layers, 1, 4096));
+  VERIFYD_RETURN_IF_ERROR(CheckRange("--heads", o.heads, 1, 1024));
+  VERIFYD_RETURN_IF_ERROR(CheckRange("--max-tree-nodes", o.max_tree_nodes, 1, kMaxTreeNodes));
+  // Slots are int32 in the slot tables.
+  VERIFYD_RETURN_IF_ERROR(
+      CheckRange("--kv-capacity-tokens", o.kv_capacity_tokens, 1, (int64_t{1} << 31) - 1));
+  VERIFYD_RETURN_IF_ERROR(CheckPositiveFinite("--softmax-scale", o.softmax_scale));
+  VERIFYD_RETURN_IF_ERROR(CheckPositiveFinite("--lease-seconds", o.lease_seconds));
+  // gRPC takes the limit as an int; 64 KiB keeps one Append row plus framing possible.
+  VERIFYD_RETURN_IF_ERROR(CheckRange("--max-message-bytes", o.max_message_bytes, int64_t{64} << 10,
+                                     (int64_t{1} << 31) - 1));
+  VERIFYD_RETURN_IF_ERROR(CheckRange("--compute-threads", o.compute_threads, 0, 4096));
+  if (!std::isfinite(o.shutdown_delay_seconds) || o.shutdown_delay_seconds < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shutdown-delay-seconds = ", o.shutdown_delay_seconds, " must be finite and >= 0"));
+  }
+  VERIFYD_RETURN_IF_ERROR(CheckPositiveFinite("--drain-seconds", o.drain_seconds));
+  VERIFYD_RETURN_IF_ERROR(
+      CheckRange("compaction_chunk_bytes", o.compaction_chunk_bytes, 1, int64_t{1} << 40));
+  VERIFYD_RETURN_IF_ERROR(CheckRange("compaction_history", o.compaction_history, 1, 1 << 20));
+  if (!o.tcp.empty()) {
+    std::string host;
+    int port = 0;
+    VERIFYD_RETURN_IF_ERROR(SplitHostPort(o.tcp, "--tcp", &host, &port));
+    if (!o.allow_remote && !IsLoopbackHost(host)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tcp = '", o.tcp, "' is not a loopback address; pass --allow-remote to listen on it"));
+    }
+  }
+  if (!o.metrics.empty()) {
+    std::string host;
+    int port = 0;
+    VERIFYD_RETURN_IF_ERROR(SplitHostPort(o.metrics, "--metrics", &host, &port));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd

@@ -1,0 +1,62 @@
+// ServiceOptions: every daemon setting in one struct. main.cc fills it from flags; nothing below
+// main reads a flag.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace verifyd {
+
+enum class BackendKind { kAuto, kCpu, kCuda };
+
+absl::StatusOr<BackendKind> ParseBackendKind(const std::string& name);
+const char* BackendName(BackendKind kind);
+
+struct ServiceOptions {
+  // gRPC address of the Unix socket (or any gRPC URI); "" picks unix:///tmp/verifyd-<device>.sock.
+  std::string listen;
+  // Optional host:port; refused unless loopback or allow_remote.
+  std::string tcp;
+  bool allow_remote = false;
+  // Required in metadata "x-verifyd-admin-token" for Compact over TCP; "" disables Compact over
+  // TCP.
+  std::string admin_token;
+  // Prometheus HTTP host:port; "" disables the exporter.
+  std::string metrics = "127.0.0.1:9464";
+  BackendKind backend = BackendKind::kAuto;
+  int device = 0;
+  int layers = 4;
+  int heads = 16;
+  int max_tree_nodes = 1024;
+  int64_t kv_capacity_tokens = 65536;
+  float softmax_scale = 0.07216878364870322f;  // 1/sqrt(192)
+  double lease_seconds = 300;
+  int64_t max_message_bytes = 64ll << 20;
+  int compute_threads = 0;  // cpu backend; 0 = all cores
+  // After SIGTERM: seconds health reports NOT_SERVING while still serving, so that probes and load
+  // balancers notice before the socket closes.
+  double shutdown_delay_seconds = 0;
+  // After that: seconds in-flight calls get to finish before they are cancelled.
+  double drain_seconds = 30;
+  // Bytes of one compaction chunk: the most the executor copies between two queued requests.
+  int64_t compaction_chunk_bytes = 4ll << 20;
+  // Operations GetCompaction remembers.
+  int compaction_history = 64;
+};
+
+// The Unix socket default for a device.
+std::string DefaultListenAddress(int device);
+
+// Checks every field against its bound; the message names the flag ("--heads = 0 must be >= 1").
+absl::Status ValidateServiceOptions(const ServiceOptions& options);
+
+// True for 127.0.0.0/8, ::1 and localhost.
+bool IsLoopbackHost(const std::string& host);
+// Splits "host:port" or "[v6]:port"; INVALID_ARGUMENT naming `flag` otherwise.
+absl::Status SplitHostPort(const std::string& address, const char* flag, std::string* host,
+                           int* port);
+
+}  // namespace verifyd

@@ -1,0 +1,190 @@
+#include "service/verifyd_server.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "kernels/status_macros.h"
+#include "service/backend_factory.h"
+
+#ifndef VERIFYD_VERSION
+#define VERIFYD_VERSION "0.0.0"
+#endif
+
+namespace verifyd {
+namespace {
+
+// True when something accepts connections on the socket file (a live daemon, not a stale file).
+bool SocketIsLive(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    close(fd);
+    return false;
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const bool live = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return live;
+}
+
+// A daemon that died leaves its socket file behind; binding needs it gone, but never steal the
+// path of a live daemon.
+absl::Status PrepareSocketPath(const std::string& path) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--listen: '", path, "' exists and is not a socket"));
+  }
+  if (SocketIsLive(path)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("--listen: another process is serving on '", path, "'"));
+  }
+  unlink(path.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string UnixSocketPath(const std::string& address) {
+  if (absl::StartsWith(address, "unix://")) return address.substr(7);
+  if (absl::StartsWith(address, "unix:")) return address.substr(5);
+  return "";
+}
+
+VerifydServer::VerifydServer(ServiceOptions options) : options_(std::move(options)) {}
+
+VerifydServer::~VerifydServer() { Shutdown(); }
+
+absl::Status VerifydServer::Start() {
+  metrics_ = std::make_unique<ServiceMetrics>();
+  metrics_->SetReady(false);
+  if (!options_.metrics.empty()) {
+    try {
+      exposer_ = std::make_unique<prometheus::Exposer>(options_.metrics);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("--metrics = '", options_.metrics, "' could not be bound: ", e.what()));
+    }
+    exposer_->RegisterCollectable(metrics_->registry());
+  }
+
+  const std::string socket_path = UnixSocketPath(options_.listen);
+  if (!socket_path.empty()) VERIFYD_RETURN_IF_ERROR(PrepareSocketPath(socket_path));
+
+  service_ = std::make_unique<VerifydService>(options_, metrics_.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials());
+  if (!options_.tcp.empty()) {
+    builder.AddListeningPort(options_.tcp, grpc::InsecureServerCredentials(), &tcp_port_);
+  }
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("could not listen on --listen = '", options_.listen,
+                                               "'", options_.tcp.empty() ? "" : " or --tcp = '",
+                                               options_.tcp, options_.tcp.empty() ? "" : "'"));
+  }
+  if (!options_.tcp.empty() && tcp_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("could not listen on --tcp = '", options_.tcp, "'"));
+  }
+  // Only the owner and its group (the scheduler's) may reach the daemon through the socket.
+  if (!socket_path.empty() && chmod(socket_path.c_str(), 0660) != 0) {
+    return absl::InternalError(absl::StrCat("chmod 0660 '", socket_path, "' failed"));
+  }
+  SetServing(false);
+  return absl::OkStatus();
+}
+
+absl::Status VerifydServer::BecomeReady() {
+  if (server_ == nullptr) return absl::FailedPreconditionError("BecomeReady before Start");
+  VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend, CreateBackend(options_));
+  backend_name_ = backend->name();
+  metrics_->SetBuildInfo(VERIFYD_VERSION, backend_name_);
+  VERIFYD_ASSIGN_OR_RETURN(device_, Device::Create(options_, std::move(backend), metrics_.get()));
+  service_->AttachDevice(device_.get());
+  SetServing(true);
+  return absl::OkStatus();
+}
+
+void VerifydServer::SetServing(bool serving) {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  if (health != nullptr) {
+    health->SetServingStatus("", serving);
+    health->SetServingStatus(kHealthServiceName, serving);
+  }
+  metrics_->SetReady(serving);
+}
+
+void VerifydServer::Shutdown() {
+  if (shut_down_ || server_ == nullptr) return;
+  shut_down_ = true;
+  SetServing(false);
+  // Freezes health at NOT_SERVING and ends Watch streams, which would otherwise hold the server
+  // shutdown until its deadline.
+  if (server_->GetHealthCheckService() != nullptr) server_->GetHealthCheckService()->Shutdown();
+  if (options_.shutdown_delay_seconds > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(options_.shutdown_delay_seconds));
+  }
+  // Stops accepting, lets in-flight calls finish (the executor keeps running them), and cancels
+  // what is left at the deadline; it returns once every reactor has finished.
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                        std::chrono::duration<double>(options_.drain_seconds)));
+  if (device_ != nullptr) device_->Drain();
+  server_->Wait();
+  const std::string socket_path = UnixSocketPath(options_.listen);
+  if (!socket_path.empty()) unlink(socket_path.c_str());
+}
+
+std::string VerifydServer::tcp_address() const {
+  if (options_.tcp.empty()) return "";
+  std::string host;
+  int port = 0;
+  if (!SplitHostPort(options_.tcp, "--tcp", &host, &port).ok()) return options_.tcp;
+  return absl::StrCat(absl::StrContains(host, ":") ? "[" + host + "]" : host, ":", tcp_port_);
+}
+
+std::string VerifydServer::metrics_address() const {
+  if (exposer_ == nullptr) return "";
+  std::string host;
+  int port = 0;
+  if (!SplitHostPort(options_.metrics, "--metrics", &host, &port).ok()) return options_.metrics;
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  return absl::StrCat(host, ":", ports.empty() ? port : ports.front());
+}
+
+std::string VerifydServer::StartupLine() const {
+  std::string line = absl::StrCat("verifyd listening on ", options_.listen);
+  if (!options_.tcp.empty()) absl::StrAppend(&line, " tcp=", tcp_address());
+  absl::StrAppend(&line, " metrics=",
+                  exposer_ ? absl::StrCat("http://", metrics_address(), "/metrics") : "off");
+  absl::StrAppendFormat(&line,
+                        " backend=%s device=%d layers=%d heads=%d max_tree_nodes=%d "
+                        "kv_capacity_tokens=%d softmax_scale=%g lease_seconds=%g version=%s",
+                        backend_name_, options_.device, options_.layers, options_.heads,
+                        options_.max_tree_nodes, options_.kv_capacity_tokens,
+                        options_.softmax_scale, options_.lease_seconds, VERIFYD_VERSION);
+  return line;
+}
+
+}  // namespace verifyd

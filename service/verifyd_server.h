@@ -1,0 +1,56 @@
+// VerifydServer: the daemon's life cycle. Start() binds gRPC (health NOT_SERVING) and the metrics
+// exporter; BecomeReady() builds the backend and the device, then reports SERVING; Shutdown()
+// drains (NOT_SERVING, optional delay, server shutdown with a deadline, executor drain).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "grpcpp/server.h"
+#include "prometheus/exposer.h"
+#include "service/device.h"
+#include "service/service_metrics.h"
+#include "service/service_options.h"
+#include "service/verifyd_service.h"
+
+namespace verifyd {
+
+// The health service names that report readiness: overall and the Verifyd service.
+inline constexpr char kHealthServiceName[] = "verifyd.v1.Verifyd";
+
+class VerifydServer {
+ public:
+  explicit VerifydServer(ServiceOptions options);
+  ~VerifydServer();
+
+  absl::Status Start();
+  absl::Status BecomeReady();
+  void Shutdown();
+
+  // After Start: the bound addresses (ports resolved when 0 was asked).
+  const std::string& listen_address() const { return options_.listen; }
+  std::string tcp_address() const;
+  std::string metrics_address() const;
+  // After BecomeReady: "verifyd listening on ... backend=cpu ...".
+  std::string StartupLine() const;
+  ServiceMetrics& metrics() { return *metrics_; }
+
+ private:
+  void SetServing(bool serving);
+
+  ServiceOptions options_;
+  std::string backend_name_ = "none";
+  std::unique_ptr<ServiceMetrics> metrics_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<VerifydService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<Device> device_;
+  int tcp_port_ = 0;
+  bool shut_down_ = false;
+};
+
+// The filesystem path of a "unix:" gRPC address ("" for any other scheme).
+std::string UnixSocketPath(const std::string& address);
+
+}  // namespace verifyd

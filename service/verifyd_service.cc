@@ -1,0 +1,203 @@
+#include "service/verifyd_service.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "service/grpc_status.h"
+
+namespace verifyd {
+namespace {
+
+absl::Status NotReady() { return absl::UnavailableError("verifyd is starting; retry"); }
+absl::Status Draining() { return absl::UnavailableError("verifyd is shutting down"); }
+
+// Equal-time comparison: the token must not leak through response timing.
+bool TokenEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+v1::CompactionStatus::State ToProtoState(CompactionOperation::State state) {
+  switch (state) {
+    case CompactionOperation::State::kPending:
+      return v1::CompactionStatus::PENDING;
+    case CompactionOperation::State::kRunning:
+      return v1::CompactionStatus::RUNNING;
+    case CompactionOperation::State::kDone:
+      return v1::CompactionStatus::DONE;
+    case CompactionOperation::State::kFailed:
+      return v1::CompactionStatus::FAILED;
+  }
+  return v1::CompactionStatus::STATE_UNSPECIFIED;
+}
+
+}  // namespace
+
+VerifydService::VerifydService(const ServiceOptions& options, ServiceMetrics* metrics)
+    : limits_(LimitsFromOptions(options)), admin_token_(options.admin_token), metrics_(metrics) {}
+
+void VerifydService::FinishCall(grpc::ServerUnaryReactor* reactor, const char* method,
+                                absl::Time start, const absl::Status& status) {
+  const grpc::Status grpc_status = ToGrpcStatus(status);
+  metrics_->RecordRpc(method, GrpcCodeName(grpc_status.error_code()), absl::Now() - start);
+  reactor->Finish(grpc_status);
+}
+
+grpc::ServerUnaryReactor* VerifydService::FinishNow(const char* method,
+                                                    grpc::CallbackServerContext* context,
+                                                    absl::Time start, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  FinishCall(reactor, method, start, status);
+  return reactor;
+}
+
+template <typename Op>
+grpc::ServerUnaryReactor* VerifydService::Enqueue(const char* method,
+                                                  grpc::CallbackServerContext* context,
+                                                  absl::Time start, Op op) {
+  Device* device = ReadyDevice();
+  if (device == nullptr) return FinishNow(method, context, start, NotReady());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const bool queued = device->Submit(
+      [this, method, context, reactor, start, op = std::move(op)](DeviceOperations& ops) mutable {
+        metrics_->RecordQueue(method, absl::Now() - start);
+        // A call cancelled while queued (client gone, deadline passed, drain deadline) is not run,
+        // so it changes nothing.
+        if (context->IsCancelled()) {
+          FinishCall(reactor, method, start, absl::CancelledError("cancelled before it ran"));
+          return;
+        }
+        FinishCall(reactor, method, start, op(ops));
+      });
+  if (!queued) FinishCall(reactor, method, start, Draining());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* context,
+                                                 const v1::AppendRequest* request,
+                                                 v1::AppendResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<AppendCall> call = ValidateAppend(*request, limits_);
+  if (!call.ok()) return FinishNow("Append", context, start, call.status());
+  return Enqueue("Append", context, start,
+                 [call = *std::move(call), response](DeviceOperations& ops) {
+                   return ops.Append(call, response);
+                 });
+}
+
+grpc::ServerUnaryReactor* VerifydService::Verify(grpc::CallbackServerContext* context,
+                                                 const v1::VerifyRequest* request,
+                                                 v1::VerifyResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<VerifyCall> call = ValidateVerify(*request, limits_);
+  if (!call.ok()) return FinishNow("Verify", context, start, call.status());
+  return Enqueue("Verify", context, start,
+                 [call = *std::move(call), response](DeviceOperations& ops) {
+                   return ops.Verify(call, response);
+                 });
+}
+
+grpc::ServerUnaryReactor* VerifydService::Commit(grpc::CallbackServerContext* context,
+                                                 const v1::CommitRequest* request,
+                                                 v1::CommitResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<CommitCall> call = ValidateCommit(*request, limits_);
+  if (!call.ok()) return FinishNow("Commit", context, start, call.status());
+  return Enqueue("Commit", context, start,
+                 [call = *std::move(call), response](DeviceOperations& ops) {
+                   return ops.Commit(call, response);
+                 });
+}
+
+grpc::ServerUnaryReactor* VerifydService::Release(grpc::CallbackServerContext* context,
+                                                  const v1::ReleaseRequest* request,
+                                                  v1::ReleaseResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<ReleaseCall> call = ValidateRelease(*request);
+  if (!call.ok()) return FinishNow("Release", context, start, call.status());
+  return Enqueue("Release", context, start,
+                 [call = *std::move(call), response](DeviceOperations& ops) {
+                   return ops.Release(call, response);
+                 });
+}
+
+grpc::ServerUnaryReactor* VerifydService::Stats(grpc::CallbackServerContext* context,
+                                                const v1::StatsRequest* /*request*/,
+                                                v1::StatsResponse* response) {
+  const absl::Time start = absl::Now();
+  return Enqueue("Stats", context, start, [response](DeviceOperations& ops) {
+    ops.Stats(response);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status VerifydService::CheckAdmin(const grpc::CallbackServerContext& context) const {
+  // The socket file is mode 0660: reaching it already proves local group membership.
+  if (absl::StartsWith(context.peer(), "unix:")) return absl::OkStatus();
+  if (admin_token_.empty()) {
+    return absl::PermissionDeniedError(
+        "Compact over TCP needs --admin-token on the daemon; use the Unix socket instead");
+  }
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kAdminTokenMetadata);
+  if (it == metadata.end()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("Compact over TCP needs metadata \"", kAdminTokenMetadata, "\""));
+  }
+  if (!TokenEquals(std::string_view(it->second.data(), it->second.size()), admin_token_)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("metadata \"", kAdminTokenMetadata, "\" does not match --admin-token"));
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* VerifydService::Compact(grpc::CallbackServerContext* context,
+                                                  const v1::CompactRequest* request,
+                                                  v1::CompactResponse* response) {
+  const absl::Time start = absl::Now();
+  if (absl::Status admin = CheckAdmin(*context); !admin.ok()) {
+    return FinishNow("Compact", context, start, admin);
+  }
+  absl::StatusOr<CompactCall> call = ValidateCompact(*request);
+  if (!call.ok()) return FinishNow("Compact", context, start, call.status());
+  Device* device = ReadyDevice();
+  if (device == nullptr) return FinishNow("Compact", context, start, NotReady());
+  response->set_operation_id(device->StartCompaction(call->budget_bytes));
+  return FinishNow("Compact", context, start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* VerifydService::GetCompaction(grpc::CallbackServerContext* context,
+                                                        const v1::GetCompactionRequest* request,
+                                                        v1::CompactionStatus* response) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<GetCompactionCall> call = ValidateGetCompaction(*request);
+  if (!call.ok()) return FinishNow("GetCompaction", context, start, call.status());
+  Device* device = ReadyDevice();
+  if (device == nullptr) return FinishNow("GetCompaction", context, start, NotReady());
+  std::optional<CompactionOperation> op = device->GetCompaction(call->operation_id);
+  if (!op.has_value()) {
+    return FinishNow(
+        "GetCompaction", context, start,
+        absl::NotFoundError(absl::StrCat("operation_id = '", call->operation_id,
+                                         "' is unknown (only recent operations are kept)")));
+  }
+  response->set_operation_id(op->id);
+  response->set_state(ToProtoState(op->state));
+  response->set_bytes_planned(static_cast<uint64_t>(op->bytes_planned));
+  response->set_bytes_moved(static_cast<uint64_t>(op->bytes_moved));
+  response->set_tokens_moved(static_cast<uint64_t>(op->tokens_moved));
+  if (op->state != CompactionOperation::State::kPending) {
+    FillFragmentation(op->before, response->mutable_before());
+  }
+  if (op->state == CompactionOperation::State::kDone ||
+      op->state == CompactionOperation::State::kFailed) {
+    FillFragmentation(op->after, response->mutable_after());
+  }
+  response->set_seconds(absl::ToDoubleSeconds(op->copy_time));
+  response->set_bytes_per_second(op->bytes_per_second());
+  response->set_error(op->error);
+  return FinishNow("GetCompaction", context, start, absl::OkStatus());
+}
+
+}  // namespace verifyd

@@ -1,0 +1,71 @@
+// The gRPC edge: each handler validates its request into a plain struct (no state touched), then
+// hands the work to the device executor and returns; the executor finishes the reactor.
+// Metrics of an RPC and the absl -> gRPC status mapping happen in FinishCall only.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "service/device.h"
+#include "service/request_validation.h"
+#include "service/service_metrics.h"
+#include "service/service_options.h"
+#include "verifyd/v1/verifyd.grpc.pb.h"
+
+namespace verifyd {
+
+inline constexpr char kAdminTokenMetadata[] = "x-verifyd-admin-token";
+
+class VerifydService final : public v1::Verifyd::CallbackService {
+ public:
+  VerifydService(const ServiceOptions& options, ServiceMetrics* metrics);
+
+  // Until a device is attached, every RPC answers UNAVAILABLE ("starting"). The device must
+  // outlive the server's calls.
+  void AttachDevice(Device* device) { device_.store(device); }
+
+  grpc::ServerUnaryReactor* Append(grpc::CallbackServerContext* context,
+                                   const v1::AppendRequest* request,
+                                   v1::AppendResponse* response) override;
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
+                                   const v1::VerifyRequest* request,
+                                   v1::VerifyResponse* response) override;
+  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* context,
+                                   const v1::CommitRequest* request,
+                                   v1::CommitResponse* response) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
+                                    const v1::ReleaseRequest* request,
+                                    v1::ReleaseResponse* response) override;
+  grpc::ServerUnaryReactor* Compact(grpc::CallbackServerContext* context,
+                                    const v1::CompactRequest* request,
+                                    v1::CompactResponse* response) override;
+  grpc::ServerUnaryReactor* GetCompaction(grpc::CallbackServerContext* context,
+                                          const v1::GetCompactionRequest* request,
+                                          v1::CompactionStatus* response) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
+                                  const v1::StatsRequest* request,
+                                  v1::StatsResponse* response) override;
+
+ private:
+  // Runs `op` on the executor, then finishes the call with its status.
+  template <typename Op>
+  grpc::ServerUnaryReactor* Enqueue(const char* method, grpc::CallbackServerContext* context,
+                                    absl::Time start, Op op);
+  grpc::ServerUnaryReactor* FinishNow(const char* method, grpc::CallbackServerContext* context,
+                                      absl::Time start, const absl::Status& status);
+  void FinishCall(grpc::ServerUnaryReactor* reactor, const char* method, absl::Time start,
+                  const absl::Status& status);
+  // Compact is an operator action: Unix socket peers, or TCP peers with the admin token.
+  absl::Status CheckAdmin(const grpc::CallbackServerContext& context) const;
+  Device* ReadyDevice() const { return device_.load(); }
+
+  const ValidationLimits limits_;
+  const std::string admin_token_;
+  ServiceMetrics* metrics_;
+  std::atomic<Device*> device_{nullptr};
+};
+
+}  // namespace verifyd

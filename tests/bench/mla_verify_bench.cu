@@ -1,0 +1,391 @@
+// Kernel benchmark (SPEC §5): measures the device's copy bandwidth and bf16 matmul rate, then times
+// the flash kernel on S1-S7 against the floor max(bytes / bandwidth, FLOPs / matmul rate), with
+// scattered (page size 1, random) vs contiguous slots, graph replay vs eager, and the naive kernel.
+// Prints one line per shape as it goes and a short table last.
+//
+// Usage: mla_verify_bench [--iters N] [--shapes S1,S3,...] [--no-naive]
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/mla_dims.h"
+#include "kernels/mla_verify_launch.h"
+#include "kernels/split_planner.h"
+#include "kernels/tree_mask.h"
+
+namespace verifyd::bench {
+namespace {
+
+#define BENCH_CUDA(expr)                                                                            \
+  do {                                                                                              \
+    cudaError_t err_ = (expr);                                                                      \
+    if (err_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                                 \
+    }                                                                                               \
+  } while (0)
+
+#define BENCH_OK(expr)                                                                       \
+  do {                                                                                       \
+    absl::Status st_ = (expr);                                                               \
+    if (!st_.ok()) {                                                                         \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, std::string(st_.message()).c_str()); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+// Uniform bf16 in [-amp, amp) from a counter hash: random data on the device without a host copy.
+__global__ void FillRandomBf16(bf16_bits* x, int64_t n, uint64_t seed, float amp) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint64_t h = (static_cast<uint64_t>(i) + seed) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    const float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
+    const float v = (2.f * u - 1.f) * amp;
+    x[i] = static_cast<bf16_bits>(__float_as_uint(v) >> 16);
+  }
+}
+
+void FillRandom(bf16_bits* x, int64_t n, uint64_t seed, float amp) {
+  FillRandomBf16<<<1024, 256>>>(x, n, seed, amp);
+  BENCH_CUDA(cudaGetLastError());
+}
+
+template <typename T>
+T* DeviceAlloc(size_t count) {
+  void* p = nullptr;
+  BENCH_CUDA(cudaMalloc(&p, std::max<size_t>(count * sizeof(T), 16)));
+  return static_cast<T*>(p);
+}
+
+template <typename T>
+T* DeviceCopy(const std::vector<T>& v) {
+  T* p = DeviceAlloc<T>(v.size());
+  if (!v.empty()) BENCH_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Times `body(i)` per iteration with a pair of events each, after warm-up; returns the median in ms.
+template <typename Body>
+double MedianMs(int warmup, int iters, Body body) {
+  for (int i = 0; i < warmup; ++i) body(i);
+  std::vector<cudaEvent_t> events(2 * iters);
+  for (auto& e : events) BENCH_CUDA(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CUDA(cudaEventRecord(events[2 * i]));
+    body(i);
+    BENCH_CUDA(cudaEventRecord(events[2 * i + 1]));
+  }
+  BENCH_CUDA(cudaDeviceSynchronize());
+  std::vector<double> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, events[2 * i], events[2 * i + 1]));
+    ms[i] = t;
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  return Median(ms);
+}
+
+// Device-to-device copy bandwidth, counting bytes read plus bytes written (4 GiB moved per copy).
+double MeasureCopyBandwidth() {
+  const size_t bytes = size_t{2} << 30;
+  auto* a = DeviceAlloc<uint8_t>(bytes);
+  auto* b = DeviceAlloc<uint8_t>(bytes);
+  BENCH_CUDA(cudaMemset(a, 1, bytes));
+  const double ms = MedianMs(3, 20, [&](int) { BENCH_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); });
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / (ms * 1e-3);
+}
+
+// bf16 x bf16 -> bf16 GEMM, fp32 accumulate, 8192^3, random inputs: the tensor-core ceiling.
+double MeasureMatmulRate() {
+  const int n = 8192;
+  auto* a = DeviceAlloc<bf16_bits>(size_t{n} * n);
+  auto* b = DeviceAlloc<bf16_bits>(size_t{n} * n);
+  auto* c = DeviceAlloc<bf16_bits>(size_t{n} * n);
+  FillRandom(a, int64_t{n} * n, 1, 1.f);
+  FillRandom(b, int64_t{n} * n, 2, 1.f);
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cublasCreate failed\n");
+    std::exit(1);
+  }
+  const float alpha = 1.f, beta = 0.f;
+  auto gemm = [&](int) {
+    const cublasStatus_t s = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b,
+                                          CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasGemmEx failed: %d\n", static_cast<int>(s));
+      std::exit(1);
+    }
+  };
+  const double ms = MedianMs(3, 20, gemm);
+  cublasDestroy(handle);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * n * n * double(n) / (ms * 1e-3);
+}
+
+struct Shape {
+  const char* name;
+  int batch, heads, q, l;
+};
+
+// One shape's device data: `copies` replicas of the KV (so rotating them defeats the L2), a slot
+// table per layout, the queries, tree masks and outputs.
+struct ShapeData {
+  int copies = 1;
+  int64_t slots_per_copy = 0;
+  bf16_bits* kv = nullptr;
+  bf16_bits* q = nullptr;
+  bf16_bits* out = nullptr;
+  bf16_bits* out_naive = nullptr;
+  float* lse = nullptr;
+  int32_t *qo_indptr = nullptr, *prefix_len = nullptr, *slot_indptr = nullptr, *mask_indptr = nullptr;
+  int32_t* slots_contiguous = nullptr;
+  int32_t* slots_scattered = nullptr;
+  uint64_t* mask_bits = nullptr;
+  VerifyProblem problem;  // slots and kv filled in per launch
+};
+
+ShapeData BuildShape(const Shape& s, std::mt19937_64& rng) {
+  ShapeData d;
+  const int64_t cols = int64_t{s.l} + s.q;
+  d.slots_per_copy = cols * s.batch;
+  const double kv_bytes = double(d.slots_per_copy) * kKvRowBytes;
+  d.copies = static_cast<int>(std::clamp(std::ceil(400e6 / kv_bytes), 1.0, 16.0));
+  d.kv = DeviceAlloc<bf16_bits>(size_t(d.copies) * d.slots_per_copy * kKvDim);
+  FillRandom(d.kv, int64_t(d.copies) * d.slots_per_copy * kKvDim, rng(), 1.f);
+  const int64_t total_q = int64_t{s.batch} * s.q;
+  d.q = DeviceAlloc<bf16_bits>(size_t(total_q) * s.heads * kKvDim);
+  FillRandom(d.q, total_q * s.heads * kKvDim, rng(), 1.f);
+  d.out = DeviceAlloc<bf16_bits>(size_t(total_q) * s.heads * kVDim);
+  d.out_naive = DeviceAlloc<bf16_bits>(size_t(total_q) * s.heads * kVDim);
+  d.lse = DeviceAlloc<float>(size_t(total_q) * s.heads);
+
+  std::vector<int32_t> qo{0}, prefix, slot_indptr{0}, mask_indptr{0}, contiguous, scattered;
+  std::vector<uint64_t> mask_bits;
+  std::vector<int32_t> perm(d.slots_per_copy);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int b = 0; b < s.batch; ++b) {
+    qo.push_back(qo.back() + s.q);
+    prefix.push_back(s.l);
+    slot_indptr.push_back(slot_indptr.back() + static_cast<int32_t>(cols));
+    for (int64_t t = 0; t < cols; ++t) {
+      contiguous.push_back(static_cast<int32_t>(b * cols + t));
+      scattered.push_back(perm[b * cols + t]);
+    }
+    // A random tree: each node the child of the previous or of a random earlier node (a DDTree-like shape).
+    std::vector<int32_t> parents(s.q);
+    for (int i = 0; i < s.q; ++i) {
+      parents[i] = i == 0 ? -1 : (rng() % 2 ? i - 1 : static_cast<int32_t>(rng() % i));
+    }
+    auto mask = TreeMask::FromParents(parents, kMaxTreeNodes);
+    BENCH_OK(mask.status());
+    mask_bits.insert(mask_bits.end(), mask->bits().begin(), mask->bits().end());
+    mask_indptr.push_back(static_cast<int32_t>(mask_bits.size()));
+  }
+  d.qo_indptr = DeviceCopy(qo);
+  d.prefix_len = DeviceCopy(prefix);
+  d.slot_indptr = DeviceCopy(slot_indptr);
+  d.mask_indptr = DeviceCopy(mask_indptr);
+  d.slots_contiguous = DeviceCopy(contiguous);
+  d.slots_scattered = DeviceCopy(scattered);
+  d.mask_bits = DeviceCopy(mask_bits);
+
+  VerifyProblem& p = d.problem;
+  p.num_slots = d.slots_per_copy;
+  p.q = d.q;
+  p.out = d.out;
+  p.lse = d.lse;
+  p.num_heads = s.heads;
+  p.scale = 1.f / std::sqrt(192.f);
+  p.batch = s.batch;
+  p.total_q = static_cast<int>(total_q);
+  p.qo_indptr = d.qo_indptr;
+  p.prefix_len = d.prefix_len;
+  p.slot_indptr = d.slot_indptr;
+  p.mask_indptr = d.mask_indptr;
+  p.mask_bits = d.mask_bits;
+  return d;
+}
+
+void FreeShape(ShapeData& d) {
+  for (void* p : {static_cast<void*>(d.kv), static_cast<void*>(d.q), static_cast<void*>(d.out),
+                  static_cast<void*>(d.out_naive), static_cast<void*>(d.lse), static_cast<void*>(d.qo_indptr),
+                  static_cast<void*>(d.prefix_len), static_cast<void*>(d.slot_indptr), static_cast<void*>(d.mask_indptr),
+                  static_cast<void*>(d.slots_contiguous), static_cast<void*>(d.slots_scattered),
+                  static_cast<void*>(d.mask_bits)}) {
+    cudaFree(p);
+  }
+}
+
+VerifyProblem ProblemFor(const ShapeData& d, int copy, bool scattered) {
+  VerifyProblem p = d.problem;
+  p.kv = d.kv + size_t(copy) * d.slots_per_copy * kKvDim;
+  p.slots = scattered ? d.slots_scattered : d.slots_contiguous;
+  return p;
+}
+
+double RelativeErrorBf16(const bf16_bits* a_dev, const bf16_bits* b_dev, size_t n) {
+  std::vector<bf16_bits> a(n), b(n);
+  BENCH_CUDA(cudaMemcpy(a.data(), a_dev, n * 2, cudaMemcpyDeviceToHost));
+  BENCH_CUDA(cudaMemcpy(b.data(), b_dev, n * 2, cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = Bf16ToFloat(a[i]), y = Bf16ToFloat(b[i]);
+    if (!std::isfinite(x)) return INFINITY;
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num / den);
+}
+
+struct Row {
+  std::string name;
+  double us = 0, tflops = 0, gbs = 0, floor_us = 0, ratio = 0, scattered_ratio = 0, graph_ratio = 0, naive_ms = 0,
+         err = 0;
+  int ctas = 0;
+};
+
+int Main(int argc, char** argv) {
+  int iters = 50;
+  bool run_naive = true;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) only = argv[++i];
+    else if (!std::strcmp(argv[i], "--no-naive")) run_naive = false;
+  }
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, sm_%d%d, %d SMs, L2 %d MB\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  const double bandwidth = MeasureCopyBandwidth();
+  const double matmul = MeasureMatmulRate();
+  std::printf("measured: copy bandwidth %.0f GB/s (read+write), bf16 matmul %.0f TFLOP/s (cuBLAS 8192^3)\n",
+              bandwidth / 1e9, matmul / 1e12);
+
+  const std::vector<Shape> shapes = {{"S1", 1, 8, 16, 65536},   {"S2", 1, 64, 9, 16384}, {"S3", 1, 64, 33, 65536},
+                                     {"S4", 8, 16, 16, 8192},   {"S5", 32, 8, 8, 4096},  {"S6", 1, 128, 64, 131072},
+                                     {"S7", 1, 8, 16, 262144}};
+  const int sms = prop.multiProcessorCount;
+  std::mt19937_64 rng(20261129);
+  std::vector<Row> rows;
+  for (const Shape& s : shapes) {
+    if (!only.empty() && only.find(s.name) == std::string::npos) continue;
+    ShapeData d = BuildShape(s, rng);
+    std::vector<int32_t> prefix(s.batch, s.l), qlen(s.batch, s.q);
+    auto plan = PlanSplits(prefix, qlen, s.heads, sms);
+    BENCH_OK(plan.status());
+    const WorkspaceLayout layout = LayoutWorkspace(*plan);
+    auto* workspace = DeviceAlloc<uint8_t>(layout.total_bytes);
+    BENCH_OK(UploadPlan(*plan, layout, workspace, nullptr));
+    BENCH_CUDA(cudaDeviceSynchronize());
+
+    auto launch = [&](int i, bool scattered, cudaStream_t stream) {
+      BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, scattered), *plan, layout, workspace, stream));
+    };
+    Row row;
+    row.name = s.name;
+    row.ctas = static_cast<int>(plan->work.size());
+    const double contiguous_ms = MedianMs(5, iters, [&](int i) { launch(i, false, nullptr); });
+    const double scattered_ms = MedianMs(5, iters, [&](int i) { launch(i, true, nullptr); });
+
+    // Graph replay of the same launch (one graph per KV copy, replayed in rotation).
+    cudaStream_t stream;
+    BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    std::vector<cudaGraphExec_t> graphs(d.copies);
+    for (int c = 0; c < d.copies; ++c) {
+      cudaGraph_t graph;
+      BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      launch(c, true, stream);
+      BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+      BENCH_CUDA(cudaGraphInstantiate(&graphs[c], graph, 0));
+      cudaGraphDestroy(graph);
+    }
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    std::vector<cudaEvent_t> ev(2 * iters);
+    for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
+    for (int i = 0; i < 5; ++i) BENCH_CUDA(cudaGraphLaunch(graphs[i % d.copies], stream));
+    for (int i = 0; i < iters; ++i) {
+      BENCH_CUDA(cudaEventRecord(ev[2 * i], stream));
+      BENCH_CUDA(cudaGraphLaunch(graphs[i % d.copies], stream));
+      BENCH_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
+    }
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    std::vector<double> graph_ms(iters);
+    for (int i = 0; i < iters; ++i) {
+      float t;
+      BENCH_CUDA(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
+      graph_ms[i] = t;
+    }
+    for (auto& e : ev) cudaEventDestroy(e);
+    for (auto& g : graphs) cudaGraphExecDestroy(g);
+    cudaStreamDestroy(stream);
+
+    const double flops = double(s.batch) * s.q * s.heads * (double(s.l) + s.q) * 2176.0;
+    const double bytes = double(s.batch) * (double(s.l) + s.q) * kKvRowBytes;
+    const double floor_s = std::max(bytes / bandwidth, flops / matmul);
+    row.us = contiguous_ms * 1e3;
+    row.tflops = flops / (contiguous_ms * 1e-3) / 1e12;
+    row.gbs = bytes / (contiguous_ms * 1e-3) / 1e9;
+    row.floor_us = floor_s * 1e6;
+    row.ratio = contiguous_ms * 1e-3 / floor_s;
+    row.scattered_ratio = scattered_ms / contiguous_ms;
+    row.graph_ratio = Median(graph_ms) / scattered_ms;
+    if (run_naive) {
+      // Flash output of copy 0 (scattered) vs the naive kernel on the same inputs, and naive's time.
+      launch(0, true, nullptr);
+      BENCH_CUDA(cudaDeviceSynchronize());
+      VerifyProblem naive = ProblemFor(d, 0, true);
+      naive.out = d.out_naive;
+      row.naive_ms = MedianMs(0, 1, [&](int) { BENCH_OK(LaunchMlaVerifyNaive(naive, nullptr)); });
+      row.err = RelativeErrorBf16(d.out, d.out_naive, size_t(s.batch) * s.q * s.heads * kVDim);
+    }
+    std::printf(
+        "%s B=%d H=%d Q=%d L=%d: %.1f us, %.0f TFLOP/s, %.0f GB/s, floor %.1f us (%s-bound), x%.2f floor, "
+        "scattered/contiguous %.3f, graph/eager %.3f, naive %.2f ms (err vs flash %.1e), %d CTAs, %d tiles/split\n",
+        s.name, s.batch, s.heads, s.q, s.l, row.us, row.tflops, row.gbs, row.floor_us,
+        bytes / bandwidth > flops / matmul ? "memory" : "compute", row.ratio, row.scattered_ratio, row.graph_ratio,
+        row.naive_ms, row.err, row.ctas, plan->tiles_per_split);
+    std::fflush(stdout);
+    rows.push_back(row);
+    cudaFree(workspace);
+    FreeShape(d);
+  }
+
+  std::printf("\n%-4s %10s %8s %8s %10s %7s %8s %8s %10s %8s\n", "shape", "time_us", "TFLOP/s", "GB/s", "floor_us",
+              "/floor", "scat/ctg", "grph/eag", "naive_ms", "err");
+  for (const Row& r : rows) {
+    std::printf("%-5s %10.1f %8.0f %8.0f %10.1f %7.2f %8.3f %8.3f %10.2f %8.1e\n", r.name.c_str(), r.us, r.tflops,
+                r.gbs, r.floor_us, r.ratio, r.scattered_ratio, r.graph_ratio, r.naive_ms, r.err);
+  }
+  std::printf("ceilings: copy %.0f GB/s, bf16 matmul %.0f TFLOP/s\n", bandwidth / 1e9, matmul / 1e12);
+  return 0;
+}
+
+}  // namespace
+}  // namespace verifyd::bench
+
+int main(int argc, char** argv) { return verifyd::bench::Main(argc, argv); }

@@ -1,0 +1,87 @@
+#include "client/append_chunking.h"
+
+#include <random>
+
+#include "client/tensor.h"
+#include "gtest/gtest.h"
+
+namespace verifyd {
+namespace {
+
+v1::AppendRequest RandomAppend(int64_t layers, int64_t tokens, std::mt19937& rng,
+                               std::vector<uint16_t>* data) {
+  std::uniform_int_distribution<uint32_t> bits(0, 0xffff);
+  data->resize(layers * tokens * 576);
+  for (uint16_t& v : *data) v = static_cast<uint16_t>(bits(rng));
+  v1::AppendRequest request;
+  request.set_sequence_id(0xabcdef12345ull);
+  request.set_layer_begin(2);
+  const int64_t shape[] = {layers, tokens, 576};
+  *request.mutable_kv() = *tensor::MakeBf16(shape, *data);
+  return request;
+}
+
+TEST(AppendChunkingTest, SmallRequestIsSentAsIs) {
+  std::mt19937 rng(std::random_device{}());
+  std::vector<uint16_t> data;
+  v1::AppendRequest request = RandomAppend(2, 10, rng, &data);
+  auto chunks = SplitAppend(request, 1 << 20);
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  ASSERT_EQ(chunks->size(), 1u);
+  EXPECT_EQ((*chunks)[0].SerializeAsString(), request.SerializeAsString());
+}
+
+TEST(AppendChunkingTest, ChunksFitAndConcatenateToTheOriginalPerLayer) {
+  std::mt19937 rng(std::random_device{}());
+  for (int64_t limit : {int64_t{8} << 10, int64_t{100} << 10, int64_t{1} << 20}) {
+    const int64_t layers = 1 + rng() % 4, tokens = 200 + rng() % 500;
+    std::vector<uint16_t> data;
+    v1::AppendRequest request = RandomAppend(layers, tokens, rng, &data);
+    auto chunks = SplitAppend(request, limit);
+    ASSERT_TRUE(chunks.ok()) << chunks.status();
+    const int64_t per_chunk = (limit - kAppendEnvelopeBytes) / (layers * 576 * 2);
+    EXPECT_EQ(static_cast<int64_t>(chunks->size()), (tokens + per_chunk - 1) / per_chunk);
+    std::vector<std::vector<uint16_t>> rebuilt(layers);
+    int64_t seen_tokens = 0;
+    for (const v1::AppendRequest& c : *chunks) {
+      EXPECT_LE(static_cast<int64_t>(c.ByteSizeLong()), limit);
+      EXPECT_EQ(c.sequence_id(), request.sequence_id());
+      EXPECT_EQ(c.layer_begin(), request.layer_begin());
+      ASSERT_EQ(c.kv().shape_size(), 3);
+      EXPECT_EQ(c.kv().shape(0), layers);
+      EXPECT_EQ(c.kv().shape(2), 576);
+      seen_tokens += c.kv().shape(1);
+      auto values = tensor::ParseBf16(c.kv(), "kv");
+      ASSERT_TRUE(values.ok()) << values.status();
+      const int64_t rows = c.kv().shape(1) * 576;
+      for (int64_t l = 0; l < layers; ++l) {
+        rebuilt[l].insert(rebuilt[l].end(), values->begin() + l * rows,
+                          values->begin() + (l + 1) * rows);
+      }
+    }
+    EXPECT_EQ(seen_tokens, tokens);
+    for (int64_t l = 0; l < layers; ++l) {
+      const std::vector<uint16_t> want(data.begin() + l * tokens * 576,
+                                       data.begin() + (l + 1) * tokens * 576);
+      ASSERT_EQ(rebuilt[l], want) << "layer " << l << " limit " << limit;
+    }
+  }
+}
+
+TEST(AppendChunkingTest, RejectsWhatCannotBeSplit) {
+  std::mt19937 rng(std::random_device{}());
+  std::vector<uint16_t> data;
+  v1::AppendRequest request = RandomAppend(4, 50, rng, &data);
+  // One token of 4 layers is 4608 bytes: no chunk fits in 5000 bytes with the envelope.
+  auto too_small = SplitAppend(request, 5000);
+  EXPECT_EQ(too_small.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_small.status().message().find("max_message_bytes = 5000"), std::string::npos);
+
+  request.mutable_kv()->mutable_inline_data()->resize(100);
+  auto malformed = SplitAppend(request, 50);
+  EXPECT_EQ(malformed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(malformed.status().message().find("kv.shape"), std::string::npos) << malformed.status();
+}
+
+}  // namespace
+}  // namespace verifyd

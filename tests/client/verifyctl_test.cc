@@ -1,0 +1,92 @@
+#include <random>
+
+#include "client/verifyctl/args.h"
+#include "client/verifyctl/render.h"
+#include "gtest/gtest.h"
+
+namespace verifyd::ctl {
+namespace {
+
+TEST(VerifyctlArgsTest, ParsesCommandsAndFlagsInAnyOrder) {
+  auto a = ParseArgs({"--target=unix:///tmp/x.sock", "compact", "--budget-bytes", "1048576"});
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->command, Command::kCompact);
+  EXPECT_EQ(a->target, "unix:///tmp/x.sock");
+  EXPECT_EQ(a->budget_bytes, 1048576u);
+
+  auto r = ParseArgs({"release", "--sequence=18446744073709551615"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sequence, 18446744073709551615ull);
+  EXPECT_EQ(r->target, "unix:///tmp/verifyd-0.sock");
+}
+
+TEST(VerifyctlArgsTest, UsageErrorsNameTheProblem) {
+  struct Case {
+    std::vector<std::string> argv;
+    const char* message;
+  } cases[] = {
+      {{}, "a command is required"},
+      {{"frobnicate"}, "unknown command 'frobnicate'"},
+      {{"release"}, "release needs --sequence=ID"},
+      {{"stats", "--budget-bytes=5"}, "--budget-bytes applies to compact only"},
+      {{"compact", "--budget-bytes=-5"}, "--budget-bytes = '-5' must be an integer >= 0"},
+      {{"health", "--deadline-seconds=0"}, "--deadline-seconds = '0' must be a number > 0"},
+      {{"health", "--colour=red"}, "unknown flag --colour"},
+      {{"health", "stats"}, "unexpected argument 'stats'"},
+      {{"health", "--target"}, "--target needs a value"},
+  };
+  for (const Case& c : cases) {
+    auto parsed = ParseArgs(c.argv);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_NE(parsed.status().message().find(c.message), std::string::npos) << parsed.status();
+  }
+}
+
+TEST(VerifyctlRenderTest, ProgressLineTracksBytes) {
+  std::mt19937 rng(std::random_device{}());
+  v1::CompactionStatus s;
+  s.set_state(v1::CompactionStatus::RUNNING);
+  const uint64_t planned = 1000 + rng() % 100000;
+  s.set_bytes_planned(planned);
+  s.set_bytes_moved(planned / 2);
+  const std::string line = FormatProgressLine(s, 20);
+  EXPECT_EQ(line.substr(0, 22), "[##########..........]") << line;
+  EXPECT_NE(line.find("RUNNING"), std::string::npos);
+  s.set_bytes_planned(0);  // not planned yet
+  EXPECT_NE(FormatProgressLine(s, 10).find("[..........]   0.0%"), std::string::npos);
+  s.set_state(v1::CompactionStatus::DONE);
+  EXPECT_NE(FormatProgressLine(s, 10).find("[##########] 100.0%"), std::string::npos);
+  EXPECT_EQ(FormatBytes(1536), "1.50 KiB");
+  EXPECT_EQ(FormatBytes(1000), "1000 B");
+  EXPECT_EQ(FormatBytes(3.5 * 1024 * 1024 * 1024), "3.50 GiB");
+}
+
+TEST(VerifyctlRenderTest, StatsTableAndSummaryShowEveryNumber) {
+  v1::StatsResponse s;
+  s.set_backend("cpu");
+  s.set_capacity_tokens(4000);
+  s.set_used_tokens(1000);
+  s.set_pending_tokens(37);
+  s.mutable_fragmentation()->set_runs(41);
+  s.mutable_fragmentation()->set_fragmented_ratio(0.125);
+  const std::string table = FormatStatsTable(s);
+  EXPECT_NE(table.find("backend            cpu\n"), std::string::npos) << table;
+  EXPECT_NE(table.find("used tokens        1000  (25.0%)"), std::string::npos) << table;
+  EXPECT_NE(table.find("fragment runs      41"), std::string::npos) << table;
+  EXPECT_NE(table.find("fragmented ratio   0.1250"), std::string::npos) << table;
+
+  v1::CompactionStatus c;
+  c.set_state(v1::CompactionStatus::DONE);
+  c.set_bytes_moved(3 << 20);
+  c.set_bytes_per_second(1.5 * (1 << 30));
+  c.mutable_before()->set_runs(90);
+  c.mutable_after()->set_runs(12);
+  const std::string summary = FormatCompactionSummary(c);
+  EXPECT_NE(summary.find("3.00 MiB"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("1.50 GiB/s"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("before        90 runs"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("after         12 runs"), std::string::npos) << summary;
+}
+
+}  // namespace
+}  // namespace verifyd::ctl

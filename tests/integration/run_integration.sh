@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Integration: the real verifyd on a temporary Unix socket, driven by the fake scheduler (8
+# sequences, 2 layers, 50 steps each, an operator Compact in the middle), then verifyctl, a
+# Prometheus scrape checked by promtool, and SIGTERM -> exit 0.
+# usage: run_integration.sh VERIFYD FAKE_SCHEDULER VERIFYCTL
+set -euo pipefail
+VERIFYD=$1 SCHEDULER=$2 VERIFYCTL=$3
+
+work=$(mktemp -d /tmp/verifyd-it.XXXXXX)
+target="unix://$work/verifyd.sock"
+daemon_pid=""
+cleanup() {
+  if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then kill -KILL "$daemon_pid"; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; echo "--- daemon log"; cat "$work/daemon.log" || true; exit 1; }
+ctl() { "$VERIFYCTL" --target="$target" "$@"; }
+
+# Small geometry and capacity so the CPU backend finishes in seconds on 2 cores; messages of
+# 1 MiB make the longer prefills arrive in several chunks.
+"$VERIFYD" --listen="$target" --metrics=127.0.0.1:0 --backend=cpu --layers=2 --heads=2 \
+  --max_tree_nodes=257 --kv_capacity_tokens=12288 --max_message_bytes=1048576 --lease_seconds=120 \
+  >"$work/daemon.log" 2>&1 &
+daemon_pid=$!
+
+for _ in $(seq 1 150); do
+  if ctl --deadline-seconds=1 health >/dev/null 2>&1; then break; fi
+  kill -0 "$daemon_pid" 2>/dev/null || fail "verifyd exited during startup"
+  sleep 0.2
+done
+[[ "$(ctl health)" == "SERVING" ]] || fail "health never reached SERVING"
+
+"$SCHEDULER" --target="$target" --sequences=8 --steps=50 --threads=4 --batch=2 --seed=11 \
+  --prefill_tokens=64-640 --tree_sizes=8-40 --compact_at_step=25 --max_message_bytes=1048576 \
+  | tee "$work/scheduler.log" || fail "fake_scheduler reported errors"
+grep -q "OK: zero mismatches" "$work/scheduler.log" || fail "no success line from fake_scheduler"
+grep -q "compaction .* DONE" "$work/scheduler.log" || fail "the mid-run Compact did not finish"
+
+ctl stats | tee "$work/stats.txt" || fail "verifyctl stats"
+grep -Eq "^sequences +0$" "$work/stats.txt" || fail "sequences left after every Release"
+grep -Eq "^used tokens +0 " "$work/stats.txt" || fail "slots left in use after every Release"
+# A second, shorter run with trees up to 257 nodes leaves its sequences live and fragmented
+# for the operator commands.
+"$SCHEDULER" --target="$target" --sequences=4 --steps=12 --threads=2 --batch=1 --seed=12 \
+  --prefill_tokens=32-96 --tree_sizes=8-257 --release=false --max_message_bytes=1048576 \
+  | tee "$work/kept.log" || fail "fake_scheduler (kept sequences) reported errors"
+kept=$(grep -o 'kept sequences .*' "$work/kept.log" | cut -c16-)
+[[ $(wc -w <<<"$kept") == 4 ]] || fail "want 4 kept sequence ids, got '$kept'"
+ctl stats | tee "$work/stats2.txt" || fail "verifyctl stats"
+grep -Eq "^sequences +4$" "$work/stats2.txt" || fail "stats must show the 4 kept sequences"
+runs=$(awk '/^fragment runs/ {print $3}' "$work/stats2.txt")
+ctl compact --budget-bytes=0 --poll-ms=20 | tee "$work/compact.txt" || fail "verifyctl compact"
+grep -Eq "^state +DONE" "$work/compact.txt" || fail "compact did not report DONE"
+if ((runs > 4)); then
+  ! grep -Eq "^bytes moved +0 B" "$work/compact.txt" || fail "$runs runs over 4 sequences but nothing moved"
+  grep -Eq "^after +4 runs over 4 sequences" "$work/compact.txt" ||
+    fail "a compaction until converged must leave one run per sequence"
+fi
+for id in $kept; do
+  ctl release --sequence="$id" | grep -q "slots freed" || fail "verifyctl release --sequence=$id"
+done
+ctl stats | grep -Eq "^used tokens +0 " || fail "slots left in use after releasing the kept sequences"
+
+# The checker itself: a corrupted reference input must be reported as a mismatch, exit 1.
+set +e
+"$SCHEDULER" --target="$target" --sequences=1 --steps=3 --threads=1 --seed=13 --prefill_tokens=16 \
+  --tree_sizes=8 --corrupt_reference_at_step=1 >"$work/corrupt.log" 2>&1; rc_corrupt=$?
+set -e
+[[ $rc_corrupt == 1 ]] && grep -q "MISMATCH sequence .* step 1 layer 0" "$work/corrupt.log" ||
+  fail "a corrupted reference went unnoticed (exit $rc_corrupt): $(cat "$work/corrupt.log")"
+grep -m1 MISMATCH "$work/corrupt.log"
+
+set +e
+ctl release --sequence=987654321 >/dev/null 2>&1; rc_missing=$?
+ctl frobnicate >/dev/null 2>&1; rc_usage=$?
+set -e
+[[ $rc_missing == 1 ]] || fail "release of an unknown sequence: exit $rc_missing, want 1"
+[[ $rc_usage == 2 ]] || fail "bad usage: exit $rc_usage, want 2"
+
+metrics_url=$(grep -o 'metrics=http://[^ ]*' "$work/daemon.log" | head -1 | cut -d= -f2-)
+if [[ -n "$metrics_url" ]] && command -v curl >/dev/null; then
+  curl -fsS "$metrics_url" >"$work/metrics.txt" || fail "scrape of $metrics_url"
+  grep -q '^verifyd_rpc_requests_total{.*method="Verify"' "$work/metrics.txt" ||
+    fail "no Verify requests counted in /metrics"
+  if command -v promtool >/dev/null; then
+    problems=$(promtool check metrics <"$work/metrics.txt" 2>&1) || fail "promtool: $problems"
+    [[ -z "$problems" ]] || fail "promtool reported: $problems"
+    echo "promtool check metrics: no problems"
+  fi
+else
+  echo "metrics scrape skipped (no metrics address in the log or no curl)"
+fi
+
+kill -TERM "$daemon_pid"
+set +e
+wait "$daemon_pid"; rc=$?
+set -e
+daemon_pid=""
+[[ $rc == 0 ]] || fail "verifyd exited $rc after SIGTERM, want 0"
+echo "integration: OK"

@@ -1,0 +1,633 @@
+// The randomized model check of the KV store (issue 2): >= 100,000 random operations, valid and
+// deliberately invalid, against a trivially correct model (sequence -> per-layer list of token
+// rows, pending tree contents). The model predicts every status code; after EVERY operation every
+// sequence read back through its slot table equals the model byte for byte, no slot is owned twice,
+// free + used = capacity, and a rejected call changed nothing. VERIFYD_SEED reproduces a run.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kvstore/kv_store.h"
+#include "tests/kvstore/kv_test_util.h"
+
+namespace verifyd {
+namespace {
+
+using testing_kv::HashedRows;
+using Code = absl::StatusCode;
+
+constexpr int kLayers = 2;
+constexpr int kCapacity = 1024;
+constexpr int kMaxTreeNodes = 32;
+constexpr int kSequenceIds = 12;  // ids 1..kSequenceIds; id 0 is never created
+constexpr int kOperations = 100000;
+const absl::Duration kLease = absl::Seconds(100);
+
+struct ModelTree {
+  std::vector<int32_t> parents;
+  std::vector<std::vector<bf16_bits>> rows;  // per layer: [Q][576], empty until written
+  int num_nodes() const { return static_cast<int>(parents.size()); }
+  bool all_written() const {
+    return std::all_of(rows.begin(), rows.end(), [](const auto& r) { return !r.empty(); });
+  }
+};
+
+struct ModelSequence {
+  std::vector<std::vector<bf16_bits>> layers = std::vector<std::vector<bf16_bits>>(kLayers);
+  std::optional<ModelTree> tree;
+  absl::Time deadline;
+  int64_t fill(int l) const { return static_cast<int64_t>(layers[l].size()) / kKvDim; }
+  int64_t length() const { return std::max(fill(0), fill(1)); }
+  bool even() const { return fill(0) == fill(1); }
+};
+
+// Everything the store exposes about its bookkeeping; a rejected call must leave it identical.
+struct Snapshot {
+  std::map<SequenceId, std::vector<int32_t>> slots;  // committed then pending
+  std::map<SequenceId, std::vector<int64_t>> fills;
+  std::vector<SlotRun> free_runs;
+  bool operator==(const Snapshot& o) const {
+    if (slots != o.slots || fills != o.fills || free_runs.size() != o.free_runs.size()) {
+      return false;
+    }
+    for (size_t k = 0; k < free_runs.size(); ++k) {
+      if (free_runs[k].begin != o.free_runs[k].begin ||
+          free_runs[k].length != o.free_runs[k].length) {
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
+class KvStoreModelCheck {
+ public:
+  explicit KvStoreModelCheck(uint64_t seed) : rng_(seed) {
+    KvStoreOptions options;
+    options.num_layers = kLayers;
+    options.max_tree_nodes = kMaxTreeNodes;
+    options.lease = kLease;
+    options.now = [this] { return now_; };
+    auto storage = std::make_unique<HostKvStorage>(kLayers, kCapacity);
+    storage_ = storage.get();
+    store_ = std::make_unique<KvStore>(options, std::move(storage));
+  }
+
+  void Step() {
+    const Snapshot before = TakeSnapshot();
+    const int dice = Uniform(100);
+    std::optional<Code> result;  // set when the call was rejected (must change nothing)
+    if (dice < 25) {
+      result = Append();
+    } else if (dice < 45) {
+      result = PrepareVerify();
+    } else if (dice < 63) {
+      result = WriteTreeLayer();
+    } else if (dice < 75) {
+      result = Commit();
+    } else if (dice < 80) {
+      result = Release();
+    } else if (dice < 88) {
+      result = Compact();
+    } else if (dice < 92) {
+      result = StaleCompaction();
+    } else if (dice < 96) {
+      Leases();
+    } else {
+      result = ReadOnlyCalls();
+    }
+    if (::testing::Test::HasFatalFailure()) return;
+    if (result && *result != Code::kOk) {
+      ASSERT_TRUE(TakeSnapshot() == before) << "a rejected call (" << *result << ") changed state";
+    }
+    CheckEverything();
+  }
+
+  int64_t used_slots_seen() const { return used_slots_seen_; }
+  std::map<std::string, int> codes_seen;
+
+ private:
+  int Uniform(int n) { return static_cast<int>(rng_() % static_cast<uint64_t>(n)); }
+  bool Chance(int percent) { return Uniform(100) < percent; }
+  SequenceId AnyId() { return 1 + Uniform(kSequenceIds); }
+  int64_t ModelUsed() const {
+    int64_t used = 0;
+    for (const auto& [id, s] : model_) used += s.length() + (s.tree ? s.tree->num_nodes() : 0);
+    return used;
+  }
+  int64_t ModelFree() const { return kCapacity - ModelUsed(); }
+  void Renew(ModelSequence& s) { s.deadline = now_ + kLease; }
+  void Seen(const char* op, const absl::Status& status) {
+    ++codes_seen[std::string(op) + " " + absl::StatusCodeToString(status.code())];
+  }
+  // Returns an id with a pending tree, or any id.
+  SequenceId IdWithTree() {
+    std::vector<SequenceId> ids;
+    for (const auto& [id, s] : model_) {
+      if (s.tree) ids.push_back(id);
+    }
+    return ids.empty() ? AnyId() : ids[Uniform(static_cast<int>(ids.size()))];
+  }
+
+  std::vector<int32_t> RandomParents(int q) {
+    std::vector<int32_t> parents(q);
+    for (int i = 0; i < q; ++i) parents[i] = i == 0 ? -1 : Uniform(i + 1) - 1;
+    return parents;
+  }
+  // Mostly valid trees; sometimes one broken in one of the ways TreeMask must reject.
+  std::vector<int32_t> MaybeInvalidParents() {
+    if (Chance(90)) return RandomParents(1 + Uniform(24));
+    switch (Uniform(4)) {
+      case 0:
+        return {};
+      case 1:
+        return RandomParents(kMaxTreeNodes + 1);
+      case 2: {
+        std::vector<int32_t> p = RandomParents(2 + Uniform(10));
+        const int i = Uniform(static_cast<int>(p.size()));
+        p[i] = i + Uniform(3);
+        return p;
+      }
+      default: {
+        std::vector<int32_t> p = RandomParents(1 + Uniform(10));
+        p[Uniform(static_cast<int>(p.size()))] = -2 - Uniform(5);
+        return p;
+      }
+    }
+  }
+  static bool ParentsValid(const std::vector<int32_t>& p) {
+    if (p.empty() || p.size() > kMaxTreeNodes) return false;
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (p[i] < -1 || p[i] >= static_cast<int32_t>(i)) return false;
+    }
+    return true;
+  }
+  // A root, then random children; sometimes corrupted.
+  std::vector<int32_t> RandomPath(const ModelTree* tree) {
+    std::vector<int32_t> path;
+    const int q = tree ? tree->num_nodes() : 1 + Uniform(8);
+    if (tree && !Chance(15)) {
+      std::vector<int32_t> roots;
+      for (int i = 0; i < q; ++i) {
+        if (tree->parents[i] == -1) roots.push_back(i);
+      }
+      path.push_back(roots[Uniform(static_cast<int>(roots.size()))]);
+      while (Chance(75)) {
+        std::vector<int32_t> children;
+        for (int i = path.back() + 1; i < q; ++i) {
+          if (tree->parents[i] == path.back()) children.push_back(i);
+        }
+        if (children.empty()) break;
+        path.push_back(children[Uniform(static_cast<int>(children.size()))]);
+      }
+    }
+    if (Chance(20)) {
+      if (path.empty() || Chance(30)) {
+        path.push_back(Uniform(q + 2));
+      } else {
+        path[Uniform(static_cast<int>(path.size()))] = Uniform(q + 2) - 1;
+      }
+    }
+    if (Chance(3)) path.resize(q + 1, 0);
+    return path;
+  }
+  // The status Commit must return for `path` on model sequence s.
+  static Code ExpectedCommit(const ModelSequence& s, const std::vector<int32_t>& a) {
+    if (!s.tree) return Code::kFailedPrecondition;
+    const ModelTree& t = *s.tree;
+    if (a.size() > static_cast<size_t>(t.num_nodes())) return Code::kInvalidArgument;
+    for (size_t j = 0; j < a.size(); ++j) {
+      if (a[j] < 0 || a[j] >= t.num_nodes()) return Code::kInvalidArgument;
+      if (t.parents[a[j]] != (j == 0 ? -1 : a[j - 1])) return Code::kInvalidArgument;
+    }
+    if (!a.empty() && !t.all_written()) return Code::kFailedPrecondition;
+    return Code::kOk;
+  }
+  static void ApplyCommit(ModelSequence& s, const std::vector<int32_t>& a) {
+    for (int l = 0; l < kLayers; ++l) {
+      for (int32_t node : a) {
+        const auto row = s.tree->rows[l].begin() + static_cast<int64_t>(node) * kKvDim;
+        s.layers[l].insert(s.layers[l].end(), row, row + kKvDim);
+      }
+    }
+    s.tree.reset();
+  }
+
+  std::optional<Code> Append() {
+    const SequenceId id = Chance(97) ? AnyId() : 0;
+    auto it = model_.find(id);
+    int layer_begin = 0;
+    int layer_count = kLayers;
+    int tokens = 1 + Uniform(8);
+    if (Chance(3)) tokens = 50 + Uniform(400);  // pushes against capacity
+    if (it != model_.end() && !it->second.even() && Chance(60)) {
+      // Bring the short layer level (what a chunked multi-layer prefill does).
+      layer_begin = it->second.fill(0) < it->second.fill(1) ? 0 : 1;
+      layer_count = 1;
+      tokens = static_cast<int>(std::abs(it->second.fill(0) - it->second.fill(1)));
+    } else if (Chance(20)) {
+      layer_begin = Uniform(kLayers);
+      layer_count = 1;
+    }
+    bool null_kv = false;
+    if (Chance(3)) {
+      switch (Uniform(4)) {
+        case 0:
+          layer_begin = Chance(50) ? -1 : kLayers;
+          break;
+        case 1:
+          layer_count = Chance(50) ? 0 : kLayers - layer_begin + 1;
+          break;
+        case 2:
+          tokens = -Uniform(2);
+          break;
+        default:
+          null_kv = true;
+      }
+    }
+    Code expected = Code::kOk;
+    const bool args_ok = layer_begin >= 0 && layer_begin < kLayers && layer_count >= 1 &&
+                         layer_count <= kLayers - layer_begin && tokens >= 1 && !null_kv;
+    int64_t need = 0;
+    if (!args_ok) {
+      expected = Code::kInvalidArgument;
+    } else if (it != model_.end() && it->second.tree) {
+      expected = Code::kFailedPrecondition;
+    } else {
+      const int64_t length = it == model_.end() ? 0 : it->second.length();
+      int64_t new_length = length;
+      for (int l = layer_begin; l < layer_begin + layer_count; ++l) {
+        new_length = std::max(new_length, (it == model_.end() ? 0 : it->second.fill(l)) + tokens);
+      }
+      need = new_length - length;
+      if (need > ModelFree()) expected = Code::kResourceExhausted;
+    }
+    const uint64_t tag = next_tag_++;
+    std::vector<bf16_bits> kv =
+        args_ok ? HashedRows(tag, static_cast<int64_t>(layer_count) * tokens) : HashedRows(tag, 1);
+    const absl::Status status =
+        store_->Append(id, layer_begin, layer_count, tokens, null_kv ? nullptr : kv.data());
+    Seen("Append", status);
+    EXPECT_EQ(status.code(), expected) << status;
+    if (status.code() != expected || !status.ok()) return status.code();
+    ModelSequence& s = model_[id];
+    for (int l = layer_begin; l < layer_begin + layer_count; ++l) {
+      const auto src = kv.begin() + static_cast<int64_t>(l - layer_begin) * tokens * kKvDim;
+      s.layers[l].insert(s.layers[l].end(), src, src + static_cast<int64_t>(tokens) * kKvDim);
+    }
+    Renew(s);
+    return std::nullopt;
+  }
+
+  std::optional<Code> PrepareVerify() {
+    int layer = Uniform(kLayers);
+    if (Chance(2)) layer = Chance(50) ? -1 : kLayers;
+    std::vector<VerifyItem> items(Chance(2) ? 0 : 1 + Uniform(3));
+    for (VerifyItem& item : items) {
+      item.sequence = Chance(60) ? IdWithTree() : AnyId();
+      auto it = model_.find(item.sequence);
+      const ModelTree* tree = it != model_.end() && it->second.tree ? &*it->second.tree : nullptr;
+      if (tree && Chance(50)) {
+        item.commit = CommitPath{RandomPath(tree)};
+        item.parents = MaybeInvalidParents();
+      } else if (tree && Chance(90)) {
+        item.parents = tree->parents;  // the next layer of the same step
+      } else {
+        item.parents = MaybeInvalidParents();
+        if (Chance(5)) item.commit = CommitPath{RandomPath(tree)};
+      }
+    }
+    // The expected outcome, in the documented order of checks.
+    Code expected = Code::kOk;
+    if (layer < 0 || layer >= kLayers || items.empty()) expected = Code::kInvalidArgument;
+    int64_t need = 0;
+    int64_t freed = 0;
+    std::vector<SequenceId> seen;
+    for (size_t b = 0; b < items.size() && expected == Code::kOk; ++b) {
+      const VerifyItem& item = items[b];
+      if (std::find(seen.begin(), seen.end(), item.sequence) != seen.end()) {
+        expected = Code::kInvalidArgument;
+        break;
+      }
+      seen.push_back(item.sequence);
+      auto it = model_.find(item.sequence);
+      if (it == model_.end()) {
+        expected = Code::kNotFound;
+        break;
+      }
+      const ModelSequence& s = it->second;
+      bool pending_after = s.tree.has_value();
+      if (item.commit) {
+        expected = ExpectedCommit(s, item.commit->accepted_path);
+        if (expected != Code::kOk) break;
+        freed += s.tree->num_nodes() - static_cast<int64_t>(item.commit->accepted_path.size());
+        pending_after = false;
+      }
+      if (pending_after) {
+        if (item.parents != s.tree->parents) expected = Code::kFailedPrecondition;
+      } else if (!ParentsValid(item.parents)) {
+        expected = Code::kInvalidArgument;
+      } else if (!s.even()) {
+        expected = Code::kFailedPrecondition;
+      } else {
+        need += static_cast<int64_t>(item.parents.size());
+      }
+    }
+    if (expected == Code::kOk && need > ModelFree() + freed) expected = Code::kResourceExhausted;
+
+    const absl::Status status = store_->PrepareVerify(layer, items);
+    Seen("PrepareVerify", status);
+    EXPECT_EQ(status.code(), expected) << status;
+    if (status.code() != expected || !status.ok()) return status.code();
+    for (const VerifyItem& item : items) {
+      ModelSequence& s = model_[item.sequence];
+      if (item.commit) ApplyCommit(s, item.commit->accepted_path);
+      if (!s.tree) {
+        s.tree = ModelTree{item.parents, std::vector<std::vector<bf16_bits>>(kLayers)};
+      }
+      Renew(s);
+    }
+    return std::nullopt;
+  }
+
+  std::optional<Code> WriteTreeLayer() {
+    const SequenceId id = Chance(90) ? IdWithTree() : AnyId();
+    auto it = model_.find(id);
+    int layer = Uniform(kLayers);
+    if (it != model_.end() && it->second.tree && Chance(80)) {
+      for (int l = 0; l < kLayers; ++l) {
+        if (it->second.tree->rows[l].empty()) layer = l;
+      }
+    }
+    bool null_rows = Chance(2);
+    if (Chance(2)) layer = Chance(50) ? -1 : kLayers;
+    Code expected = Code::kOk;
+    if (layer < 0 || layer >= kLayers || null_rows) {
+      expected = Code::kInvalidArgument;
+    } else if (it == model_.end()) {
+      expected = Code::kNotFound;
+    } else if (!it->second.tree) {
+      expected = Code::kFailedPrecondition;
+    }
+    const int q = expected == Code::kOk ? it->second.tree->num_nodes() : 1;
+    const std::vector<bf16_bits> rows = HashedRows(next_tag_++, q);
+    const absl::Status status =
+        store_->WriteTreeLayer(id, layer, null_rows ? nullptr : rows.data());
+    Seen("WriteTreeLayer", status);
+    EXPECT_EQ(status.code(), expected) << status;
+    if (status.code() != expected || !status.ok()) return status.code();
+    it->second.tree->rows[layer] = rows;
+    Renew(it->second);
+    return std::nullopt;
+  }
+
+  std::optional<Code> Commit() {
+    const SequenceId id = Chance(90) ? IdWithTree() : AnyId();
+    auto it = model_.find(id);
+    const ModelTree* tree = it != model_.end() && it->second.tree ? &*it->second.tree : nullptr;
+    const CommitPath path{RandomPath(tree)};
+    const Code expected =
+        it == model_.end() ? Code::kNotFound : ExpectedCommit(it->second, path.accepted_path);
+    const absl::Status status = store_->Commit(id, path);
+    Seen("Commit", status);
+    EXPECT_EQ(status.code(), expected) << status;
+    if (status.code() != expected || !status.ok()) return status.code();
+    ApplyCommit(it->second, path.accepted_path);
+    Renew(it->second);
+    return std::nullopt;
+  }
+
+  std::optional<Code> Release() {
+    const SequenceId id = Chance(95) ? AnyId() : 0;
+    const Code expected = model_.contains(id) ? Code::kOk : Code::kNotFound;
+    const absl::Status status = store_->Release(id);
+    Seen("Release", status);
+    EXPECT_EQ(status.code(), expected) << status;
+    if (status.ok()) model_.erase(id);
+    return status.ok() ? std::nullopt : std::optional<Code>(status.code());
+  }
+
+  std::optional<Code> Compact() {
+    const int64_t move_bytes = int64_t{kLayers} * kKvRowBytes;
+    const int64_t budget = Uniform(200) * move_bytes + Uniform(static_cast<int>(move_bytes)) - 1;
+    const CompactionPlan plan = store_->PlanCompaction(budget);
+    EXPECT_LE(plan.bytes(), std::max<int64_t>(budget, 0));
+    const StoreStats before = store_->Stats();
+    const absl::Status status = store_->ExecuteCompaction(plan);
+    Seen("Compact", status);
+    EXPECT_TRUE(status.ok()) << status;
+    const StoreStats after = store_->Stats();
+    EXPECT_EQ(after.free_slots, before.free_slots);
+    EXPECT_EQ(after.fragmentation.tokens, before.fragmentation.tokens);
+    return std::nullopt;  // the model does not change; the byte check proves nothing moved wrong
+  }
+
+  // A plan executed after another mutating call: valid plans still apply, stale ones are refused
+  // without any change. Sometimes the plan is malformed on purpose.
+  std::optional<Code> StaleCompaction() {
+    CompactionPlan plan = store_->PlanCompaction(Uniform(100) * int64_t{kLayers} * kKvRowBytes);
+    bool malformed = false;
+    if (plan.moves.size() >= 2 && Chance(30)) {
+      plan.moves[1].dst = plan.moves[0].dst;
+      malformed = true;
+    }
+    if (Chance(50)) {
+      Append();
+    } else {
+      Release();
+    }
+    if (::testing::Test::HasFailure()) return std::nullopt;
+    const Snapshot before = TakeSnapshot();
+    const absl::Status status = store_->ExecuteCompaction(plan);
+    Seen("StaleCompact", status);
+    if (malformed) {  // refused for the repeated dst, or earlier for a stale move
+      EXPECT_TRUE(status.code() == Code::kInvalidArgument ||
+                  status.code() == Code::kFailedPrecondition)
+          << status;
+    } else {
+      EXPECT_TRUE(status.ok() || status.code() == Code::kFailedPrecondition) << status;
+    }
+    if (!status.ok()) {
+      EXPECT_TRUE(TakeSnapshot() == before) << "a refused plan changed state";
+    }
+    return std::nullopt;
+  }
+
+  void Leases() {
+    now_ += absl::Seconds(Uniform(40));
+    std::vector<SequenceId> expected;
+    for (const auto& [id, s] : model_) {
+      if (s.deadline <= now_) expected.push_back(id);
+    }
+    EXPECT_EQ(store_->ExpireLeases(), expected);
+    for (SequenceId id : expected) model_.erase(id);
+  }
+
+  std::optional<Code> ReadOnlyCalls() {
+    const SequenceId id = Chance(90) ? AnyId() : 0;
+    auto it = model_.find(id);
+    const auto view = store_->GetVerifyView(id);
+    const Code expected = it == model_.end() ? Code::kNotFound
+                          : it->second.tree  ? Code::kOk
+                                             : Code::kFailedPrecondition;
+    Seen("GetVerifyView", view.status());
+    EXPECT_EQ(view.status().code(), expected) << view.status();
+    const auto length = store_->CommittedLength(id);
+    EXPECT_EQ(length.ok(), it != model_.end());
+    if (length.ok()) {
+      EXPECT_EQ(*length, std::min(it->second.fill(0), it->second.fill(1)));
+    }
+    std::vector<bf16_bits> out(kCapacity * kKvDim);
+    const int layer = Uniform(kLayers + 1);
+    const absl::Status read = store_->ReadCommitted(id, layer, out.data());
+    EXPECT_EQ(read.ok(), it != model_.end() && layer < kLayers) << read;
+    if (read.ok()) {
+      EXPECT_EQ(0, std::memcmp(out.data(), it->second.layers[layer].data(),
+                               it->second.layers[layer].size() * sizeof(bf16_bits)));
+    }
+    return Code::kInvalidArgument;  // read-only: state must be unchanged either way
+  }
+
+  Snapshot TakeSnapshot() const {
+    Snapshot snap;
+    for (SequenceId id : store_->Sequences()) {
+      std::vector<int32_t> slots = *store_->CommittedSlots(id);
+      if (auto view = store_->GetVerifyView(id); view.ok()) slots = view->slots;
+      snap.slots[id] = std::move(slots);
+      snap.fills[id] = *store_->LayerFill(id);
+    }
+    snap.free_runs = store_->allocator().FreeRuns();
+    return snap;
+  }
+
+  void CheckEverything() {
+    const std::vector<SequenceId> ids = store_->Sequences();
+    ASSERT_EQ(ids.size(), model_.size());
+    std::vector<uint8_t> owned(kCapacity, 0);
+    int64_t owned_count = 0;
+    int64_t pending = 0;
+    auto own = [&](int32_t slot) {
+      ASSERT_TRUE(slot >= 0 && slot < kCapacity) << "slot " << slot;
+      ASSERT_EQ(owned[slot]++, 0) << "slot " << slot << " is owned twice";
+      ++owned_count;
+    };
+    for (SequenceId id : ids) {
+      auto it = model_.find(id);
+      ASSERT_NE(it, model_.end()) << "store has sequence " << id << " the model does not";
+      const ModelSequence& s = it->second;
+      const std::vector<int32_t> slots = *store_->CommittedSlots(id);
+      ASSERT_EQ(static_cast<int64_t>(slots.size()), s.length()) << "sequence " << id;
+      ASSERT_EQ(*store_->LayerFill(id), (std::vector<int64_t>{s.fill(0), s.fill(1)}));
+      for (int32_t slot : slots) {
+        own(slot);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+      for (int l = 0; l < kLayers; ++l) {
+        const bf16_bits* layer = storage_->layer_data(l);
+        for (int64_t p = 0; p < s.fill(l); ++p) {
+          ASSERT_EQ(0, std::memcmp(layer + static_cast<int64_t>(slots[p]) * kKvDim,
+                                   s.layers[l].data() + p * kKvDim, kKvRowBytes))
+              << "sequence " << id << " layer " << l << " position " << p << " slot " << slots[p];
+        }
+      }
+      const auto view = store_->GetVerifyView(id);
+      ASSERT_EQ(view.ok(), s.tree.has_value()) << view.status();
+      if (!s.tree) continue;
+      const int q = s.tree->num_nodes();
+      pending += q;
+      ASSERT_EQ(view->prefix_len, s.length());
+      ASSERT_EQ(view->slots.size(), slots.size() + q);
+      ASSERT_TRUE(std::equal(slots.begin(), slots.end(), view->slots.begin()));
+      ASSERT_EQ(view->mask->num_nodes(), q);
+      for (int i = 0; i < q; ++i) {
+        ASSERT_TRUE(view->mask->Visible(i, i));
+        if (s.tree->parents[i] >= 0) {
+          ASSERT_TRUE(view->mask->Visible(i, s.tree->parents[i]));
+        }
+        own(view->slots[slots.size() + i]);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+      for (int l = 0; l < kLayers; ++l) {
+        if (s.tree->rows[l].empty()) continue;
+        const bf16_bits* layer = storage_->layer_data(l);
+        for (int i = 0; i < q; ++i) {
+          ASSERT_EQ(0, std::memcmp(
+                           layer + static_cast<int64_t>(view->slots[slots.size() + i]) * kKvDim,
+                           s.tree->rows[l].data() + static_cast<int64_t>(i) * kKvDim, kKvRowBytes))
+              << "sequence " << id << " layer " << l << " tree node " << i;
+        }
+      }
+    }
+    int64_t free_count = 0;
+    for (const SlotRun& run : store_->allocator().FreeRuns()) {
+      for (int32_t slot = run.begin; slot < run.end(); ++slot) {
+        ASSERT_EQ(owned[slot], 0) << "slot " << slot << " is both free and owned";
+      }
+      free_count += run.length;
+    }
+    const StoreStats stats = store_->Stats();
+    ASSERT_EQ(free_count, stats.free_slots);
+    ASSERT_EQ(owned_count, stats.used_slots);
+    ASSERT_EQ(stats.free_slots + stats.used_slots, kCapacity);
+    ASSERT_EQ(stats.pending_slots, pending);
+    ASSERT_EQ(owned_count, ModelUsed());
+    used_slots_seen_ += owned_count;
+  }
+
+  std::mt19937_64 rng_;
+  absl::Time now_ = absl::FromUnixSeconds(1'000'000);
+  HostKvStorage* storage_ = nullptr;  // owned by store_
+  std::unique_ptr<KvStore> store_;
+  std::map<SequenceId, ModelSequence> model_;
+  uint64_t next_tag_ = 1;
+  int64_t used_slots_seen_ = 0;
+};
+
+TEST(KvStoreModelTest, HundredThousandRandomOperationsMatchTheModel) {
+  const uint64_t seed = testing_kv::TestSeed();
+  SCOPED_TRACE(::testing::Message() << "reproduce with VERIFYD_SEED=" << seed);
+  KvStoreModelCheck check(seed);
+  for (int step = 0; step < kOperations; ++step) {
+    check.Step();
+    ASSERT_FALSE(::testing::Test::HasFailure()) << "operation " << step;
+  }
+  // The run must have exercised every outcome, or it proves less than it claims.
+  for (const char* outcome : {"Append OK",
+                              "Append INVALID_ARGUMENT",
+                              "Append FAILED_PRECONDITION",
+                              "Append RESOURCE_EXHAUSTED",
+                              "PrepareVerify OK",
+                              "PrepareVerify INVALID_ARGUMENT",
+                              "PrepareVerify NOT_FOUND",
+                              "PrepareVerify FAILED_PRECONDITION",
+                              "PrepareVerify RESOURCE_EXHAUSTED",
+                              "WriteTreeLayer OK",
+                              "WriteTreeLayer NOT_FOUND",
+                              "WriteTreeLayer FAILED_PRECONDITION",
+                              "WriteTreeLayer INVALID_ARGUMENT",
+                              "Commit OK",
+                              "Commit INVALID_ARGUMENT",
+                              "Commit FAILED_PRECONDITION",
+                              "Commit NOT_FOUND",
+                              "Release OK",
+                              "Release NOT_FOUND",
+                              "Compact OK",
+                              "StaleCompact OK",
+                              "StaleCompact FAILED_PRECONDITION",
+                              "StaleCompact INVALID_ARGUMENT",
+                              "GetVerifyView OK"}) {
+    EXPECT_GT(check.codes_seen[outcome], 0) << outcome << " never happened";
+  }
+  std::cout << "mean used slots " << check.used_slots_seen() / kOperations << " of " << kCapacity
+            << "\n";
+  for (const auto& [outcome, count] : check.codes_seen)
+    std::cout << outcome << ": " << count << "\n";
+}
+
+}  // namespace
+}  // namespace verifyd

@@ -1,0 +1,184 @@
+// verifyd_load: a perf_analyzer-style load generator for Verify. For each concurrency level it
+// runs that many closed-loop workers (each its own sequences, prefilled once), warms up, then
+// measures a fixed window, and prints one CSV row: concurrency, throughput, p50/p90/p99 latency.
+//
+// Each worker repeats real decode steps of a fixed shape: Verify on every layer in turn, the
+// first one rejecting the previous tree (commit length 0) so the prefix length stays constant.
+#include <atomic>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "client/tensor.h"
+#include "kernels/mla_dims.h"
+#include "tests/fake_scheduler/draft_tree.h"
+#include "tests/fake_scheduler/input_generator.h"
+#include "tests/fake_scheduler/latency_stats.h"
+
+ABSL_FLAG(std::string, target, "unix:///tmp/verifyd-0.sock", "daemon address");
+ABSL_FLAG(std::string, concurrency, "1,2,4,8", "comma-separated concurrency levels");
+ABSL_FLAG(double, warmup_seconds, 2, "per level, not measured");
+ABSL_FLAG(double, measure_seconds, 5, "per level, measured window");
+ABSL_FLAG(int, tree_nodes, 16, "Q per sequence");
+ABSL_FLAG(std::string, tree, "best-first", "chain | best-first");
+ABSL_FLAG(int, prefix_tokens, 1024, "committed prefix per sequence");
+ABSL_FLAG(int, batch, 1, "sequences per Verify");
+ABSL_FLAG(uint64_t, seed, 1, "input seed");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "match the daemon's --max-message-bytes");
+
+namespace {
+
+using verifyd::Client;
+namespace v1 = verifyd::v1;
+using verifyd::bf16_bits;
+using verifyd::kKvDim;
+
+struct Shape {
+  int layers, heads, nodes, prefix, batch;
+  std::vector<int32_t> parents;
+};
+
+// One worker's sequences and its pre-built requests (one per layer; layer 0's copy carries the
+// rejection of the previous tree after the first step).
+struct Worker {
+  std::vector<uint64_t> ids;
+  std::vector<v1::VerifyRequest> requests;  // [layer]
+  v1::VerifyRequest first_step_layer0;      // without commit_previous
+  std::vector<double> latencies_us;
+  absl::Status error;
+};
+
+absl::Status Prepare(Client& client, const Shape& s, uint64_t seed, uint64_t first_id, Worker& w) {
+  using verifyd::sched::FillRow;
+  using verifyd::sched::RowKey;
+  std::vector<bf16_bits> kv(static_cast<size_t>(s.layers) * s.prefix * kKvDim);
+  for (int b = 0; b < s.batch; ++b) {
+    const uint64_t id = first_id + b;
+    w.ids.push_back(id);
+    for (int l = 0; l < s.layers; ++l)
+      for (int t = 0; t < s.prefix; ++t)
+        FillRow(
+            {RowKey::kPrefixKv, seed, id, static_cast<uint64_t>(l), static_cast<uint64_t>(t)}, 1.f,
+            absl::MakeSpan(kv).subspan((static_cast<size_t>(l) * s.prefix + t) * kKvDim, kKvDim));
+    auto appended = client.AppendKv(id, 0, s.layers, s.prefix, kv);
+    if (!appended.ok()) return appended.status();
+  }
+  const int total_q = s.nodes * s.batch;
+  for (int l = 0; l < s.layers; ++l) {
+    v1::VerifyRequest r;
+    r.set_layer(l);
+    for (uint64_t id : w.ids) {
+      v1::VerifySequence* seq = r.add_sequences();
+      seq->set_sequence_id(id);
+      seq->mutable_parents()->Add(s.parents.begin(), s.parents.end());
+      if (l == 0) seq->mutable_commit_previous()->set_commit_length(0);
+    }
+    std::vector<bf16_bits> q(static_cast<size_t>(total_q) * s.heads * kKvDim),
+        tree(static_cast<size_t>(total_q) * kKvDim);
+    for (int i = 0; i < total_q * s.heads; ++i)
+      FillRow(
+          {RowKey::kQuery, seed, first_id, static_cast<uint64_t>(l), 0, static_cast<uint64_t>(i)},
+          2.f, absl::MakeSpan(q).subspan(static_cast<size_t>(i) * kKvDim, kKvDim));
+    for (int i = 0; i < total_q; ++i)
+      FillRow(
+          {RowKey::kTreeKv, seed, first_id, static_cast<uint64_t>(l), 0, static_cast<uint64_t>(i)},
+          1.f, absl::MakeSpan(tree).subspan(static_cast<size_t>(i) * kKvDim, kKvDim));
+    const int64_t q_shape[] = {total_q, s.heads, kKvDim}, kv_shape[] = {total_q, kKvDim};
+    *r.mutable_q() = *verifyd::tensor::MakeBf16(q_shape, q);
+    *r.mutable_tree_kv() = *verifyd::tensor::MakeBf16(kv_shape, tree);
+    w.requests.push_back(std::move(r));
+  }
+  w.first_step_layer0 = w.requests[0];
+  for (auto& seq : *w.first_step_layer0.mutable_sequences()) seq.clear_commit_previous();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("verifyd_load --target=unix:///tmp/verifyd-0.sock [flags]");
+  absl::ParseCommandLine(argc, argv);
+  std::vector<int> levels;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
+    int c;
+    if (!absl::SimpleAtoi(part, &c) || c < 1) {
+      std::cerr << "verifyd_load: --concurrency takes positive integers, got '" << part << "'\n";
+      return 2;
+    }
+    levels.push_back(c);
+  }
+  verifyd::ClientOptions options;
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  auto client = Client::Connect(absl::GetFlag(FLAGS_target), options);
+  if (!client.ok()) return std::cerr << client.status() << "\n", 1;
+  auto stats = (*client)->Stats();
+  if (!stats.ok()) return std::cerr << "verifyd_load: " << stats.status() << "\n", 1;
+
+  Shape shape{static_cast<int>(stats->layers()), static_cast<int>(stats->heads()),
+              absl::GetFlag(FLAGS_tree_nodes),   absl::GetFlag(FLAGS_prefix_tokens),
+              absl::GetFlag(FLAGS_batch),        {}};
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+  shape.parents = verifyd::sched::MakeDraftTree(absl::GetFlag(FLAGS_tree) == "chain"
+                                                    ? verifyd::sched::TreeKind::kChain
+                                                    : verifyd::sched::TreeKind::kBestFirst,
+                                                shape.nodes, rng);
+  const absl::Duration warmup = absl::Seconds(absl::GetFlag(FLAGS_warmup_seconds));
+  const absl::Duration window = absl::Seconds(absl::GetFlag(FLAGS_measure_seconds));
+  std::fprintf(stderr, "# %s backend, layers %d, heads %d, Q %d (%s), prefix %d, batch %d\n",
+               stats->backend().c_str(), shape.layers, shape.heads, shape.nodes,
+               absl::GetFlag(FLAGS_tree).c_str(), shape.prefix, shape.batch);
+  std::printf("concurrency,throughput_rps,p50_us,p90_us,p99_us\n");
+
+  uint64_t next_id = (absl::GetFlag(FLAGS_seed) << 32) + 1;
+  for (int level : levels) {
+    std::vector<Worker> workers(level);
+    for (Worker& w : workers) {
+      absl::Status s = Prepare(**client, shape, absl::GetFlag(FLAGS_seed), next_id, w);
+      next_id += shape.batch;
+      if (!s.ok()) return std::cerr << "verifyd_load: prefill: " << s << "\n", 1;
+    }
+    const absl::Time measure_from = absl::Now() + warmup, measure_to = measure_from + window;
+    std::vector<std::thread> threads;
+    for (Worker& w : workers) {
+      threads.emplace_back([&, &w = w] {
+        for (int64_t i = 0;; ++i) {
+          const int layer = static_cast<int>(i % shape.layers);
+          const v1::VerifyRequest& r = i == 0 ? w.first_step_layer0 : w.requests[layer];
+          const absl::Time start = absl::Now();
+          if (start >= measure_to) break;
+          auto response = (*client)->Verify(r);
+          const absl::Time end = absl::Now();
+          if (!response.ok()) {
+            w.error = response.status();
+            break;
+          }
+          if (start >= measure_from && end <= measure_to) {
+            w.latencies_us.push_back(absl::ToDoubleMicroseconds(end - start));
+          }
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    std::vector<double> all;
+    for (Worker& w : workers) {
+      if (!w.error.ok()) return std::cerr << "verifyd_load: Verify: " << w.error << "\n", 1;
+      all.insert(all.end(), w.latencies_us.begin(), w.latencies_us.end());
+      for (uint64_t id : w.ids) (void)(*client)->Release(id);
+    }
+    const auto summary = verifyd::sched::Summarize(all);
+    std::printf("%d,%.1f,%.0f,%.0f,%.0f\n", level, summary.count / absl::ToDoubleSeconds(window),
+                summary.p50_us, summary.p90_us, summary.p99_us);
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,246 @@
+// Bad input through the daemon's socket: state errors from the store (unknown sequence, pending
+// tree mismatch, invalid commit path, unverified layers, capacity), validation errors through
+// the wire, oversized messages and the admin rule. Each gets its code and a message naming the
+// field; afterwards every other sequence still verifies correctly.
+#include <functional>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/verifyd_service.h"
+#include "tests/service/rpc_helpers.h"
+#include "tests/service/shadow_model.h"
+#include "tests/service/test_server.h"
+
+namespace verifyd {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::RpcDriver;
+using testing::ShadowModel;
+using testing::VerifyPart;
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  static ServiceOptions Options() {
+    ServiceOptions o = testing::SmallOptions("bad");
+    o.kv_capacity_tokens = 1024;
+    o.max_message_bytes = 2 << 20;
+    o.tcp = "127.0.0.1:0";
+    o.admin_token = "s3cret";
+    return o;
+  }
+
+  BadInputTest()
+      : options_(Options()),
+        server_(options_),
+        model_(options_.layers, options_.heads, options_.softmax_scale, 99),
+        rpc_(server_.stub(), model_) {}
+
+  void SetUp() override {
+    ASSERT_TRUE(server_.status().ok()) << server_.status();
+    ASSERT_TRUE(rpc_.Append(model_.MakeAppend(1, 20)).ok());
+    ASSERT_TRUE(rpc_.Append(model_.MakeAppend(2, 30)).ok());
+    ASSERT_EQ(rpc_.Step(Parts(false), true), "");
+  }
+
+  // Sequences 1 and 2 with their pending trees, or new trees committing a path of the old.
+  std::vector<VerifyPart> Parts(bool commit) {
+    std::vector<VerifyPart> parts;
+    for (uint64_t seq : {1, 2}) {
+      VerifyPart part{seq, {}, std::nullopt};
+      if (commit) {
+        part.commit_previous = model_.RandomPath(model_.sequences().at(seq).parents);
+        part.parents = model_.RandomParents(9);
+      } else {
+        part.parents =
+            model_.has_tree(seq) ? model_.sequences().at(seq).parents : model_.RandomParents(7);
+      }
+      parts.push_back(part);
+    }
+    return parts;
+  }
+
+  // The sequences the cases must not have touched still verify, commit and verify again.
+  void ExpectOthersStillVerify() {
+    ASSERT_EQ(rpc_.Step(Parts(false), true), "");
+    ASSERT_EQ(rpc_.Step(Parts(true), false), "");
+  }
+
+  template <typename Call>
+  void ExpectError(Call call, grpc::StatusCode code, const std::string& message) {
+    const grpc::Status status = call();
+    EXPECT_EQ(status.error_code(), code) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(message));
+  }
+
+  grpc::Status SendVerify(const v1::VerifyRequest& request) {
+    grpc::ClientContext context;
+    v1::VerifyResponse response;
+    return server_.stub().Verify(&context, request, &response);
+  }
+
+  grpc::Status SendAppend(const v1::AppendRequest& request) {
+    grpc::ClientContext context;
+    v1::AppendResponse response;
+    return server_.stub().Append(&context, request, &response);
+  }
+
+  ServiceOptions options_;
+  testing::TestServer server_;
+  ShadowModel model_;
+  RpcDriver rpc_;
+};
+
+TEST_F(BadInputTest, StoreStateErrorsNameTheFieldAndTouchNothing) {
+  const auto parents1 = model_.sequences().at(1).parents;
+  const int q1 = static_cast<int>(parents1.size());
+  // Unknown sequence next to a valid one: nothing of the call is applied.
+  ExpectError(
+      [&] {
+        return SendVerify(model_.MakeVerify(
+            0, {VerifyPart{1, parents1, std::nullopt}, VerifyPart{77, {-1, 0}, std::nullopt}},
+            false));
+      },
+      grpc::StatusCode::NOT_FOUND, "sequences[1].sequence_id = 77 is not a live sequence");
+  // A new tree while one is pending.
+  ExpectError(
+      [&] {
+        return SendVerify(model_.MakeVerify(0, {VerifyPart{1, {-1, 0, 0}, std::nullopt}}, false));
+      },
+      grpc::StatusCode::FAILED_PRECONDITION, "sequences[0].parents differ");
+  // A riding commit whose path leaves the tree, or is not a chain from a root.
+  ExpectError(
+      [&] {
+        return SendVerify(
+            model_.MakeVerify(0, {VerifyPart{1, {-1}, std::vector<int32_t>{q1}}}, false));
+      },
+      grpc::StatusCode::INVALID_ARGUMENT,
+      "sequences[0].commit_previous.accepted_path[0] = " + std::to_string(q1) + " must be in [0, " +
+          std::to_string(q1) + ")");
+  ExpectError(
+      [&] {
+        return SendVerify(
+            model_.MakeVerify(0, {VerifyPart{2, {-1}, std::vector<int32_t>{0, 0}}}, false));
+      },
+      grpc::StatusCode::INVALID_ARGUMENT, "sequences[0].commit_previous.accepted_path[1] = 0");
+  // The same through Commit alone, and for unknown sequences.
+  ExpectError([&] { return rpc_.Commit(1, {q1 + 5}); }, grpc::StatusCode::INVALID_ARGUMENT,
+              "commit.accepted_path[0]");
+  ExpectError([&] { return rpc_.Commit(77, {0}); }, grpc::StatusCode::NOT_FOUND,
+              "sequence_id = 77 is not a live sequence");
+  ExpectError([&] { return rpc_.Release(77); }, grpc::StatusCode::NOT_FOUND,
+              "sequence_id = 77 is not a live sequence");
+  // Append while a tree is pending.
+  ExpectError([&] { return SendAppend(model_.MakeAppend(1, 2)); },
+              grpc::StatusCode::FAILED_PRECONDITION, "pending tree");
+
+  // A tree verified on layer 0 only cannot be committed (rejecting it with k = 0 can).
+  ASSERT_TRUE(rpc_.Append(model_.MakeAppend(3, 5)).ok());
+  std::string mismatch;
+  ASSERT_TRUE(
+      rpc_.Verify(model_.MakeVerify(0, {VerifyPart{3, {-1, 0}, std::nullopt}}, false), &mismatch)
+          .ok());
+  EXPECT_EQ(mismatch, "");
+  ExpectError([&] { return rpc_.Commit(3, {0}); }, grpc::StatusCode::FAILED_PRECONDITION,
+              "never verified");
+  ASSERT_TRUE(rpc_.Commit(3, {}).ok());
+  // Commit with no pending tree.
+  ExpectError([&] { return rpc_.Commit(3, {}); }, grpc::StatusCode::FAILED_PRECONDITION,
+              "no pending tree");
+  // Layers at different fill levels cannot take a tree.
+  ASSERT_TRUE(rpc_.Append(model_.MakeAppend(3, 2, 0, 1)).ok());
+  ExpectError(
+      [&] {
+        return SendVerify(model_.MakeVerify(1, {VerifyPart{3, {-1}, std::nullopt}}, false));
+      },
+      grpc::StatusCode::FAILED_PRECONDITION, "sequences[0]: sequence 3 has layers at different");
+  ASSERT_TRUE(rpc_.Release(3).ok());
+
+  ExpectOthersStillVerify();
+}
+
+TEST_F(BadInputTest, CapacityExhaustedKeepsNothing) {
+  const v1::StatsResponse before = rpc_.Stats();
+  // More tokens than free slots: RESOURCE_EXHAUSTED, and the sequence was never created.
+  ExpectError([&] { return SendAppend(model_.MakeAppend(8, 1000, 0, 1)); },
+              grpc::StatusCode::RESOURCE_EXHAUSTED, "kv.shape[1]: need 1000 free KV slots");
+  EXPECT_EQ(rpc_.Stats().used_tokens(), before.used_tokens());
+  ExpectError([&] { return rpc_.Release(8); }, grpc::StatusCode::NOT_FOUND, "sequence_id = 8");
+  // A tree that does not fit.
+  // Chunks keep each Append under --max-message-bytes.
+  for (int64_t left = static_cast<int64_t>(before.free_tokens()) - 10; left > 0; left -= 300) {
+    ASSERT_TRUE(
+        rpc_.Append(model_.MakeAppend(9, static_cast<int>(std::min<int64_t>(left, 300)))).ok());
+  }
+  ExpectError(
+      [&] {
+        return SendVerify(
+            model_.MakeVerify(0, {VerifyPart{9, model_.RandomParents(32), std::nullopt}}, false));
+      },
+      grpc::StatusCode::RESOURCE_EXHAUSTED, "sequences: the new trees need 32 free KV slots");
+  ASSERT_TRUE(rpc_.Release(9).ok());
+  EXPECT_EQ(rpc_.Stats().used_tokens(), before.used_tokens());
+  ExpectOthersStillVerify();
+}
+
+TEST_F(BadInputTest, ValidationErrorsThroughTheWire) {
+  const auto parents1 = model_.sequences().at(1).parents;
+  v1::VerifyRequest valid = model_.MakeVerify(2, {VerifyPart{1, parents1, std::nullopt}}, false);
+  std::vector<std::pair<std::function<void(v1::VerifyRequest&)>, std::string>> cases = {
+      {[](v1::VerifyRequest& r) { r.set_layer(3); }, "layer = 3 must be < --layers = 3"},
+      {[](v1::VerifyRequest& r) { r.mutable_q()->set_shape(1, 16); },
+       "q.shape[1] = 16 must equal --heads = 4"},
+      {[](v1::VerifyRequest& r) { r.mutable_tree_kv()->mutable_inline_data()->resize(10); },
+       "tree_kv.inline_data has 10 bytes"},
+      {[](v1::VerifyRequest& r) { r.mutable_q()->set_dtype(v1::DTYPE_FP32); }, "q.dtype"},
+      {[](v1::VerifyRequest& r) { r.mutable_sequences(0)->set_parents(1, 4); },
+       "sequences[0].parents[1] = 4 must be < 1"},
+      {[](v1::VerifyRequest& r) {
+         for (int i = 0; i < 64; ++i) r.mutable_sequences(0)->add_parents(-1);
+       },
+       "--max-tree-nodes = 64"},
+      {[](v1::VerifyRequest& r) { *r.add_sequences() = r.sequences(0); },
+       "sequences[1].sequence_id = 1 repeats sequences[0]"},
+  };
+  for (const auto& [mutate, message] : cases) {
+    SCOPED_TRACE(message);
+    v1::VerifyRequest request = valid;
+    mutate(request);
+    ExpectError([&] { return SendVerify(request); }, grpc::StatusCode::INVALID_ARGUMENT, message);
+  }
+  v1::AppendRequest append = model_.MakeAppend(4, 2);
+  append.set_layer_begin(5);
+  ExpectError([&] { return SendAppend(append); }, grpc::StatusCode::INVALID_ARGUMENT,
+              "layer_begin = 5 must be < --layers = 3");
+  append = model_.MakeAppend(4, 2);
+  append.mutable_kv()->mutable_shared_memory()->set_region("shm");
+  ExpectError([&] { return SendAppend(append); }, grpc::StatusCode::UNIMPLEMENTED,
+              "kv.shared_memory");
+  // Larger than --max-message-bytes: gRPC refuses it before any handler runs.
+  ExpectError([&] { return SendAppend(model_.MakeAppend(4, 700)); },
+              grpc::StatusCode::RESOURCE_EXHAUSTED, "");
+  ExpectError([&] { return rpc_.Release(4); }, grpc::StatusCode::NOT_FOUND, "sequence_id = 4");
+  ExpectOthersStillVerify();
+}
+
+TEST_F(BadInputTest, CompactIsAnOperatorAction) {
+  auto compact = [](v1::Verifyd::Stub& stub, const char* token) {
+    grpc::ClientContext context;
+    if (token != nullptr) context.AddMetadata(kAdminTokenMetadata, token);
+    v1::CompactRequest request;
+    request.set_budget_bytes(1 << 20);
+    v1::CompactResponse response;
+    return stub.Compact(&context, request, &response);
+  };
+  auto tcp = v1::Verifyd::NewStub(testing::MakeChannel(server_.server().tcp_address()));
+  ExpectError([&] { return compact(*tcp, nullptr); }, grpc::StatusCode::PERMISSION_DENIED,
+              "x-verifyd-admin-token");
+  ExpectError([&] { return compact(*tcp, "wrong"); }, grpc::StatusCode::PERMISSION_DENIED,
+              "does not match --admin-token");
+  EXPECT_TRUE(compact(*tcp, "s3cret").ok());
+  EXPECT_TRUE(compact(server_.stub(), nullptr).ok()) << "the Unix socket needs no token";
+  ExpectOthersStillVerify();
+}
+
+}  // namespace
+}  // namespace verifyd
