@@ -33,8 +33,9 @@ class RankWorkers {
     struct Pending {
       std::mutex mu;
       std::condition_variable cv;
-      int left;
-    } pending{.left = static_cast<int>(queues_.size())};
+      int left = 0;
+    } pending;
+    pending.left = static_cast<int>(queues_.size());
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (size_t r = 0; r < queues_.size(); ++r) {

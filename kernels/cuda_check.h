@@ -8,17 +8,21 @@
 
 namespace verifyd {
 
-inline absl::Status CudaErrorToStatus(cudaError_t err, const char* expr, const char* file, int line) {
+inline absl::Status CudaErrorToStatus(cudaError_t err, const char* expr, const char* file,
+                                      int line) {
   if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(file, ":", line, ": ", expr, " failed: ", cudaGetErrorName(err),
-                                          " (", cudaGetErrorString(err), ")"));
+  return absl::InternalError(absl::StrCat(file, ":", line, ": ", expr,
+                                          " failed: ", cudaGetErrorName(err), " (",
+                                          cudaGetErrorString(err), ")"));
 }
 
 }  // namespace verifyd
 
-// Evaluates a cudaError_t expression; on failure returns an INTERNAL Status naming file:line and the call.
-#define VERIFYD_CUDA_CHECK(expr)                                                                       \
-  do {                                                                                                 \
-    ::absl::Status verifyd_cuda_status_ = ::verifyd::CudaErrorToStatus((expr), #expr, __FILE__, __LINE__); \
-    if (!verifyd_cuda_status_.ok()) return verifyd_cuda_status_;                                       \
+// Evaluates a cudaError_t expression; on failure returns an INTERNAL Status naming file:line and
+// the call.
+#define VERIFYD_CUDA_CHECK(expr)                                         \
+  do {                                                                   \
+    ::absl::Status verifyd_cuda_status_ =                                \
+        ::verifyd::CudaErrorToStatus((expr), #expr, __FILE__, __LINE__); \
+    if (!verifyd_cuda_status_.ok()) return verifyd_cuda_status_;         \
   } while (0)

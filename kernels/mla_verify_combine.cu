@@ -1,8 +1,9 @@
 // The split-KV combine: for each row, merges the partial results of its splits by their LSE.
-//   O = sum_s w_s O_s with w_s = exp(lse_s - max) / sum_s' exp(lse_s' - max);  LSE = max + ln sum exp(...)
+//   O = sum_s w_s O_s with w_s = exp(lse_s - max) / sum_s' exp(lse_s' - max);  LSE = max + ln sum
+//   exp(...)
 // Each O_s is already normalised by its own softmax sum, so the weights alone rescale it.
-// A split that saw no column of a row (a tree-only split past the row's ancestors) has lse = -inf and
-// weight 0; every row has one split that sees the node itself, so max is finite.
+// A split that saw no column of a row (a tree-only split past the row's ancestors) has lse = -inf
+// and weight 0; every row has one split that sees the node itself, so max is finite.
 #include <cmath>
 
 #include "kernels/mla_dims.h"
@@ -21,7 +22,8 @@ __global__ void __launch_bounds__(kCombineThreads) MlaVerifyCombineKernel(MlaVer
   const int q_begin = pr.qo_indptr[item.seq];
   const int seq_rows = (pr.qo_indptr[item.seq + 1] - q_begin) * pr.num_heads;
   if (item.row_begin + r >= seq_rows) return;
-  const float* lse = params.partial_lse + static_cast<int64_t>(item.partial_begin) * kFlashBlockRows + r;
+  const float* lse =
+      params.partial_lse + static_cast<int64_t>(item.partial_begin) * kFlashBlockRows + r;
   float max_lse = -INFINITY;
   for (int s = 0; s < item.num_splits; ++s) max_lse = fmaxf(max_lse, lse[s * kFlashBlockRows]);
   float total = 0.f;
@@ -31,7 +33,8 @@ __global__ void __launch_bounds__(kCombineThreads) MlaVerifyCombineKernel(MlaVer
   for (int s = 0; s < item.num_splits; ++s) {
     const float w = expf(lse[s * kFlashBlockRows] - max_lse) * inv_total;
     const float4 x = reinterpret_cast<const float4*>(
-        params.partial_o + (static_cast<int64_t>(item.partial_begin + s) * kFlashBlockRows + r) * kVDim)[threadIdx.x];
+        params.partial_o +
+        (static_cast<int64_t>(item.partial_begin + s) * kFlashBlockRows + r) * kVDim)[threadIdx.x];
     acc.x += w * x.x;
     acc.y += w * x.y;
     acc.z += w * x.z;
@@ -49,7 +52,8 @@ __global__ void __launch_bounds__(kCombineThreads) MlaVerifyCombineKernel(MlaVer
 
 void LaunchCombineKernel(const MlaVerifyParams& params, cudaStream_t stream) {
   if (params.num_combine == 0) return;
-  MlaVerifyCombineKernel<<<dim3(params.num_combine, kFlashBlockRows), kCombineThreads, 0, stream>>>(params);
+  MlaVerifyCombineKernel<<<dim3(params.num_combine, kFlashBlockRows), kCombineThreads, 0, stream>>>(
+      params);
 }
 
 }  // namespace verifyd

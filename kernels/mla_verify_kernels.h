@@ -15,7 +15,8 @@ inline constexpr int kFlashThreads = 256;
 
 int FlashSmemBytes();
 const void* FlashKernelSymbol();
-// One CTA per work item (params.num_work), kFlashThreads threads, FlashSmemBytes() of shared memory.
+// One CTA per work item (params.num_work), kFlashThreads threads, FlashSmemBytes() of shared
+// memory.
 void LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
 
 // One CTA per (combine item, row of its 64): merges the item's partials by LSE into out/lse.
@@ -24,8 +25,9 @@ void LaunchCombineKernel(const MlaVerifyParams& params, cudaStream_t stream);
 // One CTA per (query row, head) of the whole batch: fp32 scalar arithmetic, the on-GPU oracle.
 void LaunchNaiveKernel(const VerifyProblem& problem, cudaStream_t stream);
 
-// Copies rows[i][0:576] into kv[slots[i]][0:576] for i < num_rows; slots outside [0, num_slots) are skipped.
-void LaunchKvSlotWriteKernel(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows, const int32_t* slots,
-                             int num_rows, cudaStream_t stream);
+// Copies rows[i][0:576] into kv[slots[i]][0:576] for i < num_rows; slots outside [0, num_slots) are
+// skipped.
+void LaunchKvSlotWriteKernel(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows,
+                             const int32_t* slots, int num_rows, cudaStream_t stream);
 
 }  // namespace verifyd

@@ -10,17 +10,23 @@ namespace verifyd {
 namespace {
 
 absl::Status CheckProblemShape(const VerifyProblem& p) {
-  if (p.kv == nullptr || p.q == nullptr || p.out == nullptr || p.qo_indptr == nullptr || p.prefix_len == nullptr ||
-      p.slot_indptr == nullptr || p.slots == nullptr || p.mask_indptr == nullptr || p.mask_bits == nullptr) {
-    return absl::InvalidArgumentError("problem: kv, q, out, qo_indptr, prefix_len, slot_indptr, slots, "
-                                      "mask_indptr and mask_bits must all be set");
+  if (p.kv == nullptr || p.q == nullptr || p.out == nullptr || p.qo_indptr == nullptr ||
+      p.prefix_len == nullptr || p.slot_indptr == nullptr || p.slots == nullptr ||
+      p.mask_indptr == nullptr || p.mask_bits == nullptr) {
+    return absl::InvalidArgumentError(
+        "problem: kv, q, out, qo_indptr, prefix_len, slot_indptr, slots, "
+        "mask_indptr and mask_bits must all be set");
   }
-  if (p.num_heads < 1) return absl::InvalidArgumentError(absl::StrCat("num_heads = ", p.num_heads, " must be >= 1"));
-  if (p.batch < 1) return absl::InvalidArgumentError(absl::StrCat("batch = ", p.batch, " must be >= 1"));
+  if (p.num_heads < 1)
+    return absl::InvalidArgumentError(absl::StrCat("num_heads = ", p.num_heads, " must be >= 1"));
+  if (p.batch < 1)
+    return absl::InvalidArgumentError(absl::StrCat("batch = ", p.batch, " must be >= 1"));
   if (p.total_q < p.batch) {
-    return absl::InvalidArgumentError(absl::StrCat("total_q = ", p.total_q, " must be >= batch = ", p.batch));
+    return absl::InvalidArgumentError(
+        absl::StrCat("total_q = ", p.total_q, " must be >= batch = ", p.batch));
   }
-  if (p.num_slots < 1) return absl::InvalidArgumentError(absl::StrCat("num_slots = ", p.num_slots, " must be >= 1"));
+  if (p.num_slots < 1)
+    return absl::InvalidArgumentError(absl::StrCat("num_slots = ", p.num_slots, " must be >= 1"));
   return absl::OkStatus();
 }
 
@@ -34,21 +40,24 @@ absl::StatusOr<int> CurrentDeviceSmCount() {
   return sms;
 }
 
-absl::Status UploadPlan(const SplitPlan& plan, const WorkspaceLayout& layout, void* workspace, cudaStream_t stream) {
+absl::Status UploadPlan(const SplitPlan& plan, const WorkspaceLayout& layout, void* workspace,
+                        cudaStream_t stream) {
   const std::vector<uint8_t> bytes = PackPlan(plan, layout);
   if (bytes.empty()) return absl::OkStatus();
-  VERIFYD_CUDA_CHECK(cudaMemcpyAsync(workspace, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream));
+  VERIFYD_CUDA_CHECK(
+      cudaMemcpyAsync(workspace, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream));
   return absl::OkStatus();
 }
 
-absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan, const WorkspaceLayout& layout,
-                             void* workspace, cudaStream_t stream) {
+absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan,
+                             const WorkspaceLayout& layout, void* workspace, cudaStream_t stream) {
   if (absl::Status s = CheckProblemShape(problem); !s.ok()) return s;
-  if (plan.work.empty()) return absl::InvalidArgumentError("plan.work is empty: plan the batch first");
+  if (plan.work.empty())
+    return absl::InvalidArgumentError("plan.work is empty: plan the batch first");
   if (workspace == nullptr) return absl::InvalidArgumentError("workspace must be set");
   // Setting the attribute is not a stream operation, so it is legal while a stream is capturing.
-  VERIFYD_CUDA_CHECK(
-      cudaFuncSetAttribute(FlashKernelSymbol(), cudaFuncAttributeMaxDynamicSharedMemorySize, FlashSmemBytes()));
+  VERIFYD_CUDA_CHECK(cudaFuncSetAttribute(
+      FlashKernelSymbol(), cudaFuncAttributeMaxDynamicSharedMemorySize, FlashSmemBytes()));
   auto* base = static_cast<uint8_t*>(workspace);
   MlaVerifyParams params;
   params.problem = problem;
@@ -73,9 +82,10 @@ absl::Status LaunchMlaVerifyNaive(const VerifyProblem& problem, cudaStream_t str
   return absl::OkStatus();
 }
 
-absl::Status LaunchKvSlotWrite(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows, const int32_t* slots,
-                               int num_rows, cudaStream_t stream) {
-  if (num_rows < 0) return absl::InvalidArgumentError(absl::StrCat("num_rows = ", num_rows, " must be >= 0"));
+absl::Status LaunchKvSlotWrite(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows,
+                               const int32_t* slots, int num_rows, cudaStream_t stream) {
+  if (num_rows < 0)
+    return absl::InvalidArgumentError(absl::StrCat("num_rows = ", num_rows, " must be >= 0"));
   if (num_rows > 0 && (kv == nullptr || rows == nullptr || slots == nullptr)) {
     return absl::InvalidArgumentError("kv, rows and slots must be set when num_rows > 0");
   }

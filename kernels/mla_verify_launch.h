@@ -3,9 +3,10 @@
 //
 // Typical use (eager):
 //   auto plan = PlanSplits(prefix_len, q_len, heads, sm_count);      // host shapes
-//   WorkspaceLayout layout = LayoutWorkspace(*plan);                  // caller allocates total_bytes
-//   UploadPlan(*plan, layout, workspace, stream);                     // once per plan / shape bucket
-//   LaunchMlaVerify(device_problem, *plan, layout, workspace, stream); // flash (+ combine)
+//   WorkspaceLayout layout = LayoutWorkspace(*plan);                  // caller allocates
+//   total_bytes UploadPlan(*plan, layout, workspace, stream);                     // once per plan
+//   / shape bucket LaunchMlaVerify(device_problem, *plan, layout, workspace, stream); // flash (+
+//   combine)
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,19 +26,21 @@ absl::StatusOr<int> CurrentDeviceSmCount();
 
 // Copies PackPlan()'s bytes to the start of `workspace` (device memory of layout.total_bytes) on
 // `stream`. Uses a pageable source, so it returns once the bytes are staged; not for graph capture
-// (a captured replay would re-read freed host memory): capture code copies from its own pinned buffer.
-absl::Status UploadPlan(const SplitPlan& plan, const WorkspaceLayout& layout, void* workspace, cudaStream_t stream);
+// (a captured replay would re-read freed host memory): capture code copies from its own pinned
+// buffer.
+absl::Status UploadPlan(const SplitPlan& plan, const WorkspaceLayout& layout, void* workspace,
+                        cudaStream_t stream);
 
 // problem: every pointer device memory, laid out as verify_problem.h says; total_q, batch and
 // num_heads are host values and must match the plan. The plan must already be in the workspace.
-absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan, const WorkspaceLayout& layout,
-                             void* workspace, cudaStream_t stream);
+absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan,
+                             const WorkspaceLayout& layout, void* workspace, cudaStream_t stream);
 
 // The naive on-GPU oracle (same problem layout; no plan, no workspace).
 absl::Status LaunchMlaVerifyNaive(const VerifyProblem& problem, cudaStream_t stream);
 
 // Writes rows[i] (576 bf16) into kv[slots[i]] for i < num_rows; kv is one layer: [num_slots][576].
-absl::Status LaunchKvSlotWrite(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows, const int32_t* slots,
-                               int num_rows, cudaStream_t stream);
+absl::Status LaunchKvSlotWrite(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows,
+                               const int32_t* slots, int num_rows, cudaStream_t stream);
 
 }  // namespace verifyd

@@ -25,7 +25,8 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr)
 }
 
 // d += a (16x16 bf16, row) * b (16x8 bf16, col), fp32 accumulate.
-__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
@@ -36,12 +37,15 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], u
 // 16-byte global -> shared copy that bypasses L1; valid == false writes 16 zero bytes instead.
 __device__ __forceinline__ void CpAsync16(uint32_t smem_addr, const void* gmem, bool valid) {
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem),
+               "r"(src_bytes));
 }
 
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 
-__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ void CpAsyncWaitAll() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
 
 __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
   uint32_t r;

@@ -1,6 +1,6 @@
-// The naive verify kernel: the on-GPU oracle. One CTA per (query row, head), fp32 scalar arithmetic,
-// three plain passes over the visible columns (max and sum, then probabilities times values), no
-// tensor cores, no tiling tricks: slow and obviously the formula of SPEC §1.
+// The naive verify kernel: the on-GPU oracle. One CTA per (query row, head), fp32 scalar
+// arithmetic, three plain passes over the visible columns (max and sum, then probabilities times
+// values), no tensor cores, no tiling tricks: slow and obviously the formula of SPEC §1.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -96,7 +96,8 @@ __global__ void __launch_bounds__(kNaiveThreads) MlaVerifyNaiveKernel(VerifyProb
     __syncthreads();
   }
   for (int i = 0; i < 4; ++i) {
-    pr.out[static_cast<int64_t>(row) * kVDim + d0 + i] = __bfloat16_as_ushort(__float2bfloat16_rn(acc[i]));
+    pr.out[static_cast<int64_t>(row) * kVDim + d0 + i] =
+        __bfloat16_as_ushort(__float2bfloat16_rn(acc[i]));
   }
   if (threadIdx.x == 0 && pr.lse != nullptr) pr.lse[row] = row_max + logf(row_sum);
 }

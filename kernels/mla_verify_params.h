@@ -3,7 +3,8 @@
 //
 // The plan is data, not code: the host planner (split_planner.h) decides the work items from the
 // host-side shapes, the caller copies them into the workspace, and the kernels read them there. A
-// launch therefore needs no host sync and no allocation, and a captured CUDA graph replays it as is.
+// launch therefore needs no host sync and no allocation, and a captured CUDA graph replays it as
+// is.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +30,8 @@ struct FlashWorkItem {
   int32_t partial;
 };
 
-// One combine CTA group: merges `num_splits` consecutive partials into rows [row_begin, +64) of `seq`.
+// One combine CTA group: merges `num_splits` consecutive partials into rows [row_begin, +64) of
+// `seq`.
 struct CombineItem {
   int32_t seq;
   int32_t row_begin;

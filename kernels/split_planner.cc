@@ -11,7 +11,8 @@ namespace verifyd {
 namespace {
 
 // A CTA's fixed cost (loading its 72 KB Q tile, writing a 128 KB fp32 partial, its share of the
-// combine) in units of KV tiles; at 2, S6 (128 row blocks) was split 34 ways for a 0.2% better wave fit.
+// combine) in units of KV tiles; at 2, S6 (128 row blocks) was split 34 ways for a 0.2% better wave
+// fit.
 constexpr int64_t kItemOverheadTiles = 4;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -25,20 +26,23 @@ struct SequenceShape {
 
 }  // namespace
 
-absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len, absl::Span<const int32_t> q_len,
-                                     int num_heads, int num_sms) {
+absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
+                                     absl::Span<const int32_t> q_len, int num_heads, int num_sms) {
   if (prefix_len.size() != q_len.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prefix_len has ", prefix_len.size(), " entries but q_len has ", q_len.size()));
+    return absl::InvalidArgumentError(absl::StrCat("prefix_len has ", prefix_len.size(),
+                                                   " entries but q_len has ", q_len.size()));
   }
   if (prefix_len.empty()) return absl::InvalidArgumentError("batch = 0 must be >= 1");
-  if (num_heads < 1) return absl::InvalidArgumentError(absl::StrCat("num_heads = ", num_heads, " must be >= 1"));
-  if (num_sms < 1) return absl::InvalidArgumentError(absl::StrCat("num_sms = ", num_sms, " must be >= 1"));
+  if (num_heads < 1)
+    return absl::InvalidArgumentError(absl::StrCat("num_heads = ", num_heads, " must be >= 1"));
+  if (num_sms < 1)
+    return absl::InvalidArgumentError(absl::StrCat("num_sms = ", num_sms, " must be >= 1"));
   std::vector<SequenceShape> shapes;
   int64_t max_tiles = 1;
   for (size_t b = 0; b < q_len.size(); ++b) {
     if (prefix_len[b] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("prefix_len[", b, "] = ", prefix_len[b], " must be >= 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefix_len[", b, "] = ", prefix_len[b], " must be >= 0"));
     }
     if (q_len[b] < 1 || q_len[b] > kMaxTreeNodes) {
       return absl::InvalidArgumentError(
@@ -51,10 +55,12 @@ absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len, absl:
   }
 
   // Candidate chunks: every length that changes some sequence's split count is too many to try for
-  // L = 256K, so try all chunks up to 64 tiles and then a geometric ladder; the cost is flat between.
+  // L = 256K, so try all chunks up to 64 tiles and then a geometric ladder; the cost is flat
+  // between.
   std::vector<int64_t> candidates;
   for (int64_t c = 1; c <= std::min<int64_t>(64, max_tiles); ++c) candidates.push_back(c);
-  for (double c = 64; c < static_cast<double>(max_tiles); c *= 1.03) candidates.push_back(static_cast<int64_t>(c));
+  for (double c = 64; c < static_cast<double>(max_tiles); c *= 1.03)
+    candidates.push_back(static_cast<int64_t>(c));
   candidates.push_back(max_tiles);
   int64_t best_chunk = max_tiles;
   int64_t best_cost = INT64_MAX;
@@ -84,7 +90,8 @@ absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len, absl:
     for (int64_t rb = 0; rb < shapes[b].row_blocks; ++rb) {
       const int32_t row_begin = static_cast<int32_t>(rb * kFlashBlockRows);
       if (splits > 1) {
-        plan.combine.push_back({static_cast<int32_t>(b), row_begin, plan.num_partials, static_cast<int32_t>(splits)});
+        plan.combine.push_back(
+            {static_cast<int32_t>(b), row_begin, plan.num_partials, static_cast<int32_t>(splits)});
       }
       for (int64_t k = 0; k < splits; ++k) {
         const int64_t tile_begin = k * shapes[b].tiles / splits;
@@ -106,17 +113,21 @@ WorkspaceLayout LayoutWorkspace(const SplitPlan& plan) {
   WorkspaceLayout layout;
   layout.work_offset = 0;
   layout.combine_offset = AlignUp(layout.work_offset + plan.work.size() * sizeof(FlashWorkItem));
-  layout.partial_o_offset = AlignUp(layout.combine_offset + plan.combine.size() * sizeof(CombineItem));
-  layout.partial_lse_offset = AlignUp(layout.partial_o_offset + size_t(plan.num_partials) * kFlashBlockRows *
-                                                                    kVDim * sizeof(float));
-  layout.total_bytes = AlignUp(layout.partial_lse_offset + size_t(plan.num_partials) * kFlashBlockRows * sizeof(float));
+  layout.partial_o_offset =
+      AlignUp(layout.combine_offset + plan.combine.size() * sizeof(CombineItem));
+  layout.partial_lse_offset =
+      AlignUp(layout.partial_o_offset +
+              size_t(plan.num_partials) * kFlashBlockRows * kVDim * sizeof(float));
+  layout.total_bytes = AlignUp(layout.partial_lse_offset +
+                               size_t(plan.num_partials) * kFlashBlockRows * sizeof(float));
   return layout;
 }
 
 std::vector<uint8_t> PackPlan(const SplitPlan& plan, const WorkspaceLayout& layout) {
   std::vector<uint8_t> bytes(layout.partial_o_offset, 0);
   if (!plan.work.empty()) {
-    std::memcpy(bytes.data() + layout.work_offset, plan.work.data(), plan.work.size() * sizeof(FlashWorkItem));
+    std::memcpy(bytes.data() + layout.work_offset, plan.work.data(),
+                plan.work.size() * sizeof(FlashWorkItem));
   }
   if (!plan.combine.empty()) {
     std::memcpy(bytes.data() + layout.combine_offset, plan.combine.data(),

@@ -20,7 +20,8 @@ struct SplitPlan {
   std::vector<FlashWorkItem> work;
   std::vector<CombineItem> combine;
   int num_partials = 0;
-  int tiles_per_split = 0;  // the chunk the planner chose, in kFlashBlockCols-column tiles (for reports)
+  int tiles_per_split =
+      0;  // the chunk the planner chose, in kFlashBlockCols-column tiles (for reports)
 };
 
 // Byte offsets inside the caller's workspace; every region is 256-byte aligned.
@@ -32,11 +33,12 @@ struct WorkspaceLayout {
   size_t total_bytes = 0;
 };
 
-// prefix_len[b] = L_b >= 0, q_len[b] = Q_b in [1, kMaxTreeNodes]; num_sms = the CTAs that run at once.
-// Chooses one chunk length (in tiles) for the whole batch by minimising waves x (chunk + overhead),
-// then cuts each sequence's L_b + Q_b columns into near-equal splits of at most that chunk.
-absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len, absl::Span<const int32_t> q_len,
-                                     int num_heads, int num_sms);
+// prefix_len[b] = L_b >= 0, q_len[b] = Q_b in [1, kMaxTreeNodes]; num_sms = the CTAs that run at
+// once. Chooses one chunk length (in tiles) for the whole batch by minimising waves x (chunk +
+// overhead), then cuts each sequence's L_b + Q_b columns into near-equal splits of at most that
+// chunk.
+absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
+                                     absl::Span<const int32_t> q_len, int num_heads, int num_sms);
 
 WorkspaceLayout LayoutWorkspace(const SplitPlan& plan);
 

@@ -25,27 +25,29 @@
 namespace verifyd::bench {
 namespace {
 
-#define BENCH_CUDA(expr)                                                                            \
-  do {                                                                                              \
-    cudaError_t err_ = (expr);                                                                      \
-    if (err_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
+#define BENCH_CUDA(expr)                                                        \
+  do {                                                                          \
+    cudaError_t err_ = (expr);                                                  \
+    if (err_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorString(err_));                                   \
+      std::exit(1);                                                             \
+    }                                                                           \
   } while (0)
 
-#define BENCH_OK(expr)                                                                       \
-  do {                                                                                       \
-    absl::Status st_ = (expr);                                                               \
-    if (!st_.ok()) {                                                                         \
+#define BENCH_OK(expr)                                                                             \
+  do {                                                                                             \
+    absl::Status st_ = (expr);                                                                     \
+    if (!st_.ok()) {                                                                               \
       std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, std::string(st_.message()).c_str()); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
+      std::exit(1);                                                                                \
+    }                                                                                              \
   } while (0)
 
 // Uniform bf16 in [-amp, amp) from a counter hash: random data on the device without a host copy.
 __global__ void FillRandomBf16(bf16_bits* x, int64_t n, uint64_t seed, float amp) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
     uint64_t h = (static_cast<uint64_t>(i) + seed) * 0x9E3779B97F4A7C15ull;
     h ^= h >> 31;
     h *= 0xBF58476D1CE4E5B9ull;
@@ -80,7 +82,8 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Times `body(i)` per iteration with a pair of events each, after warm-up; returns the median in ms.
+// Times `body(i)` per iteration with a pair of events each, after warm-up; returns the median in
+// ms.
 template <typename Body>
 double MedianMs(int warmup, int iters, Body body) {
   for (int i = 0; i < warmup; ++i) body(i);
@@ -108,7 +111,8 @@ double MeasureCopyBandwidth() {
   auto* a = DeviceAlloc<uint8_t>(bytes);
   auto* b = DeviceAlloc<uint8_t>(bytes);
   BENCH_CUDA(cudaMemset(a, 1, bytes));
-  const double ms = MedianMs(3, 20, [&](int) { BENCH_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); });
+  const double ms = MedianMs(
+      3, 20, [&](int) { BENCH_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); });
   cudaFree(a);
   cudaFree(b);
   return 2.0 * bytes / (ms * 1e-3);
@@ -129,9 +133,9 @@ double MeasureMatmulRate() {
   }
   const float alpha = 1.f, beta = 0.f;
   auto gemm = [&](int) {
-    const cublasStatus_t s = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b,
-                                          CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT);
+    const cublasStatus_t s = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a,
+                                          CUDA_R_16BF, n, b, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF,
+                                          n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) {
       std::fprintf(stderr, "cublasGemmEx failed: %d\n", static_cast<int>(s));
       std::exit(1);
@@ -160,7 +164,8 @@ struct ShapeData {
   bf16_bits* out = nullptr;
   bf16_bits* out_naive = nullptr;
   float* lse = nullptr;
-  int32_t *qo_indptr = nullptr, *prefix_len = nullptr, *slot_indptr = nullptr, *mask_indptr = nullptr;
+  int32_t *qo_indptr = nullptr, *prefix_len = nullptr, *slot_indptr = nullptr,
+          *mask_indptr = nullptr;
   int32_t* slots_contiguous = nullptr;
   int32_t* slots_scattered = nullptr;
   uint64_t* mask_bits = nullptr;
@@ -195,7 +200,8 @@ ShapeData BuildShape(const Shape& s, std::mt19937_64& rng) {
       contiguous.push_back(static_cast<int32_t>(b * cols + t));
       scattered.push_back(perm[b * cols + t]);
     }
-    // A random tree: each node the child of the previous or of a random earlier node (a DDTree-like shape).
+    // A random tree: each node the child of the previous or of a random earlier node (a DDTree-like
+    // shape).
     std::vector<int32_t> parents(s.q);
     for (int i = 0; i < s.q; ++i) {
       parents[i] = i == 0 ? -1 : (rng() % 2 ? i - 1 : static_cast<int32_t>(rng() % i));
@@ -231,11 +237,12 @@ ShapeData BuildShape(const Shape& s, std::mt19937_64& rng) {
 }
 
 void FreeShape(ShapeData& d) {
-  for (void* p : {static_cast<void*>(d.kv), static_cast<void*>(d.q), static_cast<void*>(d.out),
-                  static_cast<void*>(d.out_naive), static_cast<void*>(d.lse), static_cast<void*>(d.qo_indptr),
-                  static_cast<void*>(d.prefix_len), static_cast<void*>(d.slot_indptr), static_cast<void*>(d.mask_indptr),
-                  static_cast<void*>(d.slots_contiguous), static_cast<void*>(d.slots_scattered),
-                  static_cast<void*>(d.mask_bits)}) {
+  for (void* p :
+       {static_cast<void*>(d.kv), static_cast<void*>(d.q), static_cast<void*>(d.out),
+        static_cast<void*>(d.out_naive), static_cast<void*>(d.lse), static_cast<void*>(d.qo_indptr),
+        static_cast<void*>(d.prefix_len), static_cast<void*>(d.slot_indptr),
+        static_cast<void*>(d.mask_indptr), static_cast<void*>(d.slots_contiguous),
+        static_cast<void*>(d.slots_scattered), static_cast<void*>(d.mask_bits)}) {
     cudaFree(p);
   }
 }
@@ -263,8 +270,8 @@ double RelativeErrorBf16(const bf16_bits* a_dev, const bf16_bits* b_dev, size_t 
 
 struct Row {
   std::string name;
-  double us = 0, tflops = 0, gbs = 0, floor_us = 0, ratio = 0, scattered_ratio = 0, graph_ratio = 0, naive_ms = 0,
-         err = 0;
+  double us = 0, tflops = 0, gbs = 0, floor_us = 0, ratio = 0, scattered_ratio = 0, graph_ratio = 0,
+         naive_ms = 0, err = 0;
   int ctas = 0;
 };
 
@@ -273,21 +280,26 @@ int Main(int argc, char** argv) {
   bool run_naive = true;
   std::string only;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) only = argv[++i];
-    else if (!std::strcmp(argv[i], "--no-naive")) run_naive = false;
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
+      iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc)
+      only = argv[++i];
+    else if (!std::strcmp(argv[i], "--no-naive"))
+      run_naive = false;
   }
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, sm_%d%d, %d SMs, L2 %d MB\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20);
+  std::printf("device: %s, sm_%d%d, %d SMs, L2 %d MB\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20);
   const double bandwidth = MeasureCopyBandwidth();
   const double matmul = MeasureMatmulRate();
-  std::printf("measured: copy bandwidth %.0f GB/s (read+write), bf16 matmul %.0f TFLOP/s (cuBLAS 8192^3)\n",
-              bandwidth / 1e9, matmul / 1e12);
+  std::printf(
+      "measured: copy bandwidth %.0f GB/s (read+write), bf16 matmul %.0f TFLOP/s (cuBLAS 8192^3)\n",
+      bandwidth / 1e9, matmul / 1e12);
 
-  const std::vector<Shape> shapes = {{"S1", 1, 8, 16, 65536},   {"S2", 1, 64, 9, 16384}, {"S3", 1, 64, 33, 65536},
-                                     {"S4", 8, 16, 16, 8192},   {"S5", 32, 8, 8, 4096},  {"S6", 1, 128, 64, 131072},
+  const std::vector<Shape> shapes = {{"S1", 1, 8, 16, 65536},  {"S2", 1, 64, 9, 16384},
+                                     {"S3", 1, 64, 33, 65536}, {"S4", 8, 16, 16, 8192},
+                                     {"S5", 32, 8, 8, 4096},   {"S6", 1, 128, 64, 131072},
                                      {"S7", 1, 8, 16, 262144}};
   const int sms = prop.multiProcessorCount;
   std::mt19937_64 rng(20261129);
@@ -304,7 +316,8 @@ int Main(int argc, char** argv) {
     BENCH_CUDA(cudaDeviceSynchronize());
 
     auto launch = [&](int i, bool scattered, cudaStream_t stream) {
-      BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, scattered), *plan, layout, workspace, stream));
+      BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, scattered), *plan, layout, workspace,
+                               stream));
     };
     Row row;
     row.name = s.name;
@@ -355,7 +368,8 @@ int Main(int argc, char** argv) {
     row.scattered_ratio = scattered_ms / contiguous_ms;
     row.graph_ratio = Median(graph_ms) / scattered_ms;
     if (run_naive) {
-      // Flash output of copy 0 (scattered) vs the naive kernel on the same inputs, and naive's time.
+      // Flash output of copy 0 (scattered) vs the naive kernel on the same inputs, and naive's
+      // time.
       launch(0, true, nullptr);
       BENCH_CUDA(cudaDeviceSynchronize());
       VerifyProblem naive = ProblemFor(d, 0, true);
@@ -364,24 +378,28 @@ int Main(int argc, char** argv) {
       row.err = RelativeErrorBf16(d.out, d.out_naive, size_t(s.batch) * s.q * s.heads * kVDim);
     }
     std::printf(
-        "%s B=%d H=%d Q=%d L=%d: %.1f us, %.0f TFLOP/s, %.0f GB/s, floor %.1f us (%s-bound), x%.2f floor, "
-        "scattered/contiguous %.3f, graph/eager %.3f, naive %.2f ms (err vs flash %.1e), %d CTAs, %d tiles/split\n",
+        "%s B=%d H=%d Q=%d L=%d: %.1f us, %.0f TFLOP/s, %.0f GB/s, floor %.1f us (%s-bound), x%.2f "
+        "floor, "
+        "scattered/contiguous %.3f, graph/eager %.3f, naive %.2f ms (err vs flash %.1e), %d CTAs, "
+        "%d tiles/split\n",
         s.name, s.batch, s.heads, s.q, s.l, row.us, row.tflops, row.gbs, row.floor_us,
-        bytes / bandwidth > flops / matmul ? "memory" : "compute", row.ratio, row.scattered_ratio, row.graph_ratio,
-        row.naive_ms, row.err, row.ctas, plan->tiles_per_split);
+        bytes / bandwidth > flops / matmul ? "memory" : "compute", row.ratio, row.scattered_ratio,
+        row.graph_ratio, row.naive_ms, row.err, row.ctas, plan->tiles_per_split);
     std::fflush(stdout);
     rows.push_back(row);
     cudaFree(workspace);
     FreeShape(d);
   }
 
-  std::printf("\n%-4s %10s %8s %8s %10s %7s %8s %8s %10s %8s\n", "shape", "time_us", "TFLOP/s", "GB/s", "floor_us",
-              "/floor", "scat/ctg", "grph/eag", "naive_ms", "err");
+  std::printf("\n%-4s %10s %8s %8s %10s %7s %8s %8s %10s %8s\n", "shape", "time_us", "TFLOP/s",
+              "GB/s", "floor_us", "/floor", "scat/ctg", "grph/eag", "naive_ms", "err");
   for (const Row& r : rows) {
-    std::printf("%-5s %10.1f %8.0f %8.0f %10.1f %7.2f %8.3f %8.3f %10.2f %8.1e\n", r.name.c_str(), r.us, r.tflops,
-                r.gbs, r.floor_us, r.ratio, r.scattered_ratio, r.graph_ratio, r.naive_ms, r.err);
+    std::printf("%-5s %10.1f %8.0f %8.0f %10.1f %7.2f %8.3f %8.3f %10.2f %8.1e\n", r.name.c_str(),
+                r.us, r.tflops, r.gbs, r.floor_us, r.ratio, r.scattered_ratio, r.graph_ratio,
+                r.naive_ms, r.err);
   }
-  std::printf("ceilings: copy %.0f GB/s, bf16 matmul %.0f TFLOP/s\n", bandwidth / 1e9, matmul / 1e12);
+  std::printf("ceilings: copy %.0f GB/s, bf16 matmul %.0f TFLOP/s\n", bandwidth / 1e9,
+              matmul / 1e12);
   return 0;
 }
 

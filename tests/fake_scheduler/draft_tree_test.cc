@@ -29,7 +29,9 @@ TEST(DraftTreeTest, EveryKindIsAValidTreeOfTheAskedSize) {
         EXPECT_EQ(max_depth, nodes - 1);
       } else if (kind == TreeKind::kBestFirst) {
         EXPECT_EQ(roots, 1);
-        if (nodes >= 32) EXPECT_LT(max_depth, nodes - 1) << "a best-first tree must branch";
+        if (nodes >= 32) {
+          EXPECT_LT(max_depth, nodes - 1) << "a best-first tree must branch";
+        }
       } else if (nodes >= 5) {
         EXPECT_GE(roots, 2);
       }

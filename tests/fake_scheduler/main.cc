@@ -12,7 +12,9 @@
 #include "absl/strings/str_split.h"
 #include "tests/fake_scheduler/scheduler.h"
 
-ABSL_FLAG(std::string, target, "unix:///tmp/verifyd-0.sock", "daemon address");
+ABSL_FLAG(std::string, target, "unix:///tmp/verifyd-0.sock",
+          "daemon address; several, comma-separated, drive one daemon per tensor-parallel rank "
+          "through GroupClient");
 ABSL_FLAG(int, sequences, 8, "sequences driven concurrently");
 ABSL_FLAG(int, steps, 50, "decode steps per sequence");
 ABSL_FLAG(uint64_t, seed, 1, "every input is a function of the seed and its coordinates");
@@ -46,7 +48,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("fake_scheduler --target=unix:///tmp/verifyd-0.sock [flags]");
   absl::ParseCommandLine(argc, argv);
   verifyd::sched::SchedulerConfig c;
-  c.target = absl::GetFlag(FLAGS_target);
+  c.targets = absl::StrSplit(absl::GetFlag(FLAGS_target), ',', absl::SkipEmpty());
   c.sequences = absl::GetFlag(FLAGS_sequences);
   c.steps = absl::GetFlag(FLAGS_steps);
   c.seed = absl::GetFlag(FLAGS_seed);
@@ -73,7 +75,7 @@ int main(int argc, char** argv) {
   const auto& r = *report;
   const auto& lat = r.verify_latency;
   std::printf("fake_scheduler: %d sequences x %d steps against %s\n", c.sequences, c.steps,
-              c.target.c_str());
+              absl::GetFlag(FLAGS_target).c_str());
   std::printf("  prefill tokens      %lld\n", static_cast<long long>(r.prefill_tokens));
   std::printf("  sequence-steps      %lld in %.2f s: %.1f steps/s\n",
               static_cast<long long>(r.sequence_steps), r.wall_seconds,
@@ -82,7 +84,7 @@ int main(int argc, char** argv) {
       "  committed tokens    %lld (%.2f per step)\n", static_cast<long long>(r.committed_tokens),
       r.sequence_steps > 0 ? static_cast<double>(r.committed_tokens) / r.sequence_steps : 0.0);
   std::printf(
-      "  Verify RPCs         %lld (%lld sequence-layer outputs checked, max rel err %.3g)\n",
+      "  Verify RPCs         %lld (%lld sequence-layer-rank outputs checked, max rel err %.3g)\n",
       static_cast<long long>(r.verifies), static_cast<long long>(r.verified_trees),
       r.max_relative_error);
   std::printf("  Verify latency      p50 %.0f us, p99 %.0f us, max %.0f us\n", lat.p50_us,

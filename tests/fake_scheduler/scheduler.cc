@@ -11,9 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
+#include "client/group_client.h"
 #include "client/tensor.h"
 #include "kernels/mla_dims.h"
+#include "kernels/status_macros.h"
 #include "tests/fake_scheduler/draft_tree.h"
 #include "tests/fake_scheduler/input_generator.h"
 #include "tests/fake_scheduler/sequence_model.h"
@@ -47,8 +48,8 @@ using Group = std::vector<SequenceState*>;
 
 class Run {
  public:
-  Run(const SchedulerConfig& config, Client& client, const Geometry& geometry)
-      : config_(config), client_(client), g_(geometry) {}
+  Run(const SchedulerConfig& config, GroupClient& ranks, const Geometry& geometry)
+      : config_(config), ranks_(ranks), g_(geometry) {}
 
   SchedulerReport Execute(std::vector<std::unique_ptr<SequenceState>>& sequences);
 
@@ -56,18 +57,25 @@ class Run {
   void Worker(int thread, const std::vector<Group>& groups);
   bool Prefill(SequenceState& s);
   bool Step(const Group& group, int step);
+  // Checks one rank's answer to a layer's Verify against the models; q is that rank's queries.
+  bool CheckVerify(const Group& group, const std::vector<int>& offsets, int step, int layer,
+                   float scale, bool want_lse, int rank, std::vector<bf16_bits>& q,
+                   const v1::VerifyResponse& response);
+  // "rank r: " when there are several ranks, "" otherwise.
+  std::string RankPrefix(int rank) const {
+    return ranks_.size() > 1 ? absl::StrCat("rank ", rank, ": ") : "";
+  }
   bool Finish(SequenceState& s);
   void Operator();
   bool Fail(std::string message);
   bool Aborted() const { return abort_.load(std::memory_order_relaxed); }
 
   const SchedulerConfig& config_;
-  Client& client_;
+  GroupClient& ranks_;  // one rank: a plain single-daemon run
   const Geometry g_;
   std::atomic<bool> abort_{false};
   std::unique_ptr<std::atomic<int>[]> progress_;  // steps finished, per worker
   int workers_ = 0;
-  std::atomic<int> workers_done_{0};
 
   std::mutex mu_;  // guards everything below
   std::vector<std::string> failures_;
@@ -99,25 +107,39 @@ bool Run::Prefill(SequenceState& s) {
   // committed length is the minimum fill over layers, reached only by the last call.
   const bool per_layer_calls = s.rng() % 3 == 0;
   const uint64_t id = s.model.id();
-  absl::StatusOr<v1::AppendResponse> response;
-  if (per_layer_calls) {
-    for (int l = 0; l < g_.layers && (l == 0 || response.ok()); ++l) {
-      response = client_.AppendKv(id, l, 1, tokens,
-                                  absl::MakeConstSpan(kv).subspan(l * per_layer, per_layer));
-      if (response.ok() && l + 1 < g_.layers && response->committed_length() != 0) {
-        return Fail(absl::StrCat("sequence ", id, ": after appending layer ", l,
-                                 " only, committed_length = ", response->committed_length(),
-                                 ", want 0 (minimum over layers)"));
+  // Every rank stores the whole latent KV (it is shared by all heads), so prefill is a broadcast.
+  auto append = [&](uint32_t layer_begin, int64_t layer_count, absl::Span<const bf16_bits> rows,
+                    uint64_t want_committed) {
+    v1::AppendRequest request;
+    request.set_sequence_id(id);
+    request.set_layer_begin(layer_begin);
+    const int64_t shape[] = {layer_count, tokens, kKvDim};
+    *request.mutable_kv() = *tensor::MakeBf16(shape, rows);
+    const auto results = ranks_.Append(request);
+    for (int r = 0; r < ranks_.size(); ++r) {
+      if (!results[r].ok()) {
+        return Fail(absl::StrCat(RankPrefix(r), "sequence ", id,
+                                 " prefill: ", results[r].status().ToString()));
+      }
+      if (results[r]->committed_length() != want_committed) {
+        return Fail(absl::StrCat(RankPrefix(r), "sequence ", id, " prefill of ", tokens,
+                                 " tokens into layers [", layer_begin, ", ",
+                                 layer_begin + layer_count,
+                                 "): committed_length = ", results[r]->committed_length(),
+                                 ", want ", want_committed, " (the minimum fill over layers)"));
       }
     }
-  } else {
-    response = client_.AppendKv(id, 0, g_.layers, tokens, kv);
-  }
-  if (!response.ok())
-    return Fail(absl::StrCat("sequence ", id, " prefill: ", response.status().ToString()));
-  if (response->committed_length() != static_cast<uint64_t>(tokens)) {
-    return Fail(absl::StrCat("sequence ", id, " prefill of ", tokens,
-                             " tokens: committed_length = ", response->committed_length()));
+    return true;
+  };
+  if (per_layer_calls) {
+    for (int l = 0; l < g_.layers; ++l) {
+      const uint64_t want = l + 1 < g_.layers ? 0 : static_cast<uint64_t>(tokens);
+      if (!append(l, 1, absl::MakeConstSpan(kv).subspan(l * per_layer, per_layer), want)) {
+        return false;
+      }
+    }
+  } else if (!append(0, g_.layers, kv, static_cast<uint64_t>(tokens))) {
+    return false;
   }
   s.model.Append(tokens, kv);
   std::lock_guard<std::mutex> lock(mu_);
@@ -153,8 +175,10 @@ bool Run::Step(const Group& group, int step) {
       scale = g_.scale * 1.25f;
       request.set_softmax_scale(scale);
     }
-    std::vector<bf16_bits> q(static_cast<size_t>(total_q) * H * kKvDim);
     std::vector<bf16_bits> tree_kv(static_cast<size_t>(total_q) * kKvDim);
+    // Rank r holds heads [r*H, (r+1)*H) of the model: its queries are those heads' rows.
+    std::vector<std::vector<bf16_bits>> q(
+        ranks_.size(), std::vector<bf16_bits>(static_cast<size_t>(total_q) * H * kKvDim));
     for (size_t b = 0; b < group.size(); ++b) {
       SequenceState& s = *group[b];
       v1::VerifySequence* seq = request.add_sequences();
@@ -171,11 +195,13 @@ bool Run::Step(const Group& group, int step) {
             {RowKey::kTreeKv, config_.seed, static_cast<uint64_t>(s.index),
              static_cast<uint64_t>(layer), static_cast<uint64_t>(step), static_cast<uint64_t>(i)},
             kKvAmplitude, absl::MakeSpan(tree_kv).subspan(row * kKvDim, kKvDim));
-        for (int h = 0; h < H; ++h) {
-          FillRow({RowKey::kQuery, config_.seed, static_cast<uint64_t>(s.index),
-                   static_cast<uint64_t>(layer), static_cast<uint64_t>(step),
-                   static_cast<uint64_t>(i), static_cast<uint64_t>(h)},
-                  kQueryAmplitude, absl::MakeSpan(q).subspan((row * H + h) * kKvDim, kKvDim));
+        for (int r = 0; r < ranks_.size(); ++r) {
+          for (int h = 0; h < H; ++h) {
+            FillRow({RowKey::kQuery, config_.seed, static_cast<uint64_t>(s.index),
+                     static_cast<uint64_t>(layer), static_cast<uint64_t>(step),
+                     static_cast<uint64_t>(i), static_cast<uint64_t>(r * H + h)},
+                    kQueryAmplitude, absl::MakeSpan(q[r]).subspan((row * H + h) * kKvDim, kKvDim));
+          }
         }
       }
       s.model.SetTreeKv(layer, absl::MakeConstSpan(tree_kv).subspan(
@@ -183,79 +209,29 @@ bool Run::Step(const Group& group, int step) {
     }
     const int64_t q_shape[] = {total_q, H, kKvDim};
     const int64_t kv_shape[] = {total_q, kKvDim};
-    *request.mutable_q() = *tensor::MakeBf16(q_shape, q);
     *request.mutable_tree_kv() = *tensor::MakeBf16(kv_shape, tree_kv);
+    std::vector<v1::VerifyRequest> requests(ranks_.size(), request);
+    for (int r = 0; r < ranks_.size(); ++r)
+      *requests[r].mutable_q() = *tensor::MakeBf16(q_shape, q[r]);
 
     const absl::Time start = absl::Now();
-    auto response = client_.Verify(request);
+    const auto responses = ranks_.Verify(requests);
     const double micros = absl::ToDoubleMicroseconds(absl::Now() - start);
-    std::string where = absl::StrCat("step ", step, " layer ", layer, " (batch of ", group.size(),
-                                     ", sequence ", group[0]->model.id(), " first)");
-    if (!response.ok()) return Fail(absl::StrCat(where, ": ", response.status().ToString()));
     for (SequenceState* s : group) s->commit_to_send.reset();
-
-    const int64_t out_shape[] = {total_q, H, kVDim};
-    auto out = tensor::ParseBf16(response->out(), "out", out_shape);
-    if (!out.ok()) return Fail(absl::StrCat(where, ": ", out.status().ToString()));
-    std::vector<float> lse;
-    if (want_lse) {
-      const int64_t lse_shape[] = {total_q, H};
-      auto parsed = tensor::ParseFp32(response->lse(), "lse", lse_shape);
-      if (!parsed.ok()) return Fail(absl::StrCat(where, ": ", parsed.status().ToString()));
-      lse = std::move(*parsed);
-    }
-    if (response->committed_length_size() != static_cast<int>(group.size())) {
-      return Fail(absl::StrCat(where, ": committed_length has ", response->committed_length_size(),
-                               " entries, want ", group.size()));
-    }
-
-    double worst = 0;
-    for (size_t b = 0; b < group.size(); ++b) {
-      SequenceModel& m = group[b]->model;
-      const int nodes = offsets[b + 1] - offsets[b];
-      const std::string seq_where = absl::StrCat(
-          "sequence ", m.id(), " step ", step, " layer ", layer, " (n = ", m.committed(),
-          ", Q = ", nodes, ", ", TreeKindName(group[b]->tree_kind), ", scale ", scale, ")");
-      if (response->committed_length(b) != static_cast<uint64_t>(m.committed())) {
-        return Fail(absl::StrCat(seq_where, ": committed_length = ", response->committed_length(b),
-                                 ", want ", m.committed()));
+    for (int r = 0; r < ranks_.size(); ++r) {
+      if (!responses[r].ok()) {
+        return Fail(absl::StrCat(RankPrefix(r), "step ", step, " layer ", layer, " (batch of ",
+                                 group.size(), ", sequence ", group[0]->model.id(),
+                                 " first): ", responses[r].status().ToString()));
       }
-      std::vector<bf16_bits> want_out;
-      std::vector<float> want_lse;
-      if (step == config_.corrupt_reference_at_step && layer == 0 && b == 0) {
-        // Element 0 of every query row of this sequence: scores move by up to ~3.6.
-        for (size_t r = 0; r < static_cast<size_t>(nodes) * H; ++r) {
-          q[r * kKvDim] = FloatToBf16(Bf16ToFloat(q[r * kKvDim]) + 50.0f);
-        }
-      }
-      absl::Status ref =
-          m.Reference(layer,
-                      absl::MakeConstSpan(q).subspan(static_cast<size_t>(offsets[b]) * H * kKvDim,
-                                                     static_cast<size_t>(nodes) * H * kKvDim),
-                      H, scale, &want_out, &want_lse);
-      if (!ref.ok()) return Fail(absl::StrCat(seq_where, ": reference: ", ref.ToString()));
-      const auto got = absl::MakeConstSpan(*out).subspan(
-          static_cast<size_t>(offsets[b]) * H * kVDim, want_out.size());
-      const double err = RelativeError(got, want_out);
-      worst = std::max(worst, err);
-      if (!(err <= config_.max_relative_error)) {
-        return Fail(absl::StrCat(
-            "MISMATCH ", seq_where, ": relative error ", err, " > ", config_.max_relative_error,
-            "; worst ", WorstElement(got, want_out), " (element = (node * H + head) * 512 + dim)"));
-      }
-      for (size_t k = 0; !lse.empty() && k < want_lse.size(); ++k) {
-        const double d = std::fabs(static_cast<double>(lse[offsets[b] * H + k]) - want_lse[k]);
-        if (!(d <= kMaxLseError)) {
-          return Fail(absl::StrCat("MISMATCH ", seq_where, ": lse[", k,
-                                   "] = ", lse[offsets[b] * H + k], ", want ", want_lse[k]));
-        }
+      if (!CheckVerify(group, offsets, step, layer, scale, want_lse, r, q[r], *responses[r])) {
+        return false;
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
     latencies_us_.push_back(micros);
     report_.verifies += 1;
-    report_.verified_trees += static_cast<int64_t>(group.size());
-    report_.max_relative_error = std::max(report_.max_relative_error, worst);
+    report_.verified_trees += static_cast<int64_t>(group.size()) * ranks_.size();
   }
 
   int64_t committed = 0;
@@ -269,17 +245,91 @@ bool Run::Step(const Group& group, int step) {
   return true;
 }
 
+bool Run::CheckVerify(const Group& group, const std::vector<int>& offsets, int step, int layer,
+                      float scale, bool want_lse, int rank, std::vector<bf16_bits>& q,
+                      const v1::VerifyResponse& response) {
+  const int H = g_.heads;
+  const int total_q = offsets.back();
+  const std::string where =
+      absl::StrCat(RankPrefix(rank), "step ", step, " layer ", layer, " (batch of ", group.size(),
+                   ", sequence ", group[0]->model.id(), " first)");
+  const int64_t out_shape[] = {total_q, H, kVDim};
+  auto out = tensor::ParseBf16(response.out(), "out", out_shape);
+  if (!out.ok()) return Fail(absl::StrCat(where, ": ", out.status().ToString()));
+  std::vector<float> lse;
+  if (want_lse) {
+    const int64_t lse_shape[] = {total_q, H};
+    auto parsed = tensor::ParseFp32(response.lse(), "lse", lse_shape);
+    if (!parsed.ok()) return Fail(absl::StrCat(where, ": ", parsed.status().ToString()));
+    lse = std::move(*parsed);
+  }
+  if (response.committed_length_size() != static_cast<int>(group.size())) {
+    return Fail(absl::StrCat(where, ": committed_length has ", response.committed_length_size(),
+                             " entries, want ", group.size()));
+  }
+
+  double worst = 0;
+  for (size_t b = 0; b < group.size(); ++b) {
+    SequenceModel& m = group[b]->model;
+    const int nodes = offsets[b + 1] - offsets[b];
+    const std::string seq_where =
+        absl::StrCat(RankPrefix(rank), "sequence ", m.id(), " step ", step, " layer ", layer,
+                     " (n = ", m.committed(), ", Q = ", nodes, ", ",
+                     TreeKindName(group[b]->tree_kind), ", scale ", scale, ")");
+    if (response.committed_length(b) != static_cast<uint64_t>(m.committed())) {
+      return Fail(absl::StrCat(seq_where, ": committed_length = ", response.committed_length(b),
+                               ", want ", m.committed()));
+    }
+    const auto seq_q = absl::MakeSpan(q).subspan(static_cast<size_t>(offsets[b]) * H * kKvDim,
+                                                 static_cast<size_t>(nodes) * H * kKvDim);
+    if (step == config_.corrupt_reference_at_step && layer == 0 && b == 0 && rank == 0) {
+      // Element 0 of every query row of this sequence: scores move by up to ~3.6.
+      for (size_t r = 0; r < static_cast<size_t>(nodes) * H; ++r) {
+        seq_q[r * kKvDim] = FloatToBf16(Bf16ToFloat(seq_q[r * kKvDim]) + 50.0f);
+      }
+    }
+    std::vector<bf16_bits> want_out;
+    std::vector<float> want_lse;
+    absl::Status ref = m.Reference(layer, seq_q, H, scale, &want_out, &want_lse);
+    if (!ref.ok()) return Fail(absl::StrCat(seq_where, ": reference: ", ref.ToString()));
+    const auto got = absl::MakeConstSpan(*out).subspan(static_cast<size_t>(offsets[b]) * H * kVDim,
+                                                       want_out.size());
+    const double err = RelativeError(got, want_out);
+    worst = std::max(worst, err);
+    if (!(err <= config_.max_relative_error)) {
+      return Fail(absl::StrCat("MISMATCH ", seq_where, ": relative error ", err, " > ",
+                               config_.max_relative_error, "; worst ", WorstElement(got, want_out),
+                               " (element = (node * H + head) * 512 + dim)"));
+    }
+    for (size_t k = 0; !lse.empty() && k < want_lse.size(); ++k) {
+      const double d = std::fabs(static_cast<double>(lse[offsets[b] * H + k]) - want_lse[k]);
+      if (!(d <= kMaxLseError)) {
+        return Fail(absl::StrCat("MISMATCH ", seq_where, ": lse[", k,
+                                 "] = ", lse[offsets[b] * H + k], ", want ", want_lse[k]));
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  report_.max_relative_error = std::max(report_.max_relative_error, worst);
+  return true;
+}
+
 bool Run::Finish(SequenceState& s) {
   const uint64_t id = s.model.id();
   if (s.commit_to_send) {
-    auto committed = client_.Commit(id, *s.commit_to_send);
-    if (!committed.ok())
-      return Fail(absl::StrCat("sequence ", id, " final Commit: ", committed.status().ToString()));
+    const auto results = ranks_.Commit(id, *s.commit_to_send);
     s.model.Commit(*s.commit_to_send);
     s.commit_to_send.reset();
-    if (committed->committed_length() != static_cast<uint64_t>(s.model.committed())) {
-      return Fail(absl::StrCat("sequence ", id, " final Commit: committed_length = ",
-                               committed->committed_length(), ", want ", s.model.committed()));
+    for (int r = 0; r < ranks_.size(); ++r) {
+      if (!results[r].ok()) {
+        return Fail(absl::StrCat(RankPrefix(r), "sequence ", id,
+                                 " final Commit: ", results[r].status().ToString()));
+      }
+      if (results[r]->committed_length() != static_cast<uint64_t>(s.model.committed())) {
+        return Fail(absl::StrCat(RankPrefix(r), "sequence ", id,
+                                 " final Commit: committed_length = ",
+                                 results[r]->committed_length(), ", want ", s.model.committed()));
+      }
     }
   }
   if (!config_.release_at_end) {
@@ -287,12 +337,17 @@ bool Run::Finish(SequenceState& s) {
     report_.kept_sequences.push_back(id);
     return true;
   }
-  auto released = client_.Release(id);
-  if (!released.ok())
-    return Fail(absl::StrCat("sequence ", id, " Release: ", released.status().ToString()));
-  if (released->freed_slots() != static_cast<uint64_t>(s.model.committed())) {
-    return Fail(absl::StrCat("sequence ", id, " Release: freed_slots = ", released->freed_slots(),
-                             ", want the ", s.model.committed(), " committed tokens"));
+  const auto released = ranks_.Release(id);
+  for (int r = 0; r < ranks_.size(); ++r) {
+    if (!released[r].ok()) {
+      return Fail(absl::StrCat(RankPrefix(r), "sequence ", id,
+                               " Release: ", released[r].status().ToString()));
+    }
+    if (released[r]->freed_slots() != static_cast<uint64_t>(s.model.committed())) {
+      return Fail(absl::StrCat(RankPrefix(r), "sequence ", id,
+                               " Release: freed_slots = ", released[r]->freed_slots(),
+                               ", want the ", s.model.committed(), " committed tokens"));
+    }
   }
   return true;
 }
@@ -323,27 +378,31 @@ void Run::Operator() {
     if (slowest >= config_.compact_at_step) break;
     absl::SleepFor(absl::Milliseconds(2));
   }
-  auto op = client_.Compact(config_.compact_budget_bytes);
-  if (!op.ok()) {
-    Fail(absl::StrCat("Compact: ", op.status().ToString()));
-    return;
-  }
-  auto done = client_.WaitCompaction(op->operation_id(), absl::Milliseconds(10));
-  if (!done.ok()) {
-    Fail(absl::StrCat("GetCompaction(", op->operation_id(), "): ", done.status().ToString()));
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    report_.compaction = *done;
-  }
-  if (done->state() != v1::CompactionStatus::DONE) {
-    Fail(absl::StrCat("compaction ", op->operation_id(), " ended ",
-                      v1::CompactionStatus::State_Name(done->state()), ": ", done->error()));
-  } else if (config_.compact_budget_bytes > 0 &&
-             done->bytes_moved() > config_.compact_budget_bytes) {
-    Fail(absl::StrCat("compaction moved ", done->bytes_moved(), " bytes, over its budget of ",
-                      config_.compact_budget_bytes));
+  // Every rank compacts at once, as an operator's timer would fire on every GPU.
+  const auto results = ranks_.ForEachRank<v1::CompactionStatus>(
+      [&](int, Client& c) -> absl::StatusOr<v1::CompactionStatus> {
+        auto op = c.Compact(config_.compact_budget_bytes);
+        if (!op.ok()) return op.status();
+        return c.WaitCompaction(op->operation_id(), absl::Milliseconds(10));
+      });
+  for (int r = 0; r < ranks_.size(); ++r) {
+    if (!results[r].ok()) {
+      Fail(absl::StrCat(RankPrefix(r), "Compact: ", results[r].status().ToString()));
+      return;
+    }
+    const v1::CompactionStatus& done = *results[r];
+    if (r == 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      report_.compaction = done;
+    }
+    if (done.state() != v1::CompactionStatus::DONE) {
+      Fail(absl::StrCat(RankPrefix(r), "compaction ", done.operation_id(), " ended ",
+                        v1::CompactionStatus::State_Name(done.state()), ": ", done.error()));
+    } else if (config_.compact_budget_bytes > 0 &&
+               done.bytes_moved() > config_.compact_budget_bytes) {
+      Fail(absl::StrCat(RankPrefix(r), "compaction moved ", done.bytes_moved(),
+                        " bytes, over its budget of ", config_.compact_budget_bytes));
+    }
   }
 }
 
@@ -386,26 +445,40 @@ absl::StatusOr<SchedulerReport> RunScheduler(const SchedulerConfig& config) {
         "need sequences >= 1, steps >= 0, threads >= 1, batch >= 1, 1 <= prefill min <= max, "
         "1 <= tree min <= max");
   }
+  if (config.targets.empty()) return absl::InvalidArgumentError("no target daemon");
   ClientOptions options;
   options.max_message_bytes = config.max_message_bytes;
   options.default_deadline = absl::Seconds(config.deadline_seconds);
-  auto client = Client::Connect(config.target, options);
-  if (!client.ok()) return client.status();
-  auto stats = (*client)->Stats();
-  if (!stats.ok()) return stats.status();
-  Geometry g{static_cast<int>(stats->layers()), static_cast<int>(stats->heads()),
-             static_cast<int>(stats->max_tree_nodes()), stats->softmax_scale()};
+  auto ranks = GroupClient::Connect(config.targets, options);
+  if (!ranks.ok()) return ranks.status();
+  const auto stats = (*ranks)->Stats();
+  VERIFYD_RETURN_IF_ERROR(GroupClient::FirstError(stats));
+  const v1::StatsResponse& s0 = *stats[0];
+  Geometry g{static_cast<int>(s0.layers()), static_cast<int>(s0.heads()),
+             static_cast<int>(s0.max_tree_nodes()), s0.softmax_scale()};
   if (g.layers < 1 || g.heads < 1 || g.max_tree_nodes < 1 || !(g.scale > 0)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Stats reports layers = ", g.layers, ", heads = ", g.heads, ", max_tree_nodes = ",
         g.max_tree_nodes, ", softmax_scale = ", g.scale, "; all must be > 0"));
+  }
+  // Tensor-parallel ranks serve one model: the same layers, heads per rank, tree limit and scale.
+  for (size_t r = 1; r < stats.size(); ++r) {
+    const v1::StatsResponse& s = *stats[r];
+    if (s.layers() != s0.layers() || s.heads() != s0.heads() ||
+        s.max_tree_nodes() != s0.max_tree_nodes() || s.softmax_scale() != s0.softmax_scale()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", r, " (", config.targets[r],
+                       ") has layers/heads/max_tree_nodes/scale ", s.layers(), "/", s.heads(), "/",
+                       s.max_tree_nodes(), "/", s.softmax_scale(), "; rank 0 has ", s0.layers(),
+                       "/", s0.heads(), "/", s0.max_tree_nodes(), "/", s0.softmax_scale()));
+    }
   }
   std::vector<std::unique_ptr<SequenceState>> sequences;
   const uint64_t id_base = (config.seed & 0xffffffffffull) << 20;
   for (int i = 0; i < config.sequences; ++i) {
     sequences.push_back(std::make_unique<SequenceState>(id_base + i + 1, i, g.layers, config.seed));
   }
-  Run run(config, **client, g);
+  Run run(config, **ranks, g);
   return run.Execute(sequences);
 }
 

@@ -14,7 +14,9 @@
 namespace verifyd::sched {
 
 struct SchedulerConfig {
-  std::string target;
+  // One daemon, or one per tensor-parallel rank: every rank holds the same sequences (the latent KV
+  // is shared by all heads) and computes its own H heads; rank r's queries are heads [rH, (r+1)H).
+  std::vector<std::string> targets;
   int sequences = 8;
   int steps = 50;
   uint64_t seed = 1;
@@ -38,15 +40,15 @@ struct SchedulerConfig {
 struct SchedulerReport {
   int64_t sequence_steps = 0;
   int64_t verifies = 0;        // Verify RPCs
-  int64_t verified_trees = 0;  // sequence-layer checks
+  int64_t verified_trees = 0;  // sequence-layer-rank outputs checked
   int64_t committed_tokens = 0;
   int64_t prefill_tokens = 0;
   double max_relative_error = 0;
   double wall_seconds = 0;  // prefill, decode and release of every sequence
   LatencySummary verify_latency;
-  std::optional<v1::CompactionStatus> compaction;
-  std::vector<uint64_t> kept_sequences;  // live at the end when !release_at_end
-  std::vector<std::string> failures;     // empty on success
+  std::optional<v1::CompactionStatus> compaction;  // rank 0's
+  std::vector<uint64_t> kept_sequences;            // live at the end when !release_at_end
+  std::vector<std::string> failures;               // empty on success
 };
 
 // Runs the whole scenario. A non-OK status is a setup failure (cannot reach the daemon); protocol

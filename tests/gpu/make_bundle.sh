@@ -9,7 +9,7 @@ export PATH="$PATH:/usr/local/cuda/bin"
 BUILD=${BUILD:-build-gpu}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DVERIFYD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="80;90;120" \
   -DVERIFYD_BUILD_SERVICE=OFF >/dev/null
-targets=(mla_verify_flash_test kv_slot_write_test split_planner_test mla_verify_bench)
+targets=(mla_verify_flash_test kv_slot_write_test split_planner_test mla_verify_launch_test mla_verify_bench)
 cmake --build "$BUILD" -j "${JOBS:-2}" --target "${targets[@]}"
 
 rm -rf bundle

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Integration: the real verifyd on a temporary Unix socket, driven by the fake scheduler (8
 # sequences, 2 layers, 50 steps each, an operator Compact in the middle), then verifyctl, a
-# Prometheus scrape checked by promtool, and SIGTERM -> exit 0.
+# Prometheus scrape checked by promtool, a short two-rank (tensor-parallel) run through GroupClient
+# against a second daemon, and SIGTERM -> exit 0 for both.
 # usage: run_integration.sh VERIFYD FAKE_SCHEDULER VERIFYCTL
 set -euo pipefail
 VERIFYD=$1 SCHEDULER=$2 VERIFYCTL=$3
 
 work=$(mktemp -d /tmp/verifyd-it.XXXXXX)
 target="unix://$work/verifyd.sock"
-daemon_pid=""
+target1="unix://$work/verifyd-1.sock"
+daemon_pid="" daemon1_pid=""
 cleanup() {
-  if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then kill -KILL "$daemon_pid"; fi
+  for pid in $daemon_pid $daemon1_pid; do
+    if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; fi
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -19,17 +23,23 @@ ctl() { "$VERIFYCTL" --target="$target" "$@"; }
 
 # Small geometry and capacity so the CPU backend finishes in seconds on 2 cores; messages of
 # 1 MiB make the longer prefills arrive in several chunks.
-"$VERIFYD" --listen="$target" --metrics=127.0.0.1:0 --backend=cpu --layers=2 --heads=2 \
-  --max_tree_nodes=257 --kv_capacity_tokens=12288 --max_message_bytes=1048576 --lease_seconds=120 \
-  >"$work/daemon.log" 2>&1 &
+daemon_flags=(--backend=cpu --layers=2 --heads=2 --max_tree_nodes=257 --kv_capacity_tokens=12288
+  --max_message_bytes=1048576 --lease_seconds=120)
+"$VERIFYD" --listen="$target" --metrics=127.0.0.1:0 "${daemon_flags[@]}" >"$work/daemon.log" 2>&1 &
 daemon_pid=$!
+# Rank 1 of the tensor-parallel run below.
+"$VERIFYD" --listen="$target1" --metrics= "${daemon_flags[@]}" >"$work/daemon1.log" 2>&1 &
+daemon1_pid=$!
 
-for _ in $(seq 1 150); do
-  if ctl --deadline-seconds=1 health >/dev/null 2>&1; then break; fi
-  kill -0 "$daemon_pid" 2>/dev/null || fail "verifyd exited during startup"
-  sleep 0.2
+for t in "$target" "$target1"; do
+  for _ in $(seq 1 150); do
+    if "$VERIFYCTL" --target="$t" --deadline-seconds=1 health >/dev/null 2>&1; then break; fi
+    kill -0 "$daemon_pid" 2>/dev/null && kill -0 "$daemon1_pid" 2>/dev/null ||
+      fail "verifyd exited during startup: $(cat "$work/daemon1.log")"
+    sleep 0.2
+  done
+  [[ "$("$VERIFYCTL" --target="$t" health)" == "SERVING" ]] || fail "$t never reached SERVING"
 done
-[[ "$(ctl health)" == "SERVING" ]] || fail "health never reached SERVING"
 
 "$SCHEDULER" --target="$target" --sequences=8 --steps=50 --threads=4 --batch=2 --seed=11 \
   --prefill_tokens=64-640 --tree_sizes=8-40 --compact_at_step=25 --max_message_bytes=1048576 \
@@ -62,6 +72,13 @@ for id in $kept; do
 done
 ctl stats | grep -Eq "^used tokens +0 " || fail "slots left in use after releasing the kept sequences"
 
+# Two tensor-parallel ranks through GroupClient: the same sequences on both daemons, each rank its
+# own heads, a Compact on both mid-run.
+"$SCHEDULER" --target="$target,$target1" --sequences=4 --steps=10 --threads=2 --batch=2 --seed=14 \
+  --prefill_tokens=32-128 --tree_sizes=8-32 --compact_at_step=5 --max_message_bytes=1048576 \
+  | tee "$work/tp.log" || fail "fake_scheduler (2 ranks) reported errors"
+grep -q "OK: zero mismatches" "$work/tp.log" || fail "no success line from the 2-rank run"
+
 # The checker itself: a corrupted reference input must be reported as a mismatch, exit 1.
 set +e
 "$SCHEDULER" --target="$target" --sequences=1 --steps=3 --threads=1 --seed=13 --prefill_tokens=16 \
@@ -92,10 +109,11 @@ else
   echo "metrics scrape skipped (no metrics address in the log or no curl)"
 fi
 
-kill -TERM "$daemon_pid"
+kill -TERM "$daemon_pid" "$daemon1_pid"
 set +e
 wait "$daemon_pid"; rc=$?
+wait "$daemon1_pid"; rc1=$?
 set -e
-daemon_pid=""
-[[ $rc == 0 ]] || fail "verifyd exited $rc after SIGTERM, want 0"
+daemon_pid="" daemon1_pid=""
+[[ $rc == 0 && $rc1 == 0 ]] || fail "verifyd exited $rc and $rc1 after SIGTERM, want 0"
 echo "integration: OK"

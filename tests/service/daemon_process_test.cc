@@ -102,7 +102,9 @@ TEST(DaemonProcessTest, HealthGoesNotServingOnSigterm) {
   ASSERT_FALSE(seen.empty());
   EXPECT_EQ(seen.back(), Health::SERVING);
   EXPECT_LE(seen.size(), 2u);
-  if (seen.size() == 2) EXPECT_EQ(seen.front(), Health::NOT_SERVING);
+  if (seen.size() == 2) {
+    EXPECT_EQ(seen.front(), Health::NOT_SERVING);
+  }
 
   daemon->Signal(SIGTERM);
   bool saw_not_serving = false;

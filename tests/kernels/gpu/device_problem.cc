@@ -51,7 +51,8 @@ absl::StatusOr<DeviceProblem> DeviceProblem::Upload(HostProblem& host) {
   VERIFYD_RETURN_IF_ERROR(d.out_.Allocate(host.out.size() * sizeof(bf16_bits)));
   VERIFYD_RETURN_IF_ERROR(d.lse_.Allocate(host.lse.size() * sizeof(float)));
   d.prefix_len_ = host.prefix_len;
-  for (int b = 0; b < host.batch(); ++b) d.q_len_.push_back(host.qo_indptr[b + 1] - host.qo_indptr[b]);
+  for (int b = 0; b < host.batch(); ++b)
+    d.q_len_.push_back(host.qo_indptr[b + 1] - host.qo_indptr[b]);
   VerifyProblem p = host.problem();
   p.kv = static_cast<const bf16_bits*>(d.kv_.get());
   p.q = static_cast<const bf16_bits*>(d.q_.get());
@@ -78,13 +79,16 @@ absl::StatusOr<KernelOutput> DeviceProblem::Download() {
   KernelOutput result;
   result.out.resize(out_.bytes() / sizeof(bf16_bits));
   result.lse.resize(lse_.bytes() / sizeof(float));
-  VERIFYD_CUDA_CHECK(cudaMemcpy(result.out.data(), out_.get(), out_.bytes(), cudaMemcpyDeviceToHost));
-  VERIFYD_CUDA_CHECK(cudaMemcpy(result.lse.data(), lse_.get(), lse_.bytes(), cudaMemcpyDeviceToHost));
+  VERIFYD_CUDA_CHECK(
+      cudaMemcpy(result.out.data(), out_.get(), out_.bytes(), cudaMemcpyDeviceToHost));
+  VERIFYD_CUDA_CHECK(
+      cudaMemcpy(result.lse.data(), lse_.get(), lse_.bytes(), cudaMemcpyDeviceToHost));
   return result;
 }
 
 absl::StatusOr<KernelOutput> DeviceProblem::RunFlash(int num_sms) {
-  VERIFYD_ASSIGN_OR_RETURN(SplitPlan plan, PlanSplits(prefix_len_, q_len_, problem_.num_heads, num_sms));
+  VERIFYD_ASSIGN_OR_RETURN(SplitPlan plan,
+                           PlanSplits(prefix_len_, q_len_, problem_.num_heads, num_sms));
   const WorkspaceLayout layout = LayoutWorkspace(plan);
   DeviceBuffer workspace;
   VERIFYD_RETURN_IF_ERROR(workspace.Allocate(layout.total_bytes));

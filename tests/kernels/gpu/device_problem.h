@@ -53,7 +53,8 @@ class DeviceProblem {
   absl::Status PoisonOutputs();
 
   std::vector<int32_t> prefix_len_, q_len_;
-  DeviceBuffer kv_, q_, out_, lse_, qo_indptr_, prefix_len_dev_, slot_indptr_, slots_, mask_indptr_, mask_bits_;
+  DeviceBuffer kv_, q_, out_, lse_, qo_indptr_, prefix_len_dev_, slot_indptr_, slots_, mask_indptr_,
+      mask_bits_;
   VerifyProblem problem_;
 };
 

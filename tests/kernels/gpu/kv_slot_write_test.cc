@@ -30,19 +30,24 @@ TEST(KvSlotWrite, WritesRowsIntoTheirSlotsOnly) {
   std::vector<int32_t> slots(perm.begin(), perm.begin() + num_rows);
 
   DeviceBuffer d_pool, d_rows, d_slots;
-  ASSERT_TRUE(d_pool.Allocate(pool.size() * 2).ok() && d_pool.Upload(pool.data(), pool.size() * 2).ok());
-  ASSERT_TRUE(d_rows.Allocate(rows.size() * 2).ok() && d_rows.Upload(rows.data(), rows.size() * 2).ok());
-  ASSERT_TRUE(d_slots.Allocate(slots.size() * 4).ok() && d_slots.Upload(slots.data(), slots.size() * 4).ok());
+  ASSERT_TRUE(d_pool.Allocate(pool.size() * 2).ok() &&
+              d_pool.Upload(pool.data(), pool.size() * 2).ok());
+  ASSERT_TRUE(d_rows.Allocate(rows.size() * 2).ok() &&
+              d_rows.Upload(rows.data(), rows.size() * 2).ok());
+  ASSERT_TRUE(d_slots.Allocate(slots.size() * 4).ok() &&
+              d_slots.Upload(slots.data(), slots.size() * 4).ok());
   ASSERT_TRUE(LaunchKvSlotWrite(static_cast<bf16_bits*>(d_pool.get()), num_slots,
-                                static_cast<const bf16_bits*>(d_rows.get()), static_cast<const int32_t*>(d_slots.get()),
-                                num_rows, nullptr)
+                                static_cast<const bf16_bits*>(d_rows.get()),
+                                static_cast<const int32_t*>(d_slots.get()), num_rows, nullptr)
                   .ok());
   std::vector<bf16_bits> result(pool.size());
-  ASSERT_EQ(cudaMemcpy(result.data(), d_pool.get(), result.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(result.data(), d_pool.get(), result.size() * 2, cudaMemcpyDeviceToHost),
+            cudaSuccess);
 
   std::vector<bf16_bits> expected = pool;
   for (int i = 0; i < num_rows; ++i) {
-    std::copy_n(rows.begin() + size_t{i} * kKvDim, kKvDim, expected.begin() + size_t(slots[i]) * kKvDim);
+    std::copy_n(rows.begin() + static_cast<size_t>(i) * kKvDim, kKvDim,
+                expected.begin() + size_t(slots[i]) * kKvDim);
   }
   EXPECT_TRUE(result == expected);
 }

@@ -2,6 +2,7 @@
 // inputs: the issue's H, Q and L values, every tree shape, mixed batches, forced split plans; plus
 // bit-exactness across slot layouts and repeated runs.
 #include <cstdlib>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -40,12 +41,17 @@ std::string ShapeName(TreeShape s) {
 std::string Describe(const Case& c) {
   std::string s = c.name + " H=" + std::to_string(c.heads);
   for (const SequenceSpec& q : c.seqs) {
-    s += " (L=" + std::to_string(q.prefix_len) + " Q=" + std::to_string(q.num_nodes) + " " + ShapeName(q.shape) + ")";
+    s += " (L=" + std::to_string(q.prefix_len) + " Q=" + std::to_string(q.num_nodes) + " " +
+         ShapeName(q.shape) + ")";
   }
   return s;
 }
 
-// Every H, Q and L value of the issue appears at least once; the fp64 oracle stays a few seconds each.
+// Readable test names in ctest and failure output instead of the struct's bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << Describe(c); }
+
+// Every H, Q and L value of the issue appears at least once; the fp64 oracle stays a few seconds
+// each.
 std::vector<Case> OracleCases() {
   using enum TreeShape;
   return {
@@ -61,9 +67,16 @@ std::vector<Case> OracleCases() {
       {"long_prefix_heads_64", 64, {{65536, 9, kStar}}},
       {"mixed_batch",
        16,
-       {{0, 1, kChain}, {1, 9, kStar}, {63, 16, kForest}, {64, 33, kRandom}, {1000, 257, kChain}, {65536, 9, kRandom},
+       {{0, 1, kChain},
+        {1, 9, kStar},
+        {63, 16, kForest},
+        {64, 33, kRandom},
+        {1000, 257, kChain},
+        {65536, 9, kRandom},
         {0, 64, kForest}}},
-      {"mixed_batch_heads_1", 1, {{5, 1024, kRandom}, {1000, 1, kChain}, {64, 257, kStar}, {63, 33, kForest}}},
+      {"mixed_batch_heads_1",
+       1,
+       {{5, 1024, kRandom}, {1000, 1, kChain}, {64, 257, kStar}, {63, 33, kForest}}},
   };
 }
 
@@ -74,7 +87,8 @@ TEST_P(FlashVsOracle, MatchesFloat64) {
   const Case& c = GetParam();
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(Describe(c) + " seed=" + std::to_string(seed));
-  HostProblem host = MakeRandomProblem(c.seqs, c.heads, seed, /*scattered=*/true, /*extra_slots=*/97);
+  HostProblem host =
+      MakeRandomProblem(c.seqs, c.heads, seed, /*scattered=*/true, /*extra_slots=*/97);
   std::vector<double> ref_out, ref_lse;
   ComputeVerifyF64(host.problem(), &ref_out, &ref_lse);
   auto dev = DeviceProblem::Upload(host);
@@ -93,7 +107,9 @@ TEST_P(FlashVsOracle, MatchesFloat64) {
 }
 
 INSTANTIATE_TEST_SUITE_P(IssueMatrix, FlashVsOracle, ::testing::ValuesIn(OracleCases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
 
 // The split planner's choice must not matter: no split, a few, and far more splits than columns per
 // row block (tree-only splits where most rows see nothing) all agree with the oracle.
@@ -125,7 +141,8 @@ TEST(FlashBitExact, ScatteredEqualsContiguousAndRunsRepeat) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   using enum TreeShape;
-  const std::vector<SequenceSpec> seqs = {{4096, 16, kRandom}, {1000, 9, kChain}, {0, 33, kForest}, {77, 257, kStar}};
+  const std::vector<SequenceSpec> seqs = {
+      {4096, 16, kRandom}, {1000, 9, kChain}, {0, 33, kForest}, {77, 257, kStar}};
   HostProblem scattered = MakeRandomProblem(seqs, 16, seed, /*scattered=*/true, 301);
   HostProblem contiguous = WithContiguousSlots(scattered);
   auto dev_s = DeviceProblem::Upload(scattered);
@@ -169,7 +186,8 @@ TEST(FlashVsNaive, LargeShapes) {
     for (size_t i = 0; i < naive_lse.size(); ++i) naive_lse[i] = naive->lse[i];
     EXPECT_LE(RelativeError(flash->out, naive_out), kTolerance);
     EXPECT_LE(RelativeError(flash->lse, naive_lse), kTolerance);
-    std::printf("%-10s flash vs naive out err %.2e\n", c.name.c_str(), RelativeError(flash->out, naive_out));
+    std::printf("%-10s flash vs naive out err %.2e\n", c.name.c_str(),
+                RelativeError(flash->out, naive_out));
   }
 }
 

@@ -13,11 +13,13 @@
 namespace verifyd {
 namespace {
 
-void CheckCoverage(const SplitPlan& plan, const std::vector<int32_t>& L, const std::vector<int32_t>& Q, int heads) {
+void CheckCoverage(const SplitPlan& plan, const std::vector<int32_t>& L,
+                   const std::vector<int32_t>& Q, int heads) {
   std::map<std::pair<int, int>, std::vector<FlashWorkItem>> by_block;
   for (const FlashWorkItem& w : plan.work) by_block[{w.seq, w.row_begin}].push_back(w);
   size_t expected_blocks = 0;
-  for (size_t b = 0; b < L.size(); ++b) expected_blocks += (size_t(Q[b]) * heads + kFlashBlockRows - 1) / kFlashBlockRows;
+  for (size_t b = 0; b < L.size(); ++b)
+    expected_blocks += (size_t(Q[b]) * heads + kFlashBlockRows - 1) / kFlashBlockRows;
   ASSERT_EQ(by_block.size(), expected_blocks);
   std::vector<int> partial_seen(plan.num_partials, 0);
   for (const auto& [key, items] : by_block) {
@@ -76,7 +78,8 @@ TEST(SplitPlanner, FillsTheSmsOnSpecShapes) {
     ASSERT_TRUE(plan.ok());
     const double items = plan->work.size();
     const double waves = std::ceil(items / 132);
-    EXPECT_GE(items / (waves * 132), 0.9) << "B=" << s.batch << " H=" << s.heads << " items=" << items;
+    EXPECT_GE(items / (waves * 132), 0.9)
+        << "B=" << s.batch << " H=" << s.heads << " items=" << items;
   }
 }
 
@@ -86,7 +89,8 @@ TEST(SplitPlanner, RejectsBadShapesNamingTheField) {
   EXPECT_NE(bad_q.status().message().find("q_len[0] = 1025"), std::string::npos) << bad_q.status();
   auto bad_l = PlanSplits(std::vector<int32_t>{5, -1}, std::vector<int32_t>{1, 1}, 8, 132);
   ASSERT_FALSE(bad_l.ok());
-  EXPECT_NE(bad_l.status().message().find("prefix_len[1] = -1"), std::string::npos) << bad_l.status();
+  EXPECT_NE(bad_l.status().message().find("prefix_len[1] = -1"), std::string::npos)
+      << bad_l.status();
   EXPECT_FALSE(PlanSplits(std::vector<int32_t>{}, std::vector<int32_t>{}, 8, 132).ok());
   EXPECT_FALSE(PlanSplits(std::vector<int32_t>{0}, std::vector<int32_t>{1}, 0, 132).ok());
 }
@@ -101,7 +105,8 @@ TEST(SplitPlanner, WorkspaceRegionsAreAlignedAndDisjoint) {
   EXPECT_GE(layout.combine_offset, plan->work.size() * sizeof(FlashWorkItem));
   EXPECT_GE(layout.partial_lse_offset - layout.partial_o_offset,
             size_t(plan->num_partials) * kFlashBlockRows * kVDim * sizeof(float));
-  EXPECT_GE(layout.total_bytes - layout.partial_lse_offset, size_t(plan->num_partials) * kFlashBlockRows * 4);
+  EXPECT_GE(layout.total_bytes - layout.partial_lse_offset,
+            size_t(plan->num_partials) * kFlashBlockRows * 4);
   EXPECT_EQ(PackPlan(*plan, layout).size(), layout.partial_o_offset);
 }
 

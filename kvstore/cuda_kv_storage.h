@@ -1,0 +1,72 @@
+// CudaKvStorage: the KV pool [layer][slot][576] bf16 in one device allocation, moved by kernels on
+// the device's one stream.
+//
+// Nothing here waits for the GPU except ReadRows (the host must see the rows) and buffer growth:
+// writes and compaction copies are enqueued and return. That is safe because every user of the
+// pool (this storage, the CUDA backend's verify) enqueues on the same stream in the executor's
+// order, so a later operation always sees an earlier one's bytes (plans/0008-cuda-backend.md).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/bf16.h"
+#include "kvstore/cuda_device_memory.h"
+#include "kvstore/kv_storage.h"
+
+namespace verifyd {
+
+class CudaKvStorage : public KvStorage {
+ public:
+  // Allocates num_layers * capacity_slots * 1152 bytes on stream->device(); RESOURCE_EXHAUSTED
+  // when the device cannot hold it.
+  static absl::StatusOr<std::unique_ptr<CudaKvStorage>> Create(
+      int num_layers, int64_t capacity_slots, std::shared_ptr<CudaStream> stream);
+
+  int num_layers() const override { return num_layers_; }
+  int64_t capacity_slots() const override { return capacity_; }
+  // Host rows → pinned staging → one H2D of [slots | rows] → the slot-write kernel. Returns once
+  // enqueued; `rows` may be reused at once.
+  absl::Status WriteRows(int layer, absl::Span<const int32_t> slots,
+                         const bf16_bits* rows) override;
+  // Gather kernel → D2H → waits for the stream.
+  absl::Status ReadRows(int layer, absl::Span<const int32_t> slots, bf16_bits* out) const override;
+  // One kernel copies every layer's rows; enqueued, not waited for.
+  absl::Status CopySlots(absl::Span<const int32_t> src, absl::Span<const int32_t> dst) override;
+
+  // Device pointer of one layer's [capacity][576] rows.
+  const bf16_bits* layer_device_data(int layer) const;
+  const CudaStream& stream() const { return *stream_; }
+
+ private:
+  CudaKvStorage(int num_layers, int64_t capacity, std::shared_ptr<CudaStream> stream)
+      : num_layers_(num_layers), capacity_(capacity), stream_(std::move(stream)) {}
+
+  absl::Status CheckLayer(int layer) const;
+  absl::Status CheckSlots(absl::Span<const int32_t> slots, const char* field) const;
+  // `bytes` of the pinned ring for the host to fill. When the ring is full it waits for the stream
+  // (every earlier copy out of the ring is then done) and starts over; a request larger than the
+  // ring grows it.
+  absl::StatusOr<uint8_t*> TakeFromRing(size_t bytes) const;
+  // Stages [a | b] (each 256-aligned) and enqueues one H2D into the device scratch buffer.
+  // Returns the device addresses of a and b.
+  absl::Status UploadScratch(const void* a, size_t a_bytes, const void* b, size_t b_bytes,
+                             void** a_dev, void** b_dev) const;
+
+  int num_layers_;
+  int64_t capacity_;
+  std::shared_ptr<CudaStream> stream_;
+  DeviceBuffer pool_;
+  // Mutable: ReadRows is const in the KvStorage interface but stages through these. The device
+  // scratch is reused by every call without waiting: the stream runs one call's upload only after
+  // the previous call's kernel finished reading it.
+  mutable PinnedBuffer ring_;
+  mutable size_t ring_used_ = 0;
+  mutable DeviceBuffer scratch_;
+  mutable PinnedBuffer read_back_;
+};
+
+}  // namespace verifyd

@@ -1,0 +1,78 @@
+#include "service/cuda_verify_staging.h"
+
+#include <cstring>
+
+#include "kernels/mla_dims.h"
+
+namespace verifyd {
+namespace {
+
+size_t Align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
+
+uint8_t* At(void* base, size_t offset) { return static_cast<uint8_t*>(base) + offset; }
+
+}  // namespace
+
+VerifyStagingLayout LayoutVerifyStaging(const VerifyProblem& p, size_t plan_bytes,
+                                        size_t workspace_bytes) {
+  const size_t rows = static_cast<size_t>(p.total_q) * p.num_heads;
+  const size_t index_bytes = static_cast<size_t>(p.batch + 1) * sizeof(int32_t);
+  VerifyStagingLayout l;
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t offset = at;
+    at = Align(at + bytes);
+    return offset;
+  };
+  l.q = take(rows * kKvDim * sizeof(bf16_bits));
+  l.qo_indptr = take(index_bytes);
+  l.prefix_len = take(static_cast<size_t>(p.batch) * sizeof(int32_t));
+  l.slot_indptr = take(index_bytes);
+  l.slots = take(static_cast<size_t>(p.slot_indptr[p.batch]) * sizeof(int32_t));
+  l.mask_indptr = take(index_bytes);
+  l.mask_bits = take(static_cast<size_t>(p.mask_indptr[p.batch]) * sizeof(uint64_t));
+  l.workspace = at;
+  l.upload_bytes = l.workspace + plan_bytes;
+  l.input_bytes = l.workspace + workspace_bytes;
+
+  l.out_bytes = rows * kVDim * sizeof(bf16_bits);
+  l.lse_bytes = p.lse != nullptr ? rows * sizeof(float) : 0;
+  l.out = 0;
+  l.lse = Align(l.out_bytes);
+  l.output_bytes = p.lse != nullptr ? l.lse + l.lse_bytes : l.out_bytes;
+  return l;
+}
+
+void FillVerifyStaging(const VerifyStagingLayout& l, const VerifyProblem& p,
+                       const std::vector<uint8_t>& packed_plan, void* staging) {
+  const size_t rows = static_cast<size_t>(p.total_q) * p.num_heads;
+  const size_t index_bytes = static_cast<size_t>(p.batch + 1) * sizeof(int32_t);
+  std::memcpy(At(staging, l.q), p.q, rows * kKvDim * sizeof(bf16_bits));
+  std::memcpy(At(staging, l.qo_indptr), p.qo_indptr, index_bytes);
+  std::memcpy(At(staging, l.prefix_len), p.prefix_len, static_cast<size_t>(p.batch) * 4);
+  std::memcpy(At(staging, l.slot_indptr), p.slot_indptr, index_bytes);
+  std::memcpy(At(staging, l.slots), p.slots, static_cast<size_t>(p.slot_indptr[p.batch]) * 4);
+  std::memcpy(At(staging, l.mask_indptr), p.mask_indptr, index_bytes);
+  std::memcpy(At(staging, l.mask_bits), p.mask_bits,
+              static_cast<size_t>(p.mask_indptr[p.batch]) * sizeof(uint64_t));
+  if (!packed_plan.empty()) {
+    std::memcpy(At(staging, l.workspace), packed_plan.data(), packed_plan.size());
+  }
+}
+
+VerifyProblem PlaceVerifyProblem(const VerifyStagingLayout& l, const VerifyProblem& p,
+                                 void* device_inputs, void* device_outputs) {
+  VerifyProblem d = p;
+  d.q = reinterpret_cast<const bf16_bits*>(At(device_inputs, l.q));
+  d.qo_indptr = reinterpret_cast<const int32_t*>(At(device_inputs, l.qo_indptr));
+  d.prefix_len = reinterpret_cast<const int32_t*>(At(device_inputs, l.prefix_len));
+  d.slot_indptr = reinterpret_cast<const int32_t*>(At(device_inputs, l.slot_indptr));
+  d.slots = reinterpret_cast<const int32_t*>(At(device_inputs, l.slots));
+  d.mask_indptr = reinterpret_cast<const int32_t*>(At(device_inputs, l.mask_indptr));
+  d.mask_bits = reinterpret_cast<const uint64_t*>(At(device_inputs, l.mask_bits));
+  d.out = reinterpret_cast<bf16_bits*>(At(device_outputs, l.out));
+  d.lse = p.lse != nullptr ? reinterpret_cast<float*>(At(device_outputs, l.lse)) : nullptr;
+  return d;
+}
+
+}  // namespace verifyd

@@ -1,0 +1,74 @@
+// The launcher rejects what the host can see is wrong before touching the GPU (runs without one).
+#include "kernels/mla_verify_launch.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace verifyd {
+namespace {
+
+// Host addresses stand in for device pointers: every case here must fail before any dereference.
+struct FakeProblem {
+  std::vector<bf16_bits> kv = std::vector<bf16_bits>(576 * 4), q = std::vector<bf16_bits>(576 * 2),
+                         out = std::vector<bf16_bits>(512 * 2);
+  std::vector<int32_t> indptr = {0, 1}, prefix = {1}, slots = {0, 1};
+  std::vector<uint64_t> mask = {1};
+
+  VerifyProblem Make() {
+    VerifyProblem p;
+    p.kv = kv.data();
+    p.num_slots = 4;
+    p.q = q.data();
+    p.out = out.data();
+    p.num_heads = 2;
+    p.scale = 0.1f;
+    p.batch = 1;
+    p.total_q = 1;
+    p.qo_indptr = indptr.data();
+    p.prefix_len = prefix.data();
+    p.slot_indptr = indptr.data();
+    p.slots = slots.data();
+    p.mask_indptr = indptr.data();
+    p.mask_bits = mask.data();
+    return p;
+  }
+};
+
+TEST(MlaVerifyLaunch, RejectsBadProblemsNamingTheField) {
+  FakeProblem fake;
+  auto plan = PlanSplits(std::vector<int32_t>{1}, std::vector<int32_t>{1}, 2, 132);
+  ASSERT_TRUE(plan.ok());
+  const WorkspaceLayout layout = LayoutWorkspace(*plan);
+  std::vector<uint8_t> workspace(layout.total_bytes + 16);
+
+  VerifyProblem p = fake.Make();
+  p.num_heads = 0;
+  absl::Status s = LaunchMlaVerify(p, *plan, layout, workspace.data(), nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("num_heads = 0"), std::string::npos) << s;
+
+  p = fake.Make();
+  p.slots = nullptr;
+  EXPECT_EQ(LaunchMlaVerify(p, *plan, layout, workspace.data(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  p = fake.Make();
+  p.total_q = 0;
+  s = LaunchMlaVerify(p, *plan, layout, workspace.data(), nullptr);
+  EXPECT_NE(std::string(s.message()).find("total_q = 0"), std::string::npos) << s;
+
+  p = fake.Make();
+  EXPECT_EQ(LaunchMlaVerify(p, SplitPlan{}, layout, workspace.data(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LaunchMlaVerify(p, *plan, layout, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  p = fake.Make();
+  p.batch = 0;
+  EXPECT_EQ(LaunchMlaVerifyNaive(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace verifyd
