@@ -19,6 +19,14 @@ const void* FlashKernelSymbol();
 // memory.
 void LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
 
+// The Hopper (sm_90a, wgmma) flash kernel: same work items, partials and outputs as the portable
+// one, kHopperFlashThreads threads and HopperFlashSmemBytes() (> 99 KB) of shared memory per CTA.
+// Its machine code exists only for sm_90a: HopperFlashKernelSymbol() has no image elsewhere.
+inline constexpr int kHopperFlashThreads = 256;
+int HopperFlashSmemBytes();
+const void* HopperFlashKernelSymbol();
+void LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
+
 // One CTA per (combine item, row of its 64): merges the item's partials by LSE into out/lse.
 void LaunchCombineKernel(const MlaVerifyParams& params, cudaStream_t stream);
 

@@ -1,5 +1,8 @@
 #include "kernels/mla_verify_launch.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -30,7 +33,41 @@ absl::Status CheckProblemShape(const VerifyProblem& p) {
   return absl::OkStatus();
 }
 
+// The Hopper kernel is used only where it can run: device major 9 and an sm_90a image in this
+// library (cudaFuncGetAttributes fails when no image fits the device). Kill switch: if the wgmma
+// path ever misbehaves, set this to false and every caller gets the portable kernel.
+constexpr bool kHopperPathEnabled = true;
+
+// Read at every launch (a getenv is cheap), so a test can run both paths in one process.
+bool ForcedPortable() {
+  const char* env = std::getenv("VERIFYD_FORCE_PORTABLE");
+  return env != nullptr && env[0] != '\0' && std::strcmp(env, "0") != 0;
+}
+
+// Per device: 0 unknown, 1 portable, 2 Hopper. Decided once; the checks are not stream operations,
+// so they are legal during graph capture too.
+bool UseHopperPath() {
+  if (!kHopperPathEnabled || ForcedPortable()) return false;
+  static std::atomic<int8_t> choice[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
+  int8_t known = choice[device].load(std::memory_order_relaxed);
+  if (known == 0) {
+    int major = 0;
+    cudaFuncAttributes attr;
+    const bool hopper =
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+        major == 9 && cudaFuncGetAttributes(&attr, HopperFlashKernelSymbol()) == cudaSuccess;
+    if (!hopper) cudaGetLastError();  // clear the non-sticky "no kernel image" error
+    known = hopper ? 2 : 1;
+    choice[device].store(known, std::memory_order_relaxed);
+  }
+  return known == 2;
+}
+
 }  // namespace
+
+const char* FlashKernelPath() { return UseHopperPath() ? "sm90a-wgmma" : "portable-mma-sync"; }
 
 absl::StatusOr<int> CurrentDeviceSmCount() {
   int device = 0;
@@ -55,9 +92,11 @@ absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan
   if (plan.work.empty())
     return absl::InvalidArgumentError("plan.work is empty: plan the batch first");
   if (workspace == nullptr) return absl::InvalidArgumentError("workspace must be set");
+  const bool hopper = UseHopperPath();
   // Setting the attribute is not a stream operation, so it is legal while a stream is capturing.
-  VERIFYD_CUDA_CHECK(cudaFuncSetAttribute(
-      FlashKernelSymbol(), cudaFuncAttributeMaxDynamicSharedMemorySize, FlashSmemBytes()));
+  VERIFYD_CUDA_CHECK(cudaFuncSetAttribute(hopper ? HopperFlashKernelSymbol() : FlashKernelSymbol(),
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          hopper ? HopperFlashSmemBytes() : FlashSmemBytes()));
   auto* base = static_cast<uint8_t*>(workspace);
   MlaVerifyParams params;
   params.problem = problem;
@@ -68,7 +107,11 @@ absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan
   params.partial_o = reinterpret_cast<float*>(base + layout.partial_o_offset);
   params.partial_lse = reinterpret_cast<float*>(base + layout.partial_lse_offset);
   params.num_partials = plan.num_partials;
-  LaunchFlashKernel(params, stream);
+  if (hopper) {
+    LaunchHopperFlashKernel(params, stream);
+  } else {
+    LaunchFlashKernel(params, stream);
+  }
   VERIFYD_CUDA_CHECK(cudaGetLastError());
   LaunchCombineKernel(params, stream);
   VERIFYD_CUDA_CHECK(cudaGetLastError());

@@ -36,6 +36,11 @@ absl::Status UploadPlan(const SplitPlan& plan, const WorkspaceLayout& layout, vo
 absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan,
                              const WorkspaceLayout& layout, void* workspace, cudaStream_t stream);
 
+// Which flash kernel LaunchMlaVerify runs on the current device: "sm90a-wgmma" on a
+// compute-capability-9 device when the library holds the sm_90a image, else "portable-mma-sync".
+// Setting VERIFYD_FORCE_PORTABLE=1 in the environment forces the portable kernel (tests run both).
+const char* FlashKernelPath();
+
 // The naive on-GPU oracle (same problem layout; no plan, no workspace).
 absl::Status LaunchMlaVerifyNaive(const VerifyProblem& problem, cudaStream_t stream);
 

@@ -3,7 +3,8 @@
 add_library(verifyd_kvstore_cuda STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cuda_device_memory.cc
   ${CMAKE_CURRENT_LIST_DIR}/cuda_kv_kernels.cu
-  ${CMAKE_CURRENT_LIST_DIR}/cuda_kv_storage.cc)
+  ${CMAKE_CURRENT_LIST_DIR}/cuda_kv_storage.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cuda_write_batch.cc)
 # CMake 3.25 cannot pass C++20 to nvcc 13; the kernels need C++17 only (as in kernels/cuda.cmake).
 set_target_properties(verifyd_kvstore_cuda PROPERTIES
   CUDA_STANDARD 17
@@ -13,4 +14,5 @@ set_target_properties(verifyd_kvstore_cuda PROPERTIES
 target_compile_options(verifyd_kvstore_cuda PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo -Xptxas=-warn-spills>)
 target_link_libraries(verifyd_kvstore_cuda PUBLIC verifyd_kvstore verifyd_kernels_cuda
-                      CUDA::cudart_static absl::status absl::statusor absl::span absl::strings)
+                      CUDA::cudart_static absl::flat_hash_map absl::status absl::statusor absl::span
+                      absl::strings)

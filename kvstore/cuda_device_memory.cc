@@ -1,6 +1,7 @@
 #include "kvstore/cuda_device_memory.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda_check.h"
@@ -82,6 +83,20 @@ absl::StatusOr<bool> PinnedBuffer::Reserve(size_t bytes, const CudaStream& strea
   ptr_ = fresh;
   capacity_ = grown;
   return true;
+}
+
+absl::Status PinnedBuffer::ReserveKeeping(size_t bytes, size_t keep_bytes) {
+  if (bytes <= capacity_) return absl::OkStatus();
+  const size_t grown = std::max(bytes, 2 * capacity_);
+  void* fresh = nullptr;
+  VERIFYD_CUDA_CHECK(cudaMallocHost(&fresh, grown));
+  if (ptr_ != nullptr) {
+    std::memcpy(fresh, ptr_, std::min(keep_bytes, capacity_));
+    VERIFYD_CUDA_CHECK(cudaFreeHost(ptr_));
+  }
+  ptr_ = fresh;
+  capacity_ = grown;
+  return absl::OkStatus();
 }
 
 }  // namespace verifyd

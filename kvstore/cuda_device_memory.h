@@ -75,6 +75,9 @@ class PinnedBuffer {
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
 
   absl::StatusOr<bool> Reserve(size_t bytes, const CudaStream& stream);
+  // Ensures capacity >= bytes keeping the first keep_bytes; does not wait for any stream, so the
+  // caller must know that no queued copy uses the buffer.
+  absl::Status ReserveKeeping(size_t bytes, size_t keep_bytes);
 
   void* get() const { return ptr_; }
   template <typename T>

@@ -1,10 +1,13 @@
 // CudaKvStorage: the KV pool [layer][slot][576] bf16 in one device allocation, moved by kernels on
 // the device's one stream.
 //
-// Nothing here waits for the GPU except ReadRows (the host must see the rows) and buffer growth:
-// writes and compaction copies are enqueued and return. That is safe because every user of the
-// pool (this storage, the CUDA backend's verify) enqueues on the same stream in the executor's
-// order, so a later operation always sees an earlier one's bytes (plans/0008-cuda-backend.md).
+// Writes are gathered (cuda_write_batch.h) and reach the device at the next FlushWrites, which
+// every reader of the pool calls first (ReadRows, CopySlots, the backend's ComputeVerify), or once
+// many are queued. Device work is enqueued and not waited for; ReadRows waits (the host must see
+// the rows), and so does CopySlots, only so that compaction's measured time is the copy's. Not
+// waiting is safe because every user of the pool (this storage, the CUDA backend's verify) enqueues
+// on the same stream in the executor's order, so a later operation always sees an earlier one's
+// bytes (plans/0008-cuda-backend.md).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +18,7 @@
 #include "absl/types/span.h"
 #include "kernels/bf16.h"
 #include "kvstore/cuda_device_memory.h"
+#include "kvstore/cuda_write_batch.h"
 #include "kvstore/kv_storage.h"
 
 namespace verifyd {
@@ -23,19 +27,27 @@ class CudaKvStorage : public KvStorage {
  public:
   // Allocates num_layers * capacity_slots * 1152 bytes on stream->device(); RESOURCE_EXHAUSTED
   // when the device cannot hold it.
-  static absl::StatusOr<std::unique_ptr<CudaKvStorage>> Create(
-      int num_layers, int64_t capacity_slots, std::shared_ptr<CudaStream> stream);
+  static absl::StatusOr<std::unique_ptr<CudaKvStorage>> Create(int num_layers,
+                                                               int64_t capacity_slots,
+                                                               std::shared_ptr<CudaStream> stream);
+
+  // Waits for the stream: queued copies may still use the buffers freed here.
+  ~CudaKvStorage() override;
 
   int num_layers() const override { return num_layers_; }
   int64_t capacity_slots() const override { return capacity_; }
-  // Host rows → pinned staging → one H2D of [slots | rows] → the slot-write kernel. Returns once
-  // enqueued; `rows` may be reused at once.
+  // Copies the rows into the pinned write batch; `rows` may be reused at once. The device sees
+  // them after the next FlushWrites.
   absl::Status WriteRows(int layer, absl::Span<const int32_t> slots,
                          const bf16_bits* rows) override;
   // Gather kernel → D2H → waits for the stream.
   absl::Status ReadRows(int layer, absl::Span<const int32_t> slots, bf16_bits* out) const override;
-  // One kernel copies every layer's rows; enqueued, not waited for.
+  // One kernel copies every layer's rows, then waits for the stream.
   absl::Status CopySlots(absl::Span<const int32_t> src, absl::Span<const int32_t> dst) override;
+
+  // Enqueues every queued write (one H2D pair + one kernel). Whoever reads the pool on the device
+  // calls it first; stream order does the rest.
+  absl::Status FlushWrites() const;
 
   // Device pointer of one layer's [capacity][576] rows.
   const bf16_bits* layer_device_data(int layer) const;
@@ -67,6 +79,7 @@ class CudaKvStorage : public KvStorage {
   mutable size_t ring_used_ = 0;
   mutable DeviceBuffer scratch_;
   mutable PinnedBuffer read_back_;
+  std::unique_ptr<CudaWriteBatch> writes_;
 };
 
 }  // namespace verifyd

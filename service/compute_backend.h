@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -23,6 +24,12 @@ class ComputeBackend {
   // Computes `problem` over `layer` of the storage: the caller fills everything but kv and
   // num_slots, with host pointers (q, out, lse and the index arrays).
   virtual absl::Status ComputeVerify(int layer, VerifyProblem problem) = 0;
+
+  // What a ComputeVerify did with CUDA graphs, for verifyd_cuda_graph_*_total. A backend without
+  // graphs (cpu) never reports.
+  enum class GraphEvent { kCapture, kReplay, kFallback };
+  // Called once before any ComputeVerify; the observer runs on the executor thread.
+  virtual void SetGraphObserver(std::function<void(GraphEvent)> observer) { (void)observer; }
 };
 
 }  // namespace verifyd

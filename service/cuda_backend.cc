@@ -33,7 +33,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(CudaBackendOpti
   }
   VERIFYD_ASSIGN_OR_RETURN(std::shared_ptr<CudaStream> stream, CudaStream::Create(options.device));
   VERIFYD_ASSIGN_OR_RETURN(int num_sms, CurrentDeviceSmCount());
-  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(options), std::move(stream), num_sms));
+  return std::unique_ptr<CudaBackend>(
+      new CudaBackend(std::move(options), std::move(stream), num_sms));
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_->MakeDeviceCurrent().ok()) stream_->Synchronize().IgnoreError();
 }
 
 absl::StatusOr<std::unique_ptr<KvStorage>> CudaBackend::CreateStorage(int num_layers,
@@ -58,22 +63,25 @@ absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem) {
   // would fault the device and take every sequence down with it.
   VERIFYD_RETURN_IF_ERROR(ValidateVerifyProblem(problem));
   if (problem.out == nullptr) return absl::InvalidArgumentError("out must be set");
+  // The tree KV of this layer (one WriteRows per sequence) goes down in one copy and one kernel,
+  // ahead of the attention in stream order.
+  VERIFYD_RETURN_IF_ERROR(storage_->FlushWrites());
 
   q_len_.resize(problem.batch);
   for (int b = 0; b < problem.batch; ++b) {
     q_len_[b] = problem.qo_indptr[b + 1] - problem.qo_indptr[b];
   }
-  VERIFYD_ASSIGN_OR_RETURN(
-      const CachedPlan* plan,
-      plans_.Get(absl::MakeConstSpan(problem.prefix_len, problem.batch), q_len_, problem.num_heads));
+  VERIFYD_ASSIGN_OR_RETURN(const CachedPlan* plan,
+                           plans_.Get(absl::MakeConstSpan(problem.prefix_len, problem.batch),
+                                      q_len_, problem.num_heads));
   const VerifyStagingLayout layout =
       LayoutVerifyStaging(problem, plan->packed.size(), plan->layout.total_bytes);
 
   // Grown before anything is enqueued or captured: growth waits for the stream and frees memory.
-  VERIFYD_RETURN_IF_ERROR(staging_.Reserve(layout.upload_bytes, *stream_).status());
+  VERIFYD_RETURN_IF_ERROR(staging_.Reserve(layout.upload_copy_bytes, *stream_).status());
   VERIFYD_RETURN_IF_ERROR(inputs_.Reserve(layout.input_bytes, *stream_).status());
-  VERIFYD_RETURN_IF_ERROR(outputs_.Reserve(layout.output_bytes, *stream_).status());
-  VERIFYD_RETURN_IF_ERROR(host_outputs_.Reserve(layout.output_bytes, *stream_).status());
+  VERIFYD_RETURN_IF_ERROR(outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
+  VERIFYD_RETURN_IF_ERROR(host_outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
   // The previous call synchronized the stream before returning, so the staging buffer is free.
   FillVerifyStaging(layout, problem, plan->packed, staging_.get());
   const VerifyProblem device_problem =
@@ -81,12 +89,12 @@ absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem) {
   void* workspace = inputs_.as<void>(layout.workspace);
 
   auto enqueue = [&](cudaStream_t stream) -> absl::Status {
-    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), staging_.get(), layout.upload_bytes,
+    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), staging_.get(), layout.upload_copy_bytes,
                                        cudaMemcpyHostToDevice, stream));
     VERIFYD_RETURN_IF_ERROR(
         LaunchMlaVerify(device_problem, plan->plan, plan->layout, workspace, stream));
-    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host_outputs_.get(), outputs_.get(), layout.output_bytes,
-                                       cudaMemcpyDeviceToHost, stream));
+    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host_outputs_.get(), outputs_.get(),
+                                       layout.output_copy_bytes, cudaMemcpyDeviceToHost, stream));
     return absl::OkStatus();
   };
 
@@ -119,14 +127,30 @@ absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem) {
     stream_->Synchronize().IgnoreError();
     return outcome.status();
   }
-  if (*outcome == GraphOutcome::kEager) ++eager_runs_;
+  if (*outcome == GraphOutcome::kEager || *outcome == GraphOutcome::kWarmup) ++eager_runs_;
   // The one wait of a Verify: the host needs the outputs.
   VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
   std::memcpy(problem.out, host_outputs_.as<void>(layout.out), layout.out_bytes);
   if (problem.lse != nullptr) {
     std::memcpy(problem.lse, host_outputs_.as<void>(layout.lse), layout.lse_bytes);
   }
-  if (options_.on_verify) options_.on_verify(*outcome);
+  if (graph_observer_ && options_.cuda_graphs) {
+    switch (*outcome) {
+      case GraphOutcome::kInstantiated:
+      case GraphOutcome::kUpdated:
+        graph_observer_(GraphEvent::kCapture);
+        graph_observer_(GraphEvent::kReplay);
+        break;
+      case GraphOutcome::kReplayed:
+        graph_observer_(GraphEvent::kReplay);
+        break;
+      case GraphOutcome::kEager:
+        graph_observer_(GraphEvent::kFallback);
+        break;
+      case GraphOutcome::kWarmup:  // eager by design, not a failure of the graph path
+        break;
+    }
+  }
   return absl::OkStatus();
 }
 

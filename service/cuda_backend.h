@@ -31,8 +31,6 @@ struct CudaBackendOptions {
   int max_graphs = 1024;
   // Batch shapes whose split plan is remembered.
   int plan_cache_entries = 8;
-  // Called on the executor thread after every ComputeVerify that ran (metrics hook).
-  std::function<void(GraphOutcome)> on_verify;
 };
 
 class CudaBackend : public ComputeBackend {
@@ -41,10 +39,19 @@ class CudaBackend : public ComputeBackend {
   // is not visible.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(CudaBackendOptions options);
 
+  // Waits for the stream: a queued copy may still use the buffers freed here.
+  ~CudaBackend() override;
+
   const char* name() const override { return "cuda"; }
   absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers,
                                                            int64_t capacity_slots) override;
   absl::Status ComputeVerify(int layer, VerifyProblem problem) override;
+  // kCapture for every stream capture (a new executable graph or an update of one), kReplay for
+  // every graph launch, kFallback for an eager run because the graph path failed. A bucket's
+  // first call (an eager warm-up by design) reports nothing.
+  void SetGraphObserver(std::function<void(GraphEvent)> observer) override {
+    graph_observer_ = std::move(observer);
+  }
 
   const GraphCounters& graph_counters() const { return graphs_.counters(); }
   int64_t eager_runs() const { return eager_runs_; }
@@ -70,6 +77,7 @@ class CudaBackend : public ComputeBackend {
   PinnedBuffer host_outputs_;   // [out | lse]
   std::vector<int32_t> q_len_;  // scratch
   int64_t eager_runs_ = 0;
+  std::function<void(GraphEvent)> graph_observer_;
 };
 
 // The factory's hooks (service/backend_factory.cc, VERIFYD_HAVE_CUDA_BACKEND).

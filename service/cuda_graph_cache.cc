@@ -43,7 +43,14 @@ absl::StatusOr<GraphOutcome> VerifyGraphCache::Run(
     const VerifyGraphBucket& bucket, const VerifyGraphParams& params,
     absl::FunctionRef<absl::Status(cudaStream_t)> enqueue, cudaStream_t stream) {
   auto it = graphs_.find(bucket);
-  if (it != graphs_.end() && it->second.exec != nullptr && it->second.params == params) {
+  if (it == graphs_.end()) {
+    if (static_cast<int>(graphs_.size()) >= max_graphs_) Clear();
+    graphs_.emplace(bucket, Entry{});
+    ++counters_.warmups;
+    VERIFYD_RETURN_IF_ERROR(enqueue(stream));
+    return GraphOutcome::kWarmup;
+  }
+  if (it->second.exec != nullptr && it->second.params == params) {
     VERIFYD_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream));
     ++counters_.replays;
     return GraphOutcome::kReplayed;
@@ -58,7 +65,7 @@ absl::StatusOr<GraphOutcome> VerifyGraphCache::Run(
   }
 
   GraphOutcome outcome = GraphOutcome::kUpdated;
-  if (it != graphs_.end() && it->second.exec != nullptr) {
+  if (it->second.exec != nullptr) {
     cudaGraphExecUpdateResultInfo info;
     if (cudaGraphExecUpdate(it->second.exec, graph, &info) != cudaSuccess) {
       cudaGetLastError();
@@ -69,16 +76,11 @@ absl::StatusOr<GraphOutcome> VerifyGraphCache::Run(
       ++counters_.updates;
     }
   }
-  if (it == graphs_.end() || it->second.exec == nullptr) {
-    if (it == graphs_.end()) {
-      if (static_cast<int>(graphs_.size()) >= max_graphs_) Clear();
-      it = graphs_.emplace(bucket, Entry{}).first;
-    }
+  if (it->second.exec == nullptr) {
     cudaGraphExec_t exec = nullptr;
     if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
       cudaGetLastError();
       cudaGraphDestroy(graph);
-      graphs_.erase(it);
       ++counters_.fallbacks;
       VERIFYD_RETURN_IF_ERROR(enqueue(stream));
       return GraphOutcome::kEager;

@@ -1,12 +1,14 @@
 // CUDA graphs of the Verify hot path (inputs H2D → attention → combine → outputs D2H), one
 // executable graph per shape bucket.
 //
-// A call brings its bucket and the exact parameters its launch sequence would use. Same parameters
-// as the bucket's last launch: the graph is replayed as is (the copies re-read the staging buffer,
-// so new inputs flow in). Different parameters: the sequence is captured and the executable graph
-// updated in place (cudaGraphExecUpdate), or re-instantiated when the topology changed. Anything
-// the graph path cannot do falls back to eager launches of the same sequence, so graph and eager
-// runs execute the same kernels on the same bytes.
+// The first call of a bucket runs eagerly (a warm-up: one-off shapes never pay for a capture, and
+// every kernel module is loaded before any capture). Later calls bring the exact parameters their
+// launch sequence would use. Same parameters as the bucket's last launch: the graph is replayed as
+// is (the copies re-read the staging buffer, so new inputs flow in). Different parameters: the
+// sequence is captured and the executable graph updated in place (cudaGraphExecUpdate), or
+// re-instantiated when the update is refused. Anything the graph path cannot do falls back to
+// eager launches of the same sequence, so graph and eager runs execute the same kernels on the
+// same bytes.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -57,13 +59,14 @@ struct VerifyGraphParams {
   bool operator==(const VerifyGraphParams&) const = default;
 };
 
-enum class GraphOutcome { kReplayed, kUpdated, kInstantiated, kEager };
+enum class GraphOutcome { kReplayed, kUpdated, kInstantiated, kWarmup, kEager };
 
 struct GraphCounters {
-  int64_t captures = 0;      // instantiations of a captured graph
-  int64_t updates = 0;       // successful cudaGraphExecUpdate
-  int64_t replays = 0;       // graph launches (every call that ran as a graph)
-  int64_t fallbacks = 0;     // calls that ran eagerly although graphs were on
+  int64_t captures = 0;         // instantiations of a captured graph
+  int64_t updates = 0;          // successful cudaGraphExecUpdate
+  int64_t replays = 0;          // graph launches (every call that ran as a graph)
+  int64_t warmups = 0;          // first calls of a bucket, run eagerly on purpose
+  int64_t fallbacks = 0;        // calls that ran eagerly because the graph path failed
   int64_t update_refusals = 0;  // updates refused (topology changed): re-instantiated
 };
 
@@ -88,7 +91,7 @@ class VerifyGraphCache {
 
  private:
   struct Entry {
-    cudaGraphExec_t exec = nullptr;
+    cudaGraphExec_t exec = nullptr;  // null after the warm-up until the first capture
     VerifyGraphParams params;
   };
   // Captures `enqueue` into a graph; nullptr (error cleared) when capture is not possible.

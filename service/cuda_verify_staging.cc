@@ -1,5 +1,6 @@
 #include "service/cuda_verify_staging.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/mla_dims.h"
@@ -12,6 +13,15 @@ size_t Align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 uint8_t* At(void* base, size_t offset) { return static_cast<uint8_t*>(base) + offset; }
 
 }  // namespace
+
+size_t CopyBytesFor(size_t bytes) {
+  constexpr size_t kMinimum = 4096;
+  if (bytes <= kMinimum) return kMinimum;
+  size_t power = kMinimum;
+  while (power * 2 <= bytes) power *= 2;
+  const size_t step = power / 8;
+  return (bytes + step - 1) / step * step;
+}
 
 VerifyStagingLayout LayoutVerifyStaging(const VerifyProblem& p, size_t plan_bytes,
                                         size_t workspace_bytes) {
@@ -33,13 +43,15 @@ VerifyStagingLayout LayoutVerifyStaging(const VerifyProblem& p, size_t plan_byte
   l.mask_bits = take(static_cast<size_t>(p.mask_indptr[p.batch]) * sizeof(uint64_t));
   l.workspace = at;
   l.upload_bytes = l.workspace + plan_bytes;
-  l.input_bytes = l.workspace + workspace_bytes;
+  l.upload_copy_bytes = CopyBytesFor(l.upload_bytes);
+  l.input_bytes = std::max(l.workspace + workspace_bytes, l.upload_copy_bytes);
 
   l.out_bytes = rows * kVDim * sizeof(bf16_bits);
   l.lse_bytes = p.lse != nullptr ? rows * sizeof(float) : 0;
   l.out = 0;
   l.lse = Align(l.out_bytes);
   l.output_bytes = p.lse != nullptr ? l.lse + l.lse_bytes : l.out_bytes;
+  l.output_copy_bytes = CopyBytesFor(l.output_bytes);
   return l;
 }
 

@@ -27,13 +27,14 @@ Device::Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> 
   // Expiry lags a lease by at most a quarter of it; gauges refresh at least 4 times a second.
   hooks.tick_period = std::clamp(absl::Seconds(options.lease_seconds) / 4, absl::Milliseconds(20),
                                  absl::Milliseconds(250));
+  hooks.max_queued = options.max_queued_requests;
   executor_ = std::make_unique<DeviceExecutor>(std::move(hooks));
   executor_->Start();
 }
 
 Device::~Device() { Drain(); }
 
-bool Device::Submit(std::function<void(DeviceOperations&)> task) {
+absl::Status Device::Submit(std::function<void(DeviceOperations&)> task) {
   return executor_->Submit([this, task = std::move(task)] { task(*ops_); });
 }
 

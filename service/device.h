@@ -23,8 +23,8 @@ class Device {
                                                         ServiceMetrics* metrics);
   ~Device();
 
-  // Runs `task` on the executor thread; false (not run) once draining began.
-  bool Submit(std::function<void(DeviceOperations&)> task);
+  // Runs `task` on the executor thread; see DeviceExecutor::Submit for refusals.
+  absl::Status Submit(std::function<void(DeviceOperations&)> task);
   // Queues a Compact operation and returns its id at once.
   std::string StartCompaction(int64_t budget_bytes);
   std::optional<CompactionOperation> GetCompaction(const std::string& id) const;

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
+
 namespace verifyd {
 
 DeviceExecutor::DeviceExecutor(ExecutorHooks hooks) : hooks_(std::move(hooks)) {}
@@ -12,14 +14,19 @@ void DeviceExecutor::Start() {
   thread_ = std::thread([this] { Loop(); });
 }
 
-bool DeviceExecutor::Submit(std::function<void()> task) {
+absl::Status DeviceExecutor::Submit(std::function<void()> task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (draining_) return false;
+    if (draining_) return absl::UnavailableError("verifyd is shutting down");
+    if (static_cast<int>(queue_.size()) >= hooks_.max_queued) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the device queue holds ", queue_.size(),
+                       " requests, the most --max-queued-requests allows; retry later"));
+    }
     queue_.push_back(std::move(task));
   }
   cv_.notify_one();
-  return true;
+  return absl::OkStatus();
 }
 
 void DeviceExecutor::NotifyBackgroundWork() {

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -21,6 +22,8 @@ struct ExecutorHooks {
   // Called every `tick_period` (and once at the end of the drain).
   std::function<void()> tick = [] {};
   absl::Duration tick_period = absl::Seconds(1);
+  // Tasks waiting beyond this are refused: each holds a request of up to --max-message-bytes.
+  int max_queued = 1024;
 };
 
 class DeviceExecutor {
@@ -31,8 +34,9 @@ class DeviceExecutor {
   DeviceExecutor& operator=(const DeviceExecutor&) = delete;
 
   void Start();
-  // Queues `task`; false (task dropped) once draining has begun.
-  bool Submit(std::function<void()> task);
+  // Queues `task`. UNAVAILABLE once draining has begun, RESOURCE_EXHAUSTED when max_queued tasks
+  // are waiting; the task is dropped then.
+  absl::Status Submit(std::function<void()> task);
   // Wakes the thread so it looks for background work.
   void NotifyBackgroundWork();
   // Runs every queued task, then stops the thread. Background work left is abandoned.

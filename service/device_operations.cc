@@ -38,6 +38,19 @@ absl::StatusOr<std::unique_ptr<DeviceOperations>> DeviceOperations::Create(
     const ServiceOptions& options, std::unique_ptr<ComputeBackend> backend,
     ServiceMetrics* metrics) {
   std::unique_ptr<DeviceOperations> ops(new DeviceOperations(options, std::move(backend), metrics));
+  ops->backend_->SetGraphObserver([metrics](ComputeBackend::GraphEvent event) {
+    switch (event) {
+      case ComputeBackend::GraphEvent::kCapture:
+        metrics->RecordGraphCapture();
+        break;
+      case ComputeBackend::GraphEvent::kReplay:
+        metrics->RecordGraphReplay();
+        break;
+      case ComputeBackend::GraphEvent::kFallback:
+        metrics->RecordGraphFallback();
+        break;
+    }
+  });
   VERIFYD_ASSIGN_OR_RETURN(
       std::unique_ptr<KvStorage> storage,
       ops->backend_->CreateStorage(options.layers, options.kv_capacity_tokens));
@@ -85,7 +98,12 @@ absl::Status DeviceOperations::Verify(const VerifyCall& call, v1::VerifyResponse
     absl::StatusOr<VerifyView> view = store_->GetVerifyView(call.items[b].sequence);
     if (!view.ok()) return AfterPrepare(view.status(), absl::StrCat("sequences[", b, "] view"));
     prefix_len_[b] = view->prefix_len;
-    slots_.insert(slots_.end(), view->slots.begin(), view->slots.end());
+    // The prefix slot list is the big array of a long sequence: take the first one without a copy.
+    if (b == 0) {
+      slots_ = std::move(view->slots);
+    } else {
+      slots_.insert(slots_.end(), view->slots.begin(), view->slots.end());
+    }
     slot_indptr_.push_back(static_cast<int32_t>(slots_.size()));
     mask_bits_.insert(mask_bits_.end(), view->mask->bits().begin(), view->mask->bits().end());
     mask_indptr_.push_back(static_cast<int32_t>(mask_bits_.size()));

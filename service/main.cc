@@ -35,6 +35,8 @@ ABSL_FLAG(double, softmax_scale, 1.0 / std::sqrt(192.0), "default attention scal
 ABSL_FLAG(double, lease_seconds, 300, "a sequence untouched this long is released");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "gRPC receive and send limit");
 ABSL_FLAG(int, compute_threads, 0, "cpu backend threads (0: every core)");
+ABSL_FLAG(int, max_queued_requests, 1024,
+          "requests waiting for the device beyond this get RESOURCE_EXHAUSTED");
 ABSL_FLAG(double, shutdown_delay_seconds, 0,
           "after SIGTERM, seconds health reports NOT_SERVING before the socket closes");
 ABSL_FLAG(double, drain_seconds, 30, "after that, seconds in-flight calls get to finish");
@@ -78,6 +80,7 @@ absl::StatusOr<verifyd::ServiceOptions> OptionsFromFlags() {
   o.lease_seconds = absl::GetFlag(FLAGS_lease_seconds);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.compute_threads = absl::GetFlag(FLAGS_compute_threads);
+  o.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   o.shutdown_delay_seconds = absl::GetFlag(FLAGS_shutdown_delay_seconds);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
   absl::Status valid = verifyd::ValidateServiceOptions(o);

@@ -38,6 +38,9 @@ class ServiceMetrics {
   void RecordCompactionChunk(int64_t bytes, absl::Duration took);
   void RecordCompactionFinished(bool done);
   void RecordLeaseExpiries(int64_t count);
+  void RecordGraphCapture() { graph_captures_.Increment(); }
+  void RecordGraphReplay() { graph_replays_.Increment(); }
+  void RecordGraphFallback() { graph_fallbacks_.Increment(); }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

@@ -100,6 +100,7 @@ absl::Status ValidateServiceOptions(const ServiceOptions& o) {
   VERIFYD_RETURN_IF_ERROR(CheckRange("--max-message-bytes", o.max_message_bytes, int64_t{64} << 10,
                                      (int64_t{1} << 31) - 1));
   VERIFYD_RETURN_IF_ERROR(CheckRange("--compute-threads", o.compute_threads, 0, 4096));
+  VERIFYD_RETURN_IF_ERROR(CheckRange("--max-queued-requests", o.max_queued_requests, 1, 1 << 20));
   if (!std::isfinite(o.shutdown_delay_seconds) || o.shutdown_delay_seconds < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--shutdown-delay-seconds = ", o.shutdown_delay_seconds, " must be finite and >= 0"));

@@ -8,7 +8,6 @@ namespace verifyd {
 namespace {
 
 absl::Status NotReady() { return absl::UnavailableError("verifyd is starting; retry"); }
-absl::Status Draining() { return absl::UnavailableError("verifyd is shutting down"); }
 
 // Equal-time comparison: the token must not leak through response timing.
 bool TokenEquals(std::string_view a, std::string_view b) {
@@ -59,7 +58,7 @@ grpc::ServerUnaryReactor* VerifydService::Enqueue(const char* method,
   Device* device = ReadyDevice();
   if (device == nullptr) return FinishNow(method, context, start, NotReady());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const bool queued = device->Submit(
+  const absl::Status queued = device->Submit(
       [this, method, context, reactor, start, op = std::move(op)](DeviceOperations& ops) mutable {
         metrics_->RecordQueue(method, absl::Now() - start);
         // A call cancelled while queued (client gone, deadline passed, drain deadline) is not run,
@@ -70,7 +69,7 @@ grpc::ServerUnaryReactor* VerifydService::Enqueue(const char* method,
         }
         FinishCall(reactor, method, start, op(ops));
       });
-  if (!queued) FinishCall(reactor, method, start, Draining());
+  if (!queued.ok()) FinishCall(reactor, method, start, queued);
   return reactor;
 }
 

@@ -3,7 +3,8 @@
 // scattered (page size 1, random) vs contiguous slots, graph replay vs eager, and the naive kernel.
 // Prints one line per shape as it goes and a short table last.
 //
-// Usage: mla_verify_bench [--iters N] [--shapes S1,S3,...] [--no-naive]
+// Usage: mla_verify_bench [--iters N] [--shapes S1,S3,...] [--no-naive] [--launcher-path-only]
+// On a Hopper device both flash paths are measured (sm90a-wgmma, then portable-mma-sync forced).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -270,6 +271,7 @@ double RelativeErrorBf16(const bf16_bits* a_dev, const bf16_bits* b_dev, size_t 
 
 struct Row {
   std::string name;
+  std::string path;
   double us = 0, tflops = 0, gbs = 0, floor_us = 0, ratio = 0, scattered_ratio = 0, graph_ratio = 0,
          naive_ms = 0, err = 0;
   int ctas = 0;
@@ -278,6 +280,7 @@ struct Row {
 int Main(int argc, char** argv) {
   int iters = 50;
   bool run_naive = true;
+  bool both_paths = true;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
@@ -286,6 +289,8 @@ int Main(int argc, char** argv) {
       only = argv[++i];
     else if (!std::strcmp(argv[i], "--no-naive"))
       run_naive = false;
+    else if (!std::strcmp(argv[i], "--launcher-path-only"))
+      both_paths = false;
   }
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -319,84 +324,99 @@ int Main(int argc, char** argv) {
       BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, scattered), *plan, layout, workspace,
                                stream));
     };
-    Row row;
-    row.name = s.name;
-    row.ctas = static_cast<int>(plan->work.size());
-    const double contiguous_ms = MedianMs(5, iters, [&](int i) { launch(i, false, nullptr); });
-    const double scattered_ms = MedianMs(5, iters, [&](int i) { launch(i, true, nullptr); });
-
-    // Graph replay of the same launch (one graph per KV copy, replayed in rotation).
-    cudaStream_t stream;
-    BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    std::vector<cudaGraphExec_t> graphs(d.copies);
-    for (int c = 0; c < d.copies; ++c) {
-      cudaGraph_t graph;
-      BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      launch(c, true, stream);
-      BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
-      BENCH_CUDA(cudaGraphInstantiate(&graphs[c], graph, 0));
-      cudaGraphDestroy(graph);
-    }
-    BENCH_CUDA(cudaStreamSynchronize(stream));
-    std::vector<cudaEvent_t> ev(2 * iters);
-    for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
-    for (int i = 0; i < 5; ++i) BENCH_CUDA(cudaGraphLaunch(graphs[i % d.copies], stream));
-    for (int i = 0; i < iters; ++i) {
-      BENCH_CUDA(cudaEventRecord(ev[2 * i], stream));
-      BENCH_CUDA(cudaGraphLaunch(graphs[i % d.copies], stream));
-      BENCH_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
-    }
-    BENCH_CUDA(cudaStreamSynchronize(stream));
-    std::vector<double> graph_ms(iters);
-    for (int i = 0; i < iters; ++i) {
-      float t;
-      BENCH_CUDA(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
-      graph_ms[i] = t;
-    }
-    for (auto& e : ev) cudaEventDestroy(e);
-    for (auto& g : graphs) cudaGraphExecDestroy(g);
-    cudaStreamDestroy(stream);
-
-    const double flops = double(s.batch) * s.q * s.heads * (double(s.l) + s.q) * 2176.0;
-    const double bytes = double(s.batch) * (double(s.l) + s.q) * kKvRowBytes;
-    const double floor_s = std::max(bytes / bandwidth, flops / matmul);
-    row.us = contiguous_ms * 1e3;
-    row.tflops = flops / (contiguous_ms * 1e-3) / 1e12;
-    row.gbs = bytes / (contiguous_ms * 1e-3) / 1e9;
-    row.floor_us = floor_s * 1e6;
-    row.ratio = contiguous_ms * 1e-3 / floor_s;
-    row.scattered_ratio = scattered_ms / contiguous_ms;
-    row.graph_ratio = Median(graph_ms) / scattered_ms;
+    double naive_ms = 0;
     if (run_naive) {
-      // Flash output of copy 0 (scattered) vs the naive kernel on the same inputs, and naive's
-      // time.
-      launch(0, true, nullptr);
-      BENCH_CUDA(cudaDeviceSynchronize());
       VerifyProblem naive = ProblemFor(d, 0, true);
       naive.out = d.out_naive;
-      row.naive_ms = MedianMs(0, 1, [&](int) { BENCH_OK(LaunchMlaVerifyNaive(naive, nullptr)); });
-      row.err = RelativeErrorBf16(d.out, d.out_naive, size_t(s.batch) * s.q * s.heads * kVDim);
+      naive_ms = MedianMs(0, 1, [&](int) { BENCH_OK(LaunchMlaVerifyNaive(naive, nullptr)); });
     }
-    std::printf(
-        "%s B=%d H=%d Q=%d L=%d: %.1f us, %.0f TFLOP/s, %.0f GB/s, floor %.1f us (%s-bound), x%.2f "
-        "floor, "
-        "scattered/contiguous %.3f, graph/eager %.3f, naive %.2f ms (err vs flash %.1e), %d CTAs, "
-        "%d tiles/split\n",
-        s.name, s.batch, s.heads, s.q, s.l, row.us, row.tflops, row.gbs, row.floor_us,
-        bytes / bandwidth > flops / matmul ? "memory" : "compute", row.ratio, row.scattered_ratio,
-        row.graph_ratio, row.naive_ms, row.err, row.ctas, plan->tiles_per_split);
-    std::fflush(stdout);
-    rows.push_back(row);
+    // Each flash path this device has (the launcher's choice, then the portable kernel forced),
+    // measured against the same ceilings and the same naive output.
+    unsetenv("VERIFYD_FORCE_PORTABLE");
+    const bool two_paths = std::string(FlashKernelPath()) != "portable-mma-sync" && both_paths;
+    for (int pass = 0; pass < (two_paths ? 2 : 1); ++pass) {
+      if (pass == 1) setenv("VERIFYD_FORCE_PORTABLE", "1", 1);
+      Row row;
+      row.name = s.name;
+      row.path = FlashKernelPath();
+      row.ctas = static_cast<int>(plan->work.size());
+      const double contiguous_ms = MedianMs(5, iters, [&](int i) { launch(i, false, nullptr); });
+      const double scattered_ms = MedianMs(5, iters, [&](int i) { launch(i, true, nullptr); });
+
+      // Graph replay of the same launch (one graph per KV copy, replayed in rotation).
+      cudaStream_t stream;
+      BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      std::vector<cudaGraphExec_t> graphs(d.copies);
+      for (int c = 0; c < d.copies; ++c) {
+        cudaGraph_t graph;
+        BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        launch(c, true, stream);
+        BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+        BENCH_CUDA(cudaGraphInstantiate(&graphs[c], graph, 0));
+        cudaGraphDestroy(graph);
+      }
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      std::vector<cudaEvent_t> ev(2 * iters);
+      for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
+      for (int i = 0; i < 5; ++i) BENCH_CUDA(cudaGraphLaunch(graphs[i % d.copies], stream));
+      for (int i = 0; i < iters; ++i) {
+        BENCH_CUDA(cudaEventRecord(ev[2 * i], stream));
+        BENCH_CUDA(cudaGraphLaunch(graphs[i % d.copies], stream));
+        BENCH_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
+      }
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      std::vector<double> graph_ms(iters);
+      for (int i = 0; i < iters; ++i) {
+        float t;
+        BENCH_CUDA(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
+        graph_ms[i] = t;
+      }
+      for (auto& e : ev) cudaEventDestroy(e);
+      for (auto& g : graphs) cudaGraphExecDestroy(g);
+      cudaStreamDestroy(stream);
+
+      const double flops = double(s.batch) * s.q * s.heads * (double(s.l) + s.q) * 2176.0;
+      const double bytes = double(s.batch) * (double(s.l) + s.q) * kKvRowBytes;
+      const double floor_s = std::max(bytes / bandwidth, flops / matmul);
+      row.us = contiguous_ms * 1e3;
+      row.tflops = flops / (contiguous_ms * 1e-3) / 1e12;
+      row.gbs = bytes / (contiguous_ms * 1e-3) / 1e9;
+      row.floor_us = floor_s * 1e6;
+      row.ratio = contiguous_ms * 1e-3 / floor_s;
+      row.scattered_ratio = scattered_ms / contiguous_ms;
+      row.graph_ratio = Median(graph_ms) / scattered_ms;
+      if (run_naive) {
+        // This path's flash output of copy 0 (scattered) vs the naive kernel on the same inputs.
+        launch(0, true, nullptr);
+        BENCH_CUDA(cudaDeviceSynchronize());
+        row.naive_ms = naive_ms;
+        row.err = RelativeErrorBf16(d.out, d.out_naive, size_t(s.batch) * s.q * s.heads * kVDim);
+      }
+      std::printf(
+          "%s [%s] B=%d H=%d Q=%d L=%d: %.1f us, %.0f TFLOP/s, %.0f GB/s, floor %.1f us "
+          "(%s-bound), x%.2f "
+          "floor, "
+          "scattered/contiguous %.3f, graph/eager %.3f, naive %.2f ms (err vs flash %.1e), %d "
+          "CTAs, "
+          "%d tiles/split\n",
+          s.name, row.path.c_str(), s.batch, s.heads, s.q, s.l, row.us, row.tflops, row.gbs,
+          row.floor_us, bytes / bandwidth > flops / matmul ? "memory" : "compute", row.ratio,
+          row.scattered_ratio, row.graph_ratio, row.naive_ms, row.err, row.ctas,
+          plan->tiles_per_split);
+      std::fflush(stdout);
+      rows.push_back(row);
+    }
+    unsetenv("VERIFYD_FORCE_PORTABLE");
     cudaFree(workspace);
     FreeShape(d);
   }
 
-  std::printf("\n%-4s %10s %8s %8s %10s %7s %8s %8s %10s %8s\n", "shape", "time_us", "TFLOP/s",
-              "GB/s", "floor_us", "/floor", "scat/ctg", "grph/eag", "naive_ms", "err");
+  std::printf("\n%-4s %-18s %10s %8s %8s %10s %7s %8s %8s %10s %8s\n", "shape", "path", "time_us",
+              "TFLOP/s", "GB/s", "floor_us", "/floor", "scat/ctg", "grph/eag", "naive_ms", "err");
   for (const Row& r : rows) {
-    std::printf("%-5s %10.1f %8.0f %8.0f %10.1f %7.2f %8.3f %8.3f %10.2f %8.1e\n", r.name.c_str(),
-                r.us, r.tflops, r.gbs, r.floor_us, r.ratio, r.scattered_ratio, r.graph_ratio,
-                r.naive_ms, r.err);
+    std::printf("%-5s %-18s %10.1f %8.0f %8.0f %10.1f %7.2f %8.3f %8.3f %10.2f %8.1e\n",
+                r.name.c_str(), r.path.c_str(), r.us, r.tflops, r.gbs, r.floor_us, r.ratio,
+                r.scattered_ratio, r.graph_ratio, r.naive_ms, r.err);
   }
   std::printf("ceilings: copy %.0f GB/s, bf16 matmul %.0f TFLOP/s\n", bandwidth / 1e9,
               matmul / 1e12);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Here (the build machine): builds the GPU tests and the kernel benchmark for sm_80, sm_90 and sm_120
+# (plus the sm_90a-only Hopper kernel and its wgmma unit test)
 # into build-gpu and collects them, with the non-system shared libraries they need (absl, gtest), into
 # ./bundle (git-ignored) for tests/gpu/run_device.sh on the GPU machine. CUDA's own libraries (cudart
 # is static; cuBLAS) and the C/C++ runtime come from the GPU machine's image.
@@ -9,7 +10,8 @@ export PATH="$PATH:/usr/local/cuda/bin"
 BUILD=${BUILD:-build-gpu}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DVERIFYD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="80;90;120" \
   -DVERIFYD_BUILD_SERVICE=OFF >/dev/null
-targets=(mla_verify_flash_test kv_slot_write_test split_planner_test mla_verify_launch_test mla_verify_bench)
+targets=(wgmma_unit_test mla_verify_flash_test kv_slot_write_test split_planner_test mla_verify_launch_test
+  mla_verify_bench)
 cmake --build "$BUILD" -j "${JOBS:-2}" --target "${targets[@]}"
 
 rm -rf bundle
@@ -21,7 +23,7 @@ cp "$BUILD/kernels/libverifyd_kernels_cuda.a" bundle/lib/
 # Non-system libraries: everything ldd resolves except glibc, the C++ runtime and CUDA's libraries.
 system='/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt)\.so'
 for bin in bundle/bin/*; do
-  ldd "$bin" | awk '/=> \//{print $3}' | grep -Ev "$system" | while read -r lib; do
+  ldd "$bin" | awk '/=> \//{print $3}' | { grep -Ev "$system" || true; } | while read -r lib; do
     cp -Ln "$lib" bundle/lib/ 2>/dev/null || true
   done
 done

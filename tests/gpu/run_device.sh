@@ -1,32 +1,41 @@
 #!/usr/bin/env bash
-# On the GPU machine (run tool, carry ["bundle"]): runs every GPU test binary of ./bundle, a race check
-# of the flash kernel, then the benchmark. Full logs go to $OUT; stdout gets summaries, the table last.
+# On the GPU machine (run tool, carry ["bundle"]): runs every GPU test binary of ./bundle (the wgmma
+# unit test first; the flash test checks both flash paths on a Hopper device), a race check of the
+# flash kernels, then the benchmark (both paths). Full logs go to $OUT; stdout gets summaries, the table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/verifyd-gpu-out}
+# BUNDLE: which collected build to run (default ./bundle; a second one lets one call compare two).
+B=${BUNDLE:-bundle}
 mkdir -p "$OUT"
 cublas_dir=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
   $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
   if [ -e "$d/libcublas.so.13" ]; then cublas_dir=$d; break; fi
 done
-export LD_LIBRARY_PATH="$PWD/bundle/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$PWD/$B/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
   echo "cubins per architecture in libverifyd_kernels_cuda.a:"
-  cuobjdump --list-elf bundle/lib/libverifyd_kernels_cuda.a | grep -o 'sm_[0-9]*' | sort | uniq -c
+  cuobjdump --list-elf "$B"/lib/libverifyd_kernels_cuda.a | grep -o 'sm_[0-9]*' | sort | uniq -c
   # The flash kernel's sm_90 machine code: tensor-core, ldmatrix, local-memory (spill) and barrier counts.
-  cuobjdump -sass -arch sm_90 bundle/lib/libverifyd_kernels_cuda.a >"$OUT/sass.txt" 2>/dev/null
-  awk '/Function : .*MlaVerifyFlash/{f=1} /Function : /&&!/MlaVerifyFlash/{f=0} f' "$OUT/sass.txt" >"$OUT/flash.sass"
+  cuobjdump -sass -arch sm_90 "$B"/lib/libverifyd_kernels_cuda.a >"$OUT/sass.txt" 2>/dev/null
+  awk '/Function : .*MlaVerifyFlashKernel/{f=1} /Function : /&&!/MlaVerifyFlashKernel/{f=0} f' "$OUT/sass.txt" >"$OUT/flash.sass"
   for op in HMMA LDSM LDGSTS LDL STL BAR MUFU SHFL; do printf '%s=%s ' $op "$(grep -c "$op" "$OUT/flash.sass")"; done
+  echo
+  # The Hopper kernel (sm_90a cubin): wgmma shows as HGMMA; HMMA here would mean a slower path.
+  cuobjdump -sass -arch sm_90a "$B"/lib/libverifyd_kernels_cuda.a 2>/dev/null \
+    | awk '/Function : .*MlaVerifyFlashSm90/{f=1} /Function : /&&!/MlaVerifyFlashSm90/{f=0} f' >"$OUT/flash_sm90a.sass"
+  printf 'sm90a: '
+  for op in HGMMA HMMA LDGSTS LDL STL BAR MUFU SHFL WARPGROUP; do printf '%s=%s ' $op "$(grep -c "$op" "$OUT/flash_sm90a.sass")"; done
   echo
   rm -f "$OUT/sass.txt"
 } 2>&1 | tee "$OUT/device.txt"
 
 status=0
-for t in bundle/bin/*_test; do
+for t in "$B"/bin/wgmma_unit_test $(ls "$B"/bin/*_test | grep -v wgmma_unit_test); do
   name=$(basename "$t")
-  timeout 900 "$t" >"$OUT/test.log" 2>&1
+  timeout 180 "$t" >"$OUT/test.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
   echo "== $name rc=$rc"
@@ -36,8 +45,8 @@ done
 rm -f "$OUT/test.log"
 
 # Races between the pipeline's barriers show up here (racecheck: shared memory hazards).
-if command -v compute-sanitizer >/dev/null; then
-  timeout 120 compute-sanitizer --tool racecheck --racecheck-report hazard bundle/bin/mla_verify_flash_test \
+if [ "${VERIFYD_RACECHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  timeout 90 compute-sanitizer --tool racecheck --racecheck-report hazard "$B"/bin/mla_verify_flash_test \
     --gtest_filter='*prefix_64_forest*' >"$OUT/racecheck.log" 2>&1
   echo "== racecheck rc=$?"
   grep -E "RACECHECK SUMMARY|hazard|ERROR" "$OUT/racecheck.log" | head -10
@@ -45,14 +54,14 @@ fi
 
 # Hardware counters for one flash launch (S3: compute-bound, S5: memory-bound) when asked for.
 if [ "${VERIFYD_PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
-  for shape in S3 S5; do
+  for shape in ${VERIFYD_PROFILE_SHAPES:-S3 S5}; do
     stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' barrier long_scoreboard \
       short_scoreboard mio_throttle math_pipe_throttle wait not_selected selected dispatch_stall lg_throttle \
       no_instruction branch_resolving misc tex_throttle drain sleeping membar imc_miss)
     timeout 240 ncu --clock-control none -k regex:MlaVerifyFlash -c 1 --section SpeedOfLight \
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SourceCounters \
       --metrics "${stalls%,},sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" \
-      bundle/bin/mla_verify_bench --shapes $shape --iters 1 --no-naive >"$OUT/ncu-$shape.txt" 2>&1
+      "$B"/bin/mla_verify_bench --shapes $shape --iters 1 --no-naive --launcher-path-only >"$OUT/ncu-$shape.txt" 2>&1
     echo "== ncu $shape rc=$?"
     grep -E "Throughput|Issued Ipc|stalled|hmma" "$OUT/ncu-$shape.txt" | sed 's/smsp__average_warps_issue_stalled_//' \
       | awk '{$1=$1};1' | head -40
@@ -60,6 +69,6 @@ if [ "${VERIFYD_PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
 fi
 
 echo "== bench"
-timeout 1200 bundle/bin/mla_verify_bench "$@" 2>&1 | tee "$OUT/bench.log"
+timeout 360 "$B"/bin/mla_verify_bench "$@" 2>&1 | tee "$OUT/bench.log"
 [ "${PIPESTATUS[0]}" -ne 0 ] && status=1
 exit $status

@@ -89,7 +89,8 @@ TEST(DaemonProcessTest, HealthGoesNotServingOnSigterm) {
                            &error);
   ASSERT_NE(daemon, nullptr) << error;
   EXPECT_THAT(daemon->startup_line(), HasSubstr("verifyd listening on " + address));
-  EXPECT_THAT(daemon->startup_line(), HasSubstr("backend=cpu"));
+  // --backend=auto: cuda in a CUDA build with a visible GPU, else cpu.
+  EXPECT_THAT(daemon->startup_line(), ::testing::ContainsRegex("backend=(cpu|cuda) "));
   struct stat st {};
   ASSERT_EQ(stat(UnixSocketPath(address).c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0660u);
@@ -221,7 +222,8 @@ TEST(DaemonProcessTest, LeaseExpiryFreesSilentClientsAndMetricsPassPromtool) {
   EXPECT_EQ(Sample(text, "verifyd_sequences"), 0);
   EXPECT_EQ(Sample(text, "verifyd_kv_capacity_tokens"), 1024);
   EXPECT_EQ(Sample(text, "verifyd_ready"), 1);
-  EXPECT_THAT(text, HasSubstr("verifyd_build_info{backend=\"cpu\",version=\""));
+  EXPECT_THAT(text,
+              ::testing::ContainsRegex("verifyd_build_info\\{backend=\"(cpu|cuda)\",version=\""));
   EXPECT_THAT(text, HasSubstr("verifyd_rpc_requests_total{code=\"OK\",method=\"Verify\"} 2"));
   EXPECT_THAT(text, HasSubstr("verifyd_verify_tree_nodes_bucket{le=\"4\"} 2"));
   // Every name of plans/0003-service-metrics.md, with its type.

@@ -278,6 +278,7 @@ TEST(ServiceOptionsTest, EveryFlagBounded) {
       {[](ServiceOptions& o) { o.lease_seconds = 0; }, "--lease-seconds = 0 must be finite"},
       {[](ServiceOptions& o) { o.max_message_bytes = 1000; }, "--max-message-bytes = 1000"},
       {[](ServiceOptions& o) { o.compute_threads = -1; }, "--compute-threads = -1"},
+      {[](ServiceOptions& o) { o.max_queued_requests = 0; }, "--max-queued-requests = 0"},
       {[](ServiceOptions& o) { o.drain_seconds = 0; }, "--drain-seconds = 0"},
       {[](ServiceOptions& o) { o.shutdown_delay_seconds = -1; }, "--shutdown-delay-seconds = -1"},
       {[](ServiceOptions& o) { o.tcp = "10.1.2.3:5000"; },

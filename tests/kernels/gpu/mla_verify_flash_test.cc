@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/mla_dims.h"
+#include "kernels/mla_verify_launch.h"
 #include "tests/kernels/gpu/device_problem.h"
 #include "tests/kernels/testing/problem_builder.h"
 
@@ -17,6 +18,26 @@ namespace {
 constexpr double kTolerance = 1e-2;
 // H200: 132 SMs; the real count is what the daemon passes, tests also force other plans.
 constexpr int kSms = 132;
+
+// Every flash path this device has: the launcher's own choice and, when that is the Hopper kernel,
+// the portable kernel forced through VERIFYD_FORCE_PORTABLE (so one run checks both).
+class FlashPath {
+ public:
+  static std::vector<bool> ForcePortableValues() {
+    unsetenv("VERIFYD_FORCE_PORTABLE");
+    if (std::string(FlashKernelPath()) == "portable-mma-sync") return {false};
+    return {false, true};
+  }
+  explicit FlashPath(bool force_portable) {
+    if (force_portable) {
+      setenv("VERIFYD_FORCE_PORTABLE", "1", 1);
+    } else {
+      unsetenv("VERIFYD_FORCE_PORTABLE");
+    }
+  }
+  ~FlashPath() { unsetenv("VERIFYD_FORCE_PORTABLE"); }
+  std::string Name() const { return FlashKernelPath(); }
+};
 
 struct Case {
   std::string name;
@@ -93,17 +114,21 @@ TEST_P(FlashVsOracle, MatchesFloat64) {
   ComputeVerifyF64(host.problem(), &ref_out, &ref_lse);
   auto dev = DeviceProblem::Upload(host);
   ASSERT_TRUE(dev.ok()) << dev.status();
-  auto flash = dev->RunFlash(kSms);
-  ASSERT_TRUE(flash.ok()) << flash.status();
-  EXPECT_LE(RelativeError(flash->out, ref_out), kTolerance);
-  EXPECT_LE(RelativeError(flash->lse, ref_lse), kTolerance);
+  for (bool force_portable : FlashPath::ForcePortableValues()) {
+    FlashPath path(force_portable);
+    SCOPED_TRACE(path.Name());
+    auto flash = dev->RunFlash(kSms);
+    ASSERT_TRUE(flash.ok()) << flash.status();
+    EXPECT_LE(RelativeError(flash->out, ref_out), kTolerance);
+    EXPECT_LE(RelativeError(flash->lse, ref_lse), kTolerance);
+    std::printf("%-28s %-18s out err %.2e, lse err %.2e\n", c.name.c_str(), path.Name().c_str(),
+                RelativeError(flash->out, ref_out), RelativeError(flash->lse, ref_lse));
+  }
   auto naive = dev->RunNaive();
   ASSERT_TRUE(naive.ok()) << naive.status();
   EXPECT_LE(RelativeError(naive->out, ref_out), kTolerance);
   EXPECT_LE(RelativeError(naive->lse, ref_lse), 1e-4);
-  std::printf("%-28s out err flash %.2e naive %.2e, lse err flash %.2e\n", c.name.c_str(),
-              RelativeError(flash->out, ref_out), RelativeError(naive->out, ref_out),
-              RelativeError(flash->lse, ref_lse));
+  std::printf("%-28s naive out err %.2e\n", c.name.c_str(), RelativeError(naive->out, ref_out));
 }
 
 INSTANTIATE_TEST_SUITE_P(IssueMatrix, FlashVsOracle, ::testing::ValuesIn(OracleCases()),
@@ -124,12 +149,16 @@ TEST(FlashPlans, AnySplitCountMatchesFloat64) {
   ComputeVerifyF64(host.problem(), &ref_out, &ref_lse);
   auto dev = DeviceProblem::Upload(host);
   ASSERT_TRUE(dev.ok()) << dev.status();
-  for (int sms : {1, 3, 132, 100000}) {
-    SCOPED_TRACE("num_sms=" + std::to_string(sms));
-    auto flash = dev->RunFlash(sms);
-    ASSERT_TRUE(flash.ok()) << flash.status();
-    EXPECT_LE(RelativeError(flash->out, ref_out), kTolerance);
-    EXPECT_LE(RelativeError(flash->lse, ref_lse), kTolerance);
+  for (bool force_portable : FlashPath::ForcePortableValues()) {
+    FlashPath path(force_portable);
+    SCOPED_TRACE(path.Name());
+    for (int sms : {1, 3, 132, 100000}) {
+      SCOPED_TRACE("num_sms=" + std::to_string(sms));
+      auto flash = dev->RunFlash(sms);
+      ASSERT_TRUE(flash.ok()) << flash.status();
+      EXPECT_LE(RelativeError(flash->out, ref_out), kTolerance);
+      EXPECT_LE(RelativeError(flash->lse, ref_lse), kTolerance);
+    }
   }
 }
 
@@ -148,14 +177,18 @@ TEST(FlashBitExact, ScatteredEqualsContiguousAndRunsRepeat) {
   auto dev_s = DeviceProblem::Upload(scattered);
   auto dev_c = DeviceProblem::Upload(contiguous);
   ASSERT_TRUE(dev_s.ok() && dev_c.ok());
-  auto a = dev_s->RunFlash(kSms);
-  auto b = dev_c->RunFlash(kSms);
-  auto again = dev_s->RunFlash(kSms);
-  ASSERT_TRUE(a.ok() && b.ok() && again.ok());
-  EXPECT_TRUE(a->out == b->out) << "scattered and contiguous slot tables differ";
-  EXPECT_TRUE(a->lse == b->lse);
-  EXPECT_TRUE(a->out == again->out) << "two runs differ";
-  EXPECT_TRUE(a->lse == again->lse);
+  for (bool force_portable : FlashPath::ForcePortableValues()) {
+    FlashPath path(force_portable);
+    SCOPED_TRACE(path.Name());
+    auto a = dev_s->RunFlash(kSms);
+    auto b = dev_c->RunFlash(kSms);
+    auto again = dev_s->RunFlash(kSms);
+    ASSERT_TRUE(a.ok() && b.ok() && again.ok());
+    EXPECT_TRUE(a->out == b->out) << "scattered and contiguous slot tables differ";
+    EXPECT_TRUE(a->lse == b->lse);
+    EXPECT_TRUE(a->out == again->out) << "two runs differ";
+    EXPECT_TRUE(a->lse == again->lse);
+  }
   auto na = dev_s->RunNaive();
   auto nb = dev_c->RunNaive();
   ASSERT_TRUE(na.ok() && nb.ok());
@@ -178,16 +211,21 @@ TEST(FlashVsNaive, LargeShapes) {
     HostProblem host = MakeRandomProblem(c.seqs, c.heads, seed, /*scattered=*/true, 0);
     auto dev = DeviceProblem::Upload(host);
     ASSERT_TRUE(dev.ok()) << dev.status();
-    auto flash = dev->RunFlash(kSms);
     auto naive = dev->RunNaive();
-    ASSERT_TRUE(flash.ok() && naive.ok());
+    ASSERT_TRUE(naive.ok());
     std::vector<double> naive_out(naive->out.size()), naive_lse(naive->lse.size());
     for (size_t i = 0; i < naive_out.size(); ++i) naive_out[i] = Bf16ToFloat(naive->out[i]);
     for (size_t i = 0; i < naive_lse.size(); ++i) naive_lse[i] = naive->lse[i];
-    EXPECT_LE(RelativeError(flash->out, naive_out), kTolerance);
-    EXPECT_LE(RelativeError(flash->lse, naive_lse), kTolerance);
-    std::printf("%-10s flash vs naive out err %.2e\n", c.name.c_str(),
-                RelativeError(flash->out, naive_out));
+    for (bool force_portable : FlashPath::ForcePortableValues()) {
+      FlashPath path(force_portable);
+      SCOPED_TRACE(path.Name());
+      auto flash = dev->RunFlash(kSms);
+      ASSERT_TRUE(flash.ok());
+      EXPECT_LE(RelativeError(flash->out, naive_out), kTolerance);
+      EXPECT_LE(RelativeError(flash->lse, naive_lse), kTolerance);
+      std::printf("%-10s %-18s flash vs naive out err %.2e\n", c.name.c_str(), path.Name().c_str(),
+                  RelativeError(flash->out, naive_out));
+    }
   }
 }
 

@@ -1,0 +1,54 @@
+#include "tests/cuda_backend/cuda_test_util.h"
+
+#include <cuda_runtime_api.h>
+
+#include <numeric>
+
+#include "kernels/status_macros.h"
+#include "tests/kernels/testing/problem_builder.h"
+
+namespace verifyd::test {
+
+bool HaveCudaDevice() {
+  int count = 0;
+  const bool have = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  cudaGetLastError();
+  return have;
+}
+
+absl::StatusOr<BackendWithStorage> MakeBackend(bool cuda_graphs, int num_layers,
+                                               int64_t capacity_slots) {
+  CudaBackendOptions options;
+  options.cuda_graphs = cuda_graphs;
+  BackendWithStorage made;
+  VERIFYD_ASSIGN_OR_RETURN(made.backend, CudaBackend::Create(options));
+  VERIFYD_ASSIGN_OR_RETURN(made.storage, made.backend->CreateStorage(num_layers, capacity_slots));
+  return made;
+}
+
+ReferenceF64 ComputeReferenceF64(const VerifyProblem& reference) {
+  ReferenceF64 r;
+  ComputeVerifyF64(reference, &r.out, &r.lse);
+  return r;
+}
+
+Accuracy Compare(const ReferenceF64& reference, const std::vector<bf16_bits>& out,
+                 const std::vector<float>& lse) {
+  Accuracy a;
+  a.out = RelativeError(out, reference.out);
+  a.lse = RelativeError(lse, reference.lse);
+  return a;
+}
+
+Accuracy CompareToF64(const VerifyProblem& reference, const std::vector<bf16_bits>& out,
+                      const std::vector<float>& lse) {
+  return Compare(ComputeReferenceF64(reference), out, lse);
+}
+
+std::vector<int32_t> Iota(int64_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+}  // namespace verifyd::test

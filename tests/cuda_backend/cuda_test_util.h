@@ -1,0 +1,46 @@
+// Shared by the CUDA backend's GPU tests: device detection, a backend with its storage, and the
+// accuracy check against the float64 oracle.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/verify_problem.h"
+#include "kvstore/cuda_kv_storage.h"
+#include "service/cuda_backend.h"
+
+namespace verifyd::test {
+
+// True when a CUDA device is visible; GPU tests GTEST_SKIP() otherwise.
+bool HaveCudaDevice();
+
+struct BackendWithStorage {
+  std::unique_ptr<CudaBackend> backend;
+  std::unique_ptr<KvStorage> storage;  // a CudaKvStorage, created by the backend
+  CudaKvStorage& cuda_storage() { return static_cast<CudaKvStorage&>(*storage); }
+};
+absl::StatusOr<BackendWithStorage> MakeBackend(bool cuda_graphs, int num_layers,
+                                               int64_t capacity_slots);
+
+// Relative errors of out and lse against the float64 oracle computed on `reference` (a problem
+// over host KV with the same logical content).
+struct Accuracy {
+  double out = 0, lse = 0;
+};
+Accuracy CompareToF64(const VerifyProblem& reference, const std::vector<bf16_bits>& out,
+                      const std::vector<float>& lse);
+
+// The oracle's outputs, for comparing several runs of one problem to it.
+struct ReferenceF64 {
+  std::vector<double> out, lse;
+};
+ReferenceF64 ComputeReferenceF64(const VerifyProblem& reference);
+Accuracy Compare(const ReferenceF64& reference, const std::vector<bf16_bits>& out,
+                 const std::vector<float>& lse);
+
+// Sequential 0..n-1.
+std::vector<int32_t> Iota(int64_t n);
+
+}  // namespace verifyd::test

@@ -1,0 +1,177 @@
+// Host-only checks of the CUDA backend's bookkeeping: the packed staging layout (every array lands
+// intact, aligned, without overlap, and the one upload ends where the partials begin) and the plan
+// cache (hits return the same plan, misses plan anew).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/mla_dims.h"
+#include "kernels/split_planner.h"
+#include "service/cuda_graph_cache.h"
+#include "service/cuda_plan_cache.h"
+#include "service/cuda_verify_staging.h"
+#include "tests/kernels/testing/problem_builder.h"
+
+namespace verifyd {
+namespace {
+
+using test::HostProblem;
+using test::MakeRandomProblem;
+using test::SequenceSpec;
+using test::TreeShape;
+
+template <typename T>
+std::vector<T> Read(const std::vector<uint8_t>& buffer, const T* ptr, size_t count) {
+  const auto* base = buffer.data();
+  const auto* at = reinterpret_cast<const uint8_t*>(ptr);
+  EXPECT_GE(at, base);
+  EXPECT_LE(at + count * sizeof(T), base + buffer.size());
+  std::vector<T> values(count);
+  std::memcpy(values.data(), at, count * sizeof(T));
+  return values;
+}
+
+TEST(VerifyStaging, EveryArrayRoundTripsThroughTheLayout) {
+  const uint64_t seed = test::TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int batch = 1 + static_cast<int>(rng() % 5);
+    std::vector<SequenceSpec> specs;
+    for (int b = 0; b < batch; ++b) {
+      specs.push_back({static_cast<int>(rng() % 300), 1 + static_cast<int>(rng() % 130),
+                       static_cast<TreeShape>(rng() % 4)});
+    }
+    const int heads = 1 + static_cast<int>(rng() % 9);
+    HostProblem host = MakeRandomProblem(specs, heads, rng(), /*scattered=*/true, 17);
+    VerifyProblem p = host.problem();
+    if (trial % 2 == 1) p.lse = nullptr;
+    absl::StatusOr<SplitPlan> plan = PlanSplits(
+        host.prefix_len,
+        [&] {
+          std::vector<int32_t> q(batch);
+          for (int b = 0; b < batch; ++b) q[b] = host.qo_indptr[b + 1] - host.qo_indptr[b];
+          return q;
+        }(),
+        heads, 1 + static_cast<int>(rng() % 140));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const WorkspaceLayout ws = LayoutWorkspace(*plan);
+    const std::vector<uint8_t> packed = PackPlan(*plan, ws);
+
+    const VerifyStagingLayout layout = LayoutVerifyStaging(p, packed.size(), ws.total_bytes);
+    for (size_t offset :
+         {layout.q, layout.qo_indptr, layout.prefix_len, layout.slot_indptr, layout.slots,
+          layout.mask_indptr, layout.mask_bits, layout.workspace, layout.lse}) {
+      EXPECT_EQ(offset % 256, 0u);
+    }
+    EXPECT_EQ(layout.upload_bytes, layout.workspace + ws.partial_o_offset);
+    EXPECT_EQ(layout.input_bytes,
+              std::max(layout.workspace + ws.total_bytes, layout.upload_copy_bytes));
+    EXPECT_EQ(layout.upload_copy_bytes, CopyBytesFor(layout.upload_bytes));
+    EXPECT_EQ(layout.output_copy_bytes, CopyBytesFor(layout.output_bytes));
+    const size_t rows = static_cast<size_t>(p.total_q) * heads;
+    EXPECT_EQ(layout.out_bytes, rows * kVDim * 2);
+    EXPECT_EQ(layout.lse_bytes, p.lse != nullptr ? rows * 4 : 0u);
+    EXPECT_GE(layout.lse, layout.out_bytes);
+
+    // Staging filled with a pattern first: whatever Fill leaves out would show up as 0xA5.
+    std::vector<uint8_t> staging(layout.upload_bytes, 0xA5);
+    FillVerifyStaging(layout, p, packed, staging.data());
+    std::vector<uint8_t> device_inputs(layout.input_bytes, 0);
+    std::memcpy(device_inputs.data(), staging.data(), staging.size());
+    std::vector<uint8_t> device_outputs(layout.output_bytes, 0);
+    const VerifyProblem d =
+        PlaceVerifyProblem(layout, p, device_inputs.data(), device_outputs.data());
+
+    EXPECT_EQ(Read(device_inputs, d.q, host.q.size()), host.q);
+    EXPECT_EQ(Read(device_inputs, d.qo_indptr, batch + 1), host.qo_indptr);
+    EXPECT_EQ(Read(device_inputs, d.prefix_len, batch), host.prefix_len);
+    EXPECT_EQ(Read(device_inputs, d.slot_indptr, batch + 1), host.slot_indptr);
+    EXPECT_EQ(Read(device_inputs, d.slots, host.slots.size()), host.slots);
+    EXPECT_EQ(Read(device_inputs, d.mask_indptr, batch + 1), host.mask_indptr);
+    EXPECT_EQ(Read(device_inputs, d.mask_bits, host.mask_bits.size()), host.mask_bits);
+    EXPECT_EQ(Read(device_inputs,
+                   reinterpret_cast<const uint8_t*>(device_inputs.data()) + layout.workspace,
+                   packed.size()),
+              packed);
+    EXPECT_EQ(reinterpret_cast<uint8_t*>(d.out), device_outputs.data() + layout.out);
+    if (p.lse != nullptr) {
+      EXPECT_EQ(reinterpret_cast<uint8_t*>(d.lse) + layout.lse_bytes,
+                device_outputs.data() + layout.output_bytes);
+    } else {
+      EXPECT_EQ(d.lse, nullptr);
+    }
+    // Scalars and the pool are untouched.
+    EXPECT_EQ(d.kv, p.kv);
+    EXPECT_EQ(d.num_slots, p.num_slots);
+    EXPECT_EQ(d.batch, p.batch);
+    EXPECT_EQ(d.total_q, p.total_q);
+    EXPECT_EQ(d.num_heads, p.num_heads);
+    EXPECT_EQ(d.scale, p.scale);
+  }
+}
+
+TEST(SplitPlanCache, HitsReturnTheRememberedPlanAndMissesPlanAnew) {
+  const uint64_t seed = test::TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  SplitPlanCache cache(/*num_sms=*/132, /*capacity=*/3);
+  std::vector<std::vector<int32_t>> prefixes;
+  for (int i = 0; i < 4; ++i) prefixes.push_back({static_cast<int32_t>(100 + rng() % 50000)});
+  prefixes[1][0] = prefixes[0][0] + 1;  // neighbours must not collide
+  const std::vector<int32_t> q = {static_cast<int32_t>(1 + rng() % 256)};
+  std::vector<uint64_t> ids;
+  for (const auto& prefix : prefixes) {
+    absl::StatusOr<const CachedPlan*> got = cache.Get(prefix, q, 16);
+    ASSERT_TRUE(got.ok()) << got.status();
+    absl::StatusOr<SplitPlan> fresh = PlanSplits(prefix, q, 16, 132);
+    ASSERT_TRUE(fresh.ok());
+    EXPECT_EQ((*got)->packed, PackPlan(*fresh, LayoutWorkspace(*fresh)));
+    ids.push_back((*got)->id);
+  }
+  EXPECT_EQ(cache.plans_made(), 4);
+  // prefixes[1..3] are remembered (capacity 3): same ids, no planning.
+  for (int i = 3; i >= 1; --i) {
+    absl::StatusOr<const CachedPlan*> again = cache.Get(prefixes[i], q, 16);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ((*again)->id, ids[i]);
+  }
+  EXPECT_EQ(cache.plans_made(), 4);
+  // Other heads is another shape; prefixes[0] was evicted.
+  ASSERT_TRUE(cache.Get(prefixes[1], q, 8).ok());
+  absl::StatusOr<const CachedPlan*> evicted = cache.Get(prefixes[0], q, 16);
+  ASSERT_TRUE(evicted.ok());
+  EXPECT_NE((*evicted)->id, ids[0]);
+  EXPECT_EQ(cache.plans_made(), 6);
+}
+
+TEST(VerifyStaging, CopySizesCoverTheBytesWithAtMostAnEighthMore) {
+  const uint64_t seed = test::TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  EXPECT_EQ(CopyBytesFor(0), 4096u);
+  EXPECT_EQ(CopyBytesFor(4097), 4608u);
+  for (int i = 0; i < 100000; ++i) {
+    const size_t bytes = 1 + rng() % (size_t{1} << (1 + rng() % 34));
+    const size_t copy = CopyBytesFor(bytes);
+    ASSERT_GE(copy, bytes);
+    ASSERT_LE(copy, std::max<size_t>(4096, bytes + bytes / 8)) << bytes;
+    // Idempotent: a band's copy size is its own band's size, so all sizes of a band agree.
+    ASSERT_EQ(CopyBytesFor(copy), copy) << bytes;
+  }
+}
+
+TEST(VerifyGraphBucket, TotalQRoundsUpToAPowerOfTwo) {
+  EXPECT_EQ(TotalQBucket(1), 8);
+  EXPECT_EQ(TotalQBucket(8), 8);
+  EXPECT_EQ(TotalQBucket(9), 16);
+  EXPECT_EQ(TotalQBucket(257), 512);
+  EXPECT_EQ(TotalQBucket(1024), 1024);
+}
+
+}  // namespace
+}  // namespace verifyd
