@@ -1,4 +1,5 @@
-// Status plumbing: Debian 12's Abseil (20220623) has no RETURN_IF_ERROR, so the project keeps its own.
+// Status plumbing: Debian 12's Abseil (20220623) has no RETURN_IF_ERROR, so the project keeps its
+// own.
 #pragma once
 
 #include "absl/status/status.h"
@@ -7,9 +8,9 @@
 #define VERIFYD_CONCAT_INNER(a, b) a##b
 #define VERIFYD_CONCAT(a, b) VERIFYD_CONCAT_INNER(a, b)
 
-#define VERIFYD_RETURN_IF_ERROR(expr)               \
-  do {                                              \
-    ::absl::Status verifyd_status_ = (expr);        \
+#define VERIFYD_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::absl::Status verifyd_status_ = (expr);           \
     if (!verifyd_status_.ok()) return verifyd_status_; \
   } while (0)
 

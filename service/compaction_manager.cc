@@ -85,6 +85,8 @@ bool CompactionManager::Step(KvStore& store) {
     return OldestUnfinishedLocked() != nullptr;
   }
   op->bytes_moved += plan.bytes();
+  // Traffic between chunks can add work the first plan did not see; progress never passes 100%.
+  op->bytes_planned = std::max(op->bytes_planned, op->bytes_moved);
   op->tokens_moved += static_cast<int64_t>(plan.moves.size());
   op->copy_time += took;
   metrics_->RecordCompactionChunk(plan.bytes(), took);

@@ -22,6 +22,7 @@ bool CudaBackendAvailable(int device) {
 absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const ServiceOptions& options) {
   CudaBackendOptions cuda;
   cuda.device = options.device;
+  cuda.cuda_graphs = options.cuda_graphs;
   VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(cuda));
   return std::unique_ptr<ComputeBackend>(std::move(backend));
 }

@@ -40,6 +40,8 @@ ABSL_FLAG(int, max_queued_requests, 1024,
 ABSL_FLAG(double, shutdown_delay_seconds, 0,
           "after SIGTERM, seconds health reports NOT_SERVING before the socket closes");
 ABSL_FLAG(double, drain_seconds, 30, "after that, seconds in-flight calls get to finish");
+ABSL_FLAG(std::string, cuda_graphs, "on",
+          "on|off: replay the per-step work as CUDA graphs per shape bucket (cuda backend)");
 
 namespace {
 
@@ -78,6 +80,12 @@ absl::StatusOr<verifyd::ServiceOptions> OptionsFromFlags() {
   o.kv_capacity_tokens = absl::GetFlag(FLAGS_kv_capacity_tokens);
   o.softmax_scale = static_cast<float>(absl::GetFlag(FLAGS_softmax_scale));
   o.lease_seconds = absl::GetFlag(FLAGS_lease_seconds);
+  const std::string graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  if (graphs != "on" && graphs != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda-graphs = '", graphs, "' must be on or off"));
+  }
+  o.cuda_graphs = graphs == "on";
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.compute_threads = absl::GetFlag(FLAGS_compute_threads);
   o.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);

@@ -36,6 +36,8 @@ struct ServiceOptions {
   double lease_seconds = 300;
   int64_t max_message_bytes = 64ll << 20;
   int compute_threads = 0;  // cpu backend; 0 = all cores
+  // cuda backend: replay each shape bucket's step as a CUDA graph (false: always eager).
+  bool cuda_graphs = true;
   // Requests waiting for the device beyond this get RESOURCE_EXHAUSTED (bounds queued memory).
   int max_queued_requests = 1024;
   // After SIGTERM: seconds health reports NOT_SERVING while still serving, so that probes and load

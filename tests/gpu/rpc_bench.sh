@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# On the GPU machine (called by run_device.sh): the Verify RPC over the Unix socket against
+# `verifyd --backend=cuda`, SPEC §5 / issue 5:
+#   1. Verify latency p50/p99 at S1 (B=1 H=8 Q=16 L=65536) and S5 (B=32 H=8 Q=8 L=4096),
+#      CUDA graphs on and off (verifyd_load, concurrency 1, closed loop);
+#   2. Verify p99 while operator compactions run ÷ without: the fake scheduler keeps committing
+#      trees (which fragments sequences) in both windows; in the second a loop of
+#      `verifyctl compact` runs alongside. Compaction bytes/s is read from the operations.
+# Writes CSV and logs under $OUT; prints a short summary.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+B=${BUNDLE:-bundle}
+OUT=${OUT:-/tmp/verifyd-gpu-out}
+mkdir -p "$OUT"
+bin=$B/bin
+work=$(mktemp -d /tmp/verifyd-rpc.XXXXXX)
+sock="unix://$work/verifyd.sock"
+pid=""
+stop() {
+  if [ -n "$pid" ]; then
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid"
+    echo "daemon exit $?" >>"$OUT/rpc_daemon.log"
+    pid=""
+  fi
+}
+trap 'stop; rm -rf "$work"' EXIT
+start() {
+  "$bin/verifyd" --listen="$sock" --metrics= --backend=cuda --layers="$LAYERS" --heads=8 \
+    --max_tree_nodes=257 --kv_capacity_tokens=1048576 --lease_seconds=600 "$@" >>"$OUT/rpc_daemon.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 200); do
+    "$bin/verifyctl" --target="$sock" --deadline-seconds=1 health >/dev/null 2>&1 && return 0
+    kill -0 "$pid" 2>/dev/null || { echo "verifyd died"; tail -5 "$OUT/rpc_daemon.log"; return 1; }
+    sleep 0.1
+  done
+  echo "verifyd not healthy"
+  return 1
+}
+load() {  # name, then verifyd_load flags
+  local name=$1
+  shift
+  "$bin/verifyd_load" --target="$sock" --concurrency=1 --warmup_seconds=1 --measure_seconds=4 "$@" \
+    2>>"$OUT/rpc_load.log" | tail -1 | sed "s/^/$name,/"
+}
+
+echo "shape,graphs,concurrency,throughput_rps,p50_us,p90_us,p99_us" >"$OUT/rpc_latency.csv"
+LAYERS=1
+for graphs in on off; do
+  start --cuda_graphs=$graphs || continue
+  load "S1,$graphs" --tree_nodes=16 --prefix_tokens=65536 --batch=1 >>"$OUT/rpc_latency.csv"
+  load "S5,$graphs" --tree_nodes=8 --prefix_tokens=4096 --batch=32 >>"$OUT/rpc_latency.csv"
+  stop
+done
+
+# Compaction under Verify traffic: 4 layers so each move copies 4 rows.
+LAYERS=4
+echo "window,concurrency,throughput_rps,p50_us,p90_us,p99_us" >"$OUT/rpc_compaction.csv"
+if start; then
+  sched() {
+    "$bin/fake_scheduler" --target="$sock" --sequences=48 --steps=400 --prefill_tokens=2048-4096 \
+      --tree_sizes=8-64 --threads=8 --seed="$1" >>"$OUT/rpc_scheduler.log" 2>&1
+  }
+  sched 11 &
+  s1=$!
+  sleep 3
+  load "quiet" --tree_nodes=8 --prefix_tokens=4096 --batch=8 --measure_seconds=5 >>"$OUT/rpc_compaction.csv"
+  touch "$work/compacting"
+  (while [ -e "$work/compacting" ]; do
+     "$bin/verifyctl" --target="$sock" --deadline-seconds=30 compact --budget-bytes=0 >>"$OUT/rpc_compact.log" 2>&1
+   done) &
+  c1=$!
+  load "compacting" --tree_nodes=8 --prefix_tokens=4096 --batch=8 --measure_seconds=5 >>"$OUT/rpc_compaction.csv"
+  rm -f "$work/compacting"
+  wait $c1
+  wait $s1
+  echo "fake_scheduler exit $?" >>"$OUT/rpc_scheduler.log"
+  "$bin/verifyctl" --target="$sock" stats >"$OUT/rpc_stats.txt" 2>&1
+  stop
+fi
+
+echo "== rpc latency (µs)"
+column -s, -t "$OUT/rpc_latency.csv" 2>/dev/null || cat "$OUT/rpc_latency.csv"
+echo "== Verify while compacting (µs)"
+column -s, -t "$OUT/rpc_compaction.csv" 2>/dev/null || cat "$OUT/rpc_compaction.csv"
+q=$(awk -F, '$1=="quiet"{print $6}' "$OUT/rpc_compaction.csv")
+c=$(awk -F, '$1=="compacting"{print $6}' "$OUT/rpc_compaction.csv")
+[ -n "$q" ] && [ -n "$c" ] && awk -v q="$q" -v c="$c" 'BEGIN{printf "p99 compacting / quiet = %.2f\n", c/q}'
+grep -E "moved|/s" "$OUT/rpc_compact.log" | tail -3
+tail -3 "$OUT/rpc_scheduler.log"
