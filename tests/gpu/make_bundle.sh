@@ -9,9 +9,12 @@ cd "$(dirname "$0")/../.."
 export PATH="$PATH:/usr/local/cuda/bin"
 BUILD=${BUILD:-build-gpu}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DVERIFYD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="80;90;120" \
-  -DVERIFYD_BUILD_SERVICE=OFF >/dev/null
+  >/dev/null
+# Kernel tests and bench; the CUDA backend's tests; the daemon, its tools and its test suite (which
+# picks --backend=auto, so cuda, on the GPU machine).
 targets=(wgmma_unit_test mla_verify_flash_test kv_slot_write_test split_planner_test mla_verify_launch_test
-  mla_verify_bench)
+  mla_verify_bench cuda_kv_storage_test cuda_kv_store_test cuda_backend_test cuda_verify_staging_test
+  cuda_backend_bench verifyd verifyctl fake_scheduler verifyd_load verifyd_service_tests)
 cmake --build "$BUILD" -j "${JOBS:-2}" --target "${targets[@]}"
 
 rm -rf bundle
@@ -19,6 +22,7 @@ mkdir -p bundle/bin bundle/lib
 for t in "${targets[@]}"; do
   cp "$(find "$BUILD" -type f -name "$t" -perm -u+x | head -1)" bundle/bin/
 done
+strip bundle/bin/*
 cp "$BUILD/kernels/libverifyd_kernels_cuda.a" bundle/lib/
 # Non-system libraries: everything ldd resolves except glibc, the C++ runtime and CUDA's libraries.
 system='/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt)\.so'

@@ -13,6 +13,7 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
   $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
   if [ -e "$d/libcublas.so.13" ]; then cublas_dir=$d; break; fi
 done
+export VERIFYD_BINARY="$PWD/$B/bin/verifyd"
 export LD_LIBRARY_PATH="$PWD/$B/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
@@ -33,7 +34,7 @@ export LD_LIBRARY_PATH="$PWD/$B/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:
 } 2>&1 | tee "$OUT/device.txt"
 
 status=0
-for t in "$B"/bin/wgmma_unit_test $(ls "$B"/bin/*_test | grep -v wgmma_unit_test); do
+for t in "$B"/bin/wgmma_unit_test $(ls "$B"/bin/*_test "$B"/bin/*_tests | grep -v wgmma_unit_test); do
   name=$(basename "$t")
   timeout 180 "$t" >"$OUT/test.log" 2>&1
   rc=$?
@@ -66,6 +67,21 @@ if [ "${VERIFYD_PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
     grep -E "Throughput|Issued Ipc|stalled|hmma" "$OUT/ncu-$shape.txt" | sed 's/smsp__average_warps_issue_stalled_//' \
       | awk '{$1=$1};1' | head -40
   done
+fi
+
+# The daemon on the GPU: its own test suite ran above (verifyd_service_tests: --backend=auto picks
+# cuda); now the fake scheduler end to end with a Compact under load, graphs on and off.
+if [ "${VERIFYD_SERVICE:-1}" = 1 ] && [ -x "$B/bin/verifyd" ]; then
+  timeout 240 bash tests/cuda_backend/run_cuda_integration.sh "$B/bin/verifyd" "$B/bin/fake_scheduler" \
+    "$B/bin/verifyctl" >"$OUT/cuda_integration.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  echo "== cuda_integration rc=$rc"
+  tail -8 "$OUT/cuda_integration.log"
+  echo "== cuda_backend_bench"
+  timeout 120 "$B/bin/cuda_backend_bench" 2>&1 | tee "$OUT/cuda_backend_bench.log" | tail -20
+  echo "== rpc_bench"
+  BUNDLE=$B timeout 200 bash tests/gpu/rpc_bench.sh 2>&1 | tee "$OUT/rpc_bench.txt" | tail -30
 fi
 
 echo "== bench"

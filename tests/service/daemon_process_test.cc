@@ -33,7 +33,11 @@ using testing::ShadowModel;
 using testing::VerifyPart;
 using Health = grpc::health::v1::HealthCheckResponse;
 
-constexpr char kBinary[] = VERIFYD_BINARY;
+// The build's daemon; VERIFYD_BINARY in the environment points elsewhere (the GPU bundle).
+const std::string kBinary = [] {
+  const char* env = std::getenv("VERIFYD_BINARY");
+  return std::string(env != nullptr && *env != '\0' ? env : VERIFYD_BINARY);
+}();
 
 std::string MetricsAddress(const DaemonProcess& daemon) {
   const std::string field = daemon.StartupField("metrics");
