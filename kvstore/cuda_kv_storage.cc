@@ -162,27 +162,7 @@ absl::Status CudaKvStorage::ReadRows(int layer, absl::Span<const int32_t> slots,
 
 absl::Status CudaKvStorage::CopySlots(absl::Span<const int32_t> src,
                                       absl::Span<const int32_t> dst) {
-  if (src.size() != dst.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dst has ", dst.size(), " slots, must equal src's ", src.size()));
-  }
-  VERIFYD_RETURN_IF_ERROR(CheckSlots(src, "src"));
-  VERIFYD_RETURN_IF_ERROR(CheckSlots(dst, "dst"));
-  // The kernel copies all moves in parallel: that is only order-free when dst has no repeats and
-  // no source is also a destination (the same contract as HostKvStorage).
-  std::vector<int32_t> sorted_dst(dst.begin(), dst.end());
-  std::sort(sorted_dst.begin(), sorted_dst.end());
-  for (size_t k = 1; k < sorted_dst.size(); ++k) {
-    if (sorted_dst[k] == sorted_dst[k - 1]) {
-      return absl::InvalidArgumentError(absl::StrCat("dst lists slot ", sorted_dst[k], " twice"));
-    }
-  }
-  for (size_t k = 0; k < src.size(); ++k) {
-    if (std::binary_search(sorted_dst.begin(), sorted_dst.end(), src[k])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "src[", k, "] = ", src[k], " is also a destination; src and dst must be disjoint"));
-    }
-  }
+  VERIFYD_RETURN_IF_ERROR(copy_check_.Check(src, dst));
   if (src.empty()) return absl::OkStatus();
   VERIFYD_RETURN_IF_ERROR(FlushWrites());
   VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());

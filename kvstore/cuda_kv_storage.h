@@ -20,6 +20,7 @@
 #include "kvstore/cuda_device_memory.h"
 #include "kvstore/cuda_write_batch.h"
 #include "kvstore/kv_storage.h"
+#include "kvstore/slot_copy_check.h"
 
 namespace verifyd {
 
@@ -55,7 +56,10 @@ class CudaKvStorage : public KvStorage {
 
  private:
   CudaKvStorage(int num_layers, int64_t capacity, std::shared_ptr<CudaStream> stream)
-      : num_layers_(num_layers), capacity_(capacity), stream_(std::move(stream)) {}
+      : num_layers_(num_layers),
+        capacity_(capacity),
+        stream_(std::move(stream)),
+        copy_check_(capacity) {}
 
   absl::Status CheckLayer(int layer) const;
   absl::Status CheckSlots(absl::Span<const int32_t> slots, const char* field) const;
@@ -80,6 +84,7 @@ class CudaKvStorage : public KvStorage {
   mutable DeviceBuffer scratch_;
   mutable PinnedBuffer read_back_;
   std::unique_ptr<CudaWriteBatch> writes_;
+  SlotCopyCheck copy_check_;
 };
 
 }  // namespace verifyd

@@ -14,7 +14,8 @@ HostKvStorage::HostKvStorage(int num_layers, int64_t capacity_slots)
     : num_layers_(std::max(num_layers, 0)),
       capacity_(std::max<int64_t>(capacity_slots, 0)),
       data_(std::make_unique_for_overwrite<bf16_bits[]>(static_cast<size_t>(num_layers_) *
-                                                        capacity_ * kKvDim)) {}
+                                                        capacity_ * kKvDim)),
+      copy_check_(capacity_) {}
 
 bf16_bits* HostKvStorage::row(int layer, int32_t slot) const {
   return data_.get() + (static_cast<size_t>(layer) * capacity_ + slot) * kKvDim;
@@ -64,26 +65,7 @@ absl::Status HostKvStorage::ReadRows(int layer, absl::Span<const int32_t> slots,
 
 absl::Status HostKvStorage::CopySlots(absl::Span<const int32_t> src,
                                       absl::Span<const int32_t> dst) {
-  if (src.size() != dst.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dst has ", dst.size(), " slots, must equal src's ", src.size()));
-  }
-  VERIFYD_RETURN_IF_ERROR(CheckSlots(src, "src"));
-  VERIFYD_RETURN_IF_ERROR(CheckSlots(dst, "dst"));
-  // Disjointness makes the copy order irrelevant (what a parallel device copy needs too).
-  std::vector<int32_t> sorted_dst(dst.begin(), dst.end());
-  std::sort(sorted_dst.begin(), sorted_dst.end());
-  for (size_t k = 1; k < sorted_dst.size(); ++k) {
-    if (sorted_dst[k] == sorted_dst[k - 1]) {
-      return absl::InvalidArgumentError(absl::StrCat("dst lists slot ", sorted_dst[k], " twice"));
-    }
-  }
-  for (size_t k = 0; k < src.size(); ++k) {
-    if (std::binary_search(sorted_dst.begin(), sorted_dst.end(), src[k])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "src[", k, "] = ", src[k], " is also a destination; src and dst must be disjoint"));
-    }
-  }
+  VERIFYD_RETURN_IF_ERROR(copy_check_.Check(src, dst));
   for (int layer = 0; layer < num_layers_; ++layer) {
     for (size_t k = 0; k < src.size(); ++k) {
       std::memcpy(row(layer, dst[k]), row(layer, src[k]), kKvRowBytes);

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "kernels/bf16.h"
+#include "kvstore/slot_copy_check.h"
 
 namespace verifyd {
 
@@ -50,6 +51,7 @@ class HostKvStorage : public KvStorage {
   int num_layers_;
   int64_t capacity_;
   std::unique_ptr<bf16_bits[]> data_;
+  SlotCopyCheck copy_check_;
 };
 
 }  // namespace verifyd

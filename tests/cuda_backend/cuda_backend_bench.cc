@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/mla_dims.h"
+#include "kvstore/cuda_kv_kernels.h"
 #include "tests/cuda_backend/cuda_test_util.h"
 #include "tests/kernels/testing/problem_builder.h"
 
@@ -140,6 +141,33 @@ int Run(int iters) {
         "compaction chunk %6.2f MB: median %8.1f us, %7.1f GB/s, ratio to D2D %.3f "
         "(must >= 0.5, goal >= 0.7)\n",
         r.mb, r.median_us, r.bytes_per_s / 1e9, r.bytes_per_s / d2d_bps);
+  }
+  // The copy kernel alone (device-side indices, CUDA events): splits CopySlots' time into the GPU's
+  // share and the host's (checks, staging, launch, wait).
+  {
+    const int moves = static_cast<int>((int64_t{64} << 20) / (int64_t{layers} * kKvRowBytes));
+    std::shuffle(order.begin(), order.end(), rng);
+    int32_t* idx = nullptr;
+    if (cudaMalloc(reinterpret_cast<void**>(&idx), 2 * sizeof(int32_t) * moves) != cudaSuccess ||
+        cudaMemcpy(idx, order.data(), 2 * sizeof(int32_t) * moves, cudaMemcpyHostToDevice) !=
+            cudaSuccess) {
+      return 1;
+    }
+    bf16_bits* pool = const_cast<bf16_bits*>(storage.layer_device_data(0));
+    cudaStream_t stream = storage.stream().get();
+    cudaEventRecord(e0, stream);
+    for (int i = 0; i < 20; ++i) {
+      if (!LaunchCopySlotsAllLayers(pool, layers, capacity, idx, idx + moves, moves, stream).ok()) {
+        return 1;
+      }
+    }
+    cudaEventRecord(e1, stream);
+    cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&ms, e0, e1);
+    const double kernel_bps = 20.0 * moves * layers * kKvRowBytes / (ms * 1e-3);
+    std::printf("copy kernel alone, 64 MB chunks: %7.1f GB/s, ratio to D2D %.3f\n",
+                kernel_bps / 1e9, kernel_bps / d2d_bps);
+    cudaFree(idx);
   }
   cudaFree(a);
   cudaFree(b);

@@ -26,7 +26,7 @@ stop() {
 }
 trap 'stop; rm -rf "$work"' EXIT
 start() {
-  "$bin/verifyd" --listen="$sock" --metrics= --backend=cuda --layers="$LAYERS" --heads=8 \
+  "$bin/verifyd" --listen="$sock" --metrics= --backend="${BACKEND:-cuda}" --layers="$LAYERS" --heads=8 \
     --max_tree_nodes=257 --kv_capacity_tokens=1048576 --lease_seconds=600 "$@" >>"$OUT/rpc_daemon.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 200); do
@@ -53,24 +53,32 @@ for graphs in on off; do
   stop
 done
 
-# Compaction under Verify traffic (2 layers: each move copies 2 rows). The scheduler checks every
-# output on the CPU, so it is kept small; it only has to keep committing trees through both windows.
+# Compaction under Verify traffic (2 layers: each move copies 2 rows). In both windows the fake
+# scheduler commits trees (it checks every output on the CPU, so it is kept small) and a fragmenter
+# keeps re-creating 64 sequences of 32 interleaved runs (verifyd_load --fragment_sequences); in the
+# second window every fragmentation is followed by an operator Compact until converged.
 LAYERS=2
 echo "window,concurrency,throughput_rps,p50_us,p90_us,p99_us" >"$OUT/rpc_compaction.csv"
 if start; then
   "$bin/fake_scheduler" --target="$sock" --sequences=16 --steps=100 --prefill_tokens=512-1024 \
     --tree_sizes=8-32 --threads=8 --seed=11 >>"$OUT/rpc_scheduler.log" 2>&1 &
   s1=$!
+  touch "$work/running"
+  (while [ -e "$work/running" ]; do
+     "$bin/verifyd_load" --target="$sock" --fragment_sequences=64 --fragment_rounds=32 \
+       --fragment_tokens=64 >>"$OUT/rpc_fragment.log" 2>&1
+     if [ -e "$work/compacting" ]; then
+       "$bin/verifyctl" --target="$sock" --deadline-seconds=30 compact --budget-bytes=0 \
+         >>"$OUT/rpc_compact.log" 2>&1
+     fi
+   done) &
+  f1=$!
   sleep 3
   load "quiet" --tree_nodes=8 --prefix_tokens=4096 --batch=8 --measure_seconds=5 >>"$OUT/rpc_compaction.csv"
   touch "$work/compacting"
-  (while [ -e "$work/compacting" ]; do
-     "$bin/verifyctl" --target="$sock" --deadline-seconds=30 compact --budget-bytes=0 >>"$OUT/rpc_compact.log" 2>&1
-   done) &
-  c1=$!
   load "compacting" --tree_nodes=8 --prefix_tokens=4096 --batch=8 --measure_seconds=5 >>"$OUT/rpc_compaction.csv"
-  rm -f "$work/compacting"
-  wait $c1
+  rm -f "$work/running"
+  wait $f1
   kill -TERM $s1 2>/dev/null
   wait $s1
   echo "fake_scheduler exit $? (stopped after the windows)" >>"$OUT/rpc_scheduler.log"
@@ -85,5 +93,6 @@ column -s, -t "$OUT/rpc_compaction.csv" 2>/dev/null || cat "$OUT/rpc_compaction.
 q=$(awk -F, '$1=="quiet"{print $6}' "$OUT/rpc_compaction.csv")
 c=$(awk -F, '$1=="compacting"{print $6}' "$OUT/rpc_compaction.csv")
 [ -n "$q" ] && [ -n "$c" ] && awk -v q="$q" -v c="$c" 'BEGIN{printf "p99 compacting / quiet = %.2f\n", c/q}'
-grep -E "moved|/s" "$OUT/rpc_compact.log" | tail -3
+echo "compactions: $(grep -c '^tokens moved' "$OUT/rpc_compact.log" 2>/dev/null || echo 0)"
+grep -E "^(bytes moved|throughput)" "$OUT/rpc_compact.log" | tail -4
 tail -3 "$OUT/rpc_scheduler.log"

@@ -34,6 +34,11 @@ ABSL_FLAG(std::string, tree, "best-first", "chain | best-first");
 ABSL_FLAG(int, prefix_tokens, 1024, "committed prefix per sequence");
 ABSL_FLAG(int, batch, 1, "sequences per Verify");
 ABSL_FLAG(uint64_t, seed, 1, "input seed");
+ABSL_FLAG(int, fragment_sequences, 0,
+          "instead of measuring: (re)create this many sequences by round-robin Appends, so each "
+          "holds --fragment_rounds runs of --fragment_tokens slots (work for Compact), and exit");
+ABSL_FLAG(int, fragment_rounds, 16, "Appends per fragmented sequence");
+ABSL_FLAG(int, fragment_tokens, 64, "tokens per Append of a fragmented sequence");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "match the daemon's --max-message-bytes");
 
 namespace {
@@ -103,6 +108,27 @@ absl::Status Prepare(Client& client, const Shape& s, uint64_t seed, uint64_t fir
   return absl::OkStatus();
 }
 
+// Interleaved Appends: sequence b's chunk r lands after every other sequence's chunk r - 1, so no
+// sequence can extend its run in place and each ends with `rounds` runs.
+int Fragment(Client& client, int layers, int sequences, int rounds, int tokens) {
+  constexpr uint64_t kFirstId = uint64_t{1} << 40;  // apart from the measured workers' ids
+  std::vector<bf16_bits> kv(static_cast<size_t>(layers) * tokens * kKvDim);
+  for (int b = 0; b < sequences; ++b) (void)client.Release(kFirstId + b);  // NOT_FOUND is fine
+  for (int r = 0; r < rounds; ++r) {
+    for (int b = 0; b < sequences; ++b) {
+      for (size_t i = 0; i < kv.size(); i += kKvDim) {
+        verifyd::sched::FillRow({verifyd::sched::RowKey::kPrefixKv, 7, kFirstId + b,
+                                 static_cast<uint64_t>(r), static_cast<uint64_t>(i)},
+                                1.f, absl::MakeSpan(kv).subspan(i, kKvDim));
+      }
+      auto appended = client.AppendKv(kFirstId + b, 0, layers, tokens, kv);
+      if (!appended.ok()) return std::cerr << "verifyd_load: " << appended.status() << "\n", 1;
+    }
+  }
+  std::printf("fragmented %d sequences: %d runs of %d tokens each\n", sequences, rounds, tokens);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,6 +150,11 @@ int main(int argc, char** argv) {
   auto stats = (*client)->Stats();
   if (!stats.ok()) return std::cerr << "verifyd_load: " << stats.status() << "\n", 1;
 
+  if (absl::GetFlag(FLAGS_fragment_sequences) > 0) {
+    return Fragment(**client, static_cast<int>(stats->layers()),
+                    absl::GetFlag(FLAGS_fragment_sequences), absl::GetFlag(FLAGS_fragment_rounds),
+                    absl::GetFlag(FLAGS_fragment_tokens));
+  }
   Shape shape{static_cast<int>(stats->layers()), static_cast<int>(stats->heads()),
               absl::GetFlag(FLAGS_tree_nodes),   absl::GetFlag(FLAGS_prefix_tokens),
               absl::GetFlag(FLAGS_batch),        {}};
