@@ -1,6 +1,7 @@
 #include "service/device.h"
 
 #include <algorithm>
+#include <string_view>
 
 #include "kernels/status_macros.h"
 
@@ -17,7 +18,11 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Create(const ServiceOptions& opt
 Device::Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> ops,
                ServiceMetrics* metrics)
     : ops_(std::move(ops)),
-      compactions_(options.compaction_history, options.compaction_chunk_bytes, metrics) {
+      compactions_(options.compaction_history,
+                   options.compaction_chunk_bytes > 0 ? options.compaction_chunk_bytes
+                   : std::string_view(ops_->backend().name()) == "cuda" ? int64_t{64} << 20
+                                                                        : int64_t{4} << 20,
+                   metrics) {
   ExecutorHooks hooks;
   hooks.background_step = [this] { return compactions_.Step(ops_->store()); };
   hooks.tick = [this] {

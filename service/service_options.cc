@@ -107,7 +107,7 @@ absl::Status ValidateServiceOptions(const ServiceOptions& o) {
   }
   VERIFYD_RETURN_IF_ERROR(CheckPositiveFinite("--drain-seconds", o.drain_seconds));
   VERIFYD_RETURN_IF_ERROR(
-      CheckRange("compaction_chunk_bytes", o.compaction_chunk_bytes, 1, int64_t{1} << 40));
+      CheckRange("--compaction-chunk-bytes", o.compaction_chunk_bytes, 0, int64_t{1} << 40));
   VERIFYD_RETURN_IF_ERROR(CheckRange("compaction_history", o.compaction_history, 1, 1 << 20));
   if (!o.tcp.empty()) {
     std::string host;

@@ -80,7 +80,9 @@ else
 fi
 stop_daemon
 
-if "$VERIFYD" --helpfull 2>&1 | grep -q "cuda_graphs"; then
+# --helpfull exits 1 (absl), which pipefail would turn into "no flag": capture it first.
+help_text=$("$VERIFYD" --helpfull 2>&1 || true)
+if grep -q "cuda_graphs" <<<"$help_text"; then
   start_daemon --cuda-graphs=off
   drive graphs_off.log
   if scrape >"$work/metrics.txt"; then
