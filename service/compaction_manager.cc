@@ -59,39 +59,62 @@ bool CompactionManager::Step(KvStore& store) {
   if (op == nullptr) return false;
   // One move copies a row on every layer.
   const int64_t move_bytes = int64_t{kKvRowBytes} * store.storage().num_layers();
+  const auto replan = [&] {
+    const int64_t remaining = op->budget_bytes > 0 ? op->budget_bytes - op->bytes_moved
+                                                   : std::numeric_limits<int64_t>::max() / 2;
+    plan_ = store.PlanCompaction(remaining);
+    plan_cursor_ = 0;
+    plan_op_id_ = op->id;
+  };
   if (op->state == CompactionOperation::State::kPending) {
     op->state = CompactionOperation::State::kRunning;
     op->before = store.Stats().fragmentation;
-    const int64_t whole =
-        op->budget_bytes > 0 ? op->budget_bytes : std::numeric_limits<int64_t>::max() / 2;
-    op->bytes_planned = store.PlanCompaction(whole).bytes();
+    replan();
+    op->bytes_planned = plan_.bytes();
     // "Until converged" is bounded too: traffic between chunks may undo some moves, and a
     // plan that never converges must not run forever.
     if (op->budget_bytes == 0) op->budget_bytes = std::max(2 * op->bytes_planned, move_bytes);
+  } else if (plan_op_id_ != op->id || plan_cursor_ >= plan_.moves.size()) {
+    replan();  // the plan is used up: traffic since may have left more to do
   }
-  const int64_t remaining = op->budget_bytes - op->bytes_moved;
-  const int64_t chunk = std::min(remaining, std::max(chunk_bytes_, move_bytes));
-  const CompactionPlan plan = store.PlanCompaction(chunk);
-  if (plan.moves.empty()) {
+  if (plan_.moves.empty() || op->bytes_moved + move_bytes > op->budget_bytes) {
     FinishLocked(*op, store, /*done=*/true);
     return OldestUnfinishedLocked() != nullptr;
   }
+  const int64_t budget_moves = (op->budget_bytes - op->bytes_moved) / move_bytes;
+  const int64_t chunk_moves =
+      std::min({std::max<int64_t>(1, chunk_bytes_ / move_bytes), budget_moves,
+                static_cast<int64_t>(plan_.moves.size() - plan_cursor_)});
+  CompactionPlan chunk;
+  chunk.bytes_per_move = plan_.bytes_per_move;
+  chunk.moves.assign(plan_.moves.begin() + plan_cursor_,
+                     plan_.moves.begin() + plan_cursor_ + chunk_moves);
   const absl::Time start = absl::Now();
-  const absl::Status status = store.ExecuteCompaction(plan);
+  absl::Status status = store.ExecuteCompaction(chunk);
+  if (!status.ok() && plan_cursor_ > 0) {
+    // Stale: the store changed nothing. Plan afresh against the store as it is now.
+    replan();
+    chunk.moves.assign(plan_.moves.begin(),
+                       plan_.moves.begin() + std::min<size_t>(chunk_moves, plan_.moves.size()));
+    status = chunk.moves.empty() ? absl::OkStatus() : store.ExecuteCompaction(chunk);
+  }
   const absl::Duration took = absl::Now() - start;
   if (!status.ok()) {
     op->error = std::string(status.message());
     FinishLocked(*op, store, /*done=*/false);
     return OldestUnfinishedLocked() != nullptr;
   }
-  op->bytes_moved += plan.bytes();
+  plan_cursor_ += chunk.moves.size();
+  op->bytes_moved += chunk.bytes();
   // Traffic between chunks can add work the first plan did not see; progress never passes 100%.
   op->bytes_planned = std::max(op->bytes_planned, op->bytes_moved);
-  op->tokens_moved += static_cast<int64_t>(plan.moves.size());
+  op->tokens_moved += static_cast<int64_t>(chunk.moves.size());
   op->copy_time += took;
-  metrics_->RecordCompactionChunk(plan.bytes(), took);
+  metrics_->RecordCompactionChunk(chunk.bytes(), took);
   metrics_->RecordKernel(KernelKind::kCompact, took);
-  if (op->bytes_moved >= op->budget_bytes) FinishLocked(*op, store, /*done=*/true);
+  if (chunk.moves.empty() || op->bytes_moved >= op->budget_bytes) {
+    FinishLocked(*op, store, /*done=*/true);
+  }
   return OldestUnfinishedLocked() != nullptr;
 }
 

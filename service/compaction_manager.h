@@ -54,6 +54,11 @@ class CompactionManager {
 
   const int history_;
   const int64_t chunk_bytes_;
+  // Executor thread only. Planning is O(capacity), so one plan serves many chunks; a chunk the
+  // store rejects as stale (traffic moved a slot since) changes nothing and forces a fresh plan.
+  std::string plan_op_id_;
+  CompactionPlan plan_;
+  size_t plan_cursor_ = 0;
   ServiceMetrics* metrics_;
   mutable std::mutex mu_;
   std::deque<CompactionOperation> operations_;  // oldest first

@@ -46,7 +46,8 @@ load() {  # name, then verifyd_load flags
 
 echo "shape,graphs,concurrency,throughput_rps,p50_us,p90_us,p99_us" >"$OUT/rpc_latency.csv"
 LAYERS=1
-for graphs in on off; do
+# RPC_LATENCY=0 skips the latency part (only the compaction windows run).
+for graphs in $([ "${RPC_LATENCY:-1}" = 1 ] && echo on off); do
   start --cuda_graphs=$graphs || continue
   load "S1,$graphs" --tree_nodes=16 --prefix_tokens=65536 --batch=1 >>"$OUT/rpc_latency.csv"
   load "S5,$graphs" --tree_nodes=8 --prefix_tokens=4096 --batch=32 >>"$OUT/rpc_latency.csv"
