@@ -129,38 +129,46 @@ absl::Status KvStore::ExecuteCompaction(const CompactionPlan& plan) {
   dst.reserve(plan.moves.size());
   absl::flat_hash_set<int32_t> seen_src;
   absl::flat_hash_set<int32_t> seen_dst;
+  seen_src.reserve(plan.moves.size());
+  seen_dst.reserve(plan.moves.size());
   std::vector<Sequence*> owners;
   owners.reserve(plan.moves.size());
   for (size_t k = 0; k < plan.moves.size(); ++k) {
     const SlotMove& move = plan.moves[k];
-    const std::string field = absl::StrCat("moves[", k, "]");
-    auto it = sequences_.find(move.sequence);
-    if (it == sequences_.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(field, ".sequence = ", move.sequence,
-                                                        " is not a live sequence (stale plan)"));
+    // Built only on an error: a chunk checks thousands of moves on the executor's hot path.
+    const auto field = [k] { return absl::StrCat("moves[", k, "]"); };
+    // Moves come grouped by sequence: look the owner up again only when it changes.
+    Sequence* sequence =
+        owners.empty() || plan.moves[k - 1].sequence != move.sequence ? nullptr : owners.back();
+    if (sequence == nullptr) {
+      auto it = sequences_.find(move.sequence);
+      if (it == sequences_.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(field(), ".sequence = ", move.sequence,
+                                                          " is not a live sequence (stale plan)"));
+      }
+      sequence = it->second.get();
     }
-    Sequence* sequence = it->second.get();
     if (move.position < 0 || move.position >= static_cast<int64_t>(sequence->slots.size()) ||
         sequence->slots[move.position] != move.src) {
       return absl::FailedPreconditionError(
-          absl::StrCat(field, ": src = ", move.src, " is not position ", move.position,
+          absl::StrCat(field(), ": src = ", move.src, " is not position ", move.position,
                        " of sequence ", move.sequence, " (stale plan)"));
     }
     if (move.dst < 0 || move.dst >= allocator_.capacity()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".dst = ", move.dst, " must be in [0, ", allocator_.capacity(), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field(), ".dst = ", move.dst, " must be in [0, ", allocator_.capacity(), ")"));
     }
     if (!seen_src.insert(move.src).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, ".src = ", move.src, " repeats an earlier move's src"));
+          absl::StrCat(field(), ".src = ", move.src, " repeats an earlier move's src"));
     }
     if (!seen_dst.insert(move.dst).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, ".dst = ", move.dst, " repeats an earlier move's dst"));
+          absl::StrCat(field(), ".dst = ", move.dst, " repeats an earlier move's dst"));
     }
     if (!allocator_.IsFree(move.dst)) {
       return absl::FailedPreconditionError(
-          absl::StrCat(field, ".dst = ", move.dst, " is not free (stale plan)"));
+          absl::StrCat(field(), ".dst = ", move.dst, " is not free (stale plan)"));
     }
     owners.push_back(sequence);
     src.push_back(move.src);
