@@ -23,7 +23,6 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const ServiceO
   CudaBackendOptions cuda;
   cuda.device = options.device;
   cuda.cuda_graphs = options.cuda_graphs;
-  cuda.cuda_graphs = options.cuda_graphs;
   VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(cuda));
   return std::unique_ptr<ComputeBackend>(std::move(backend));
 }
