@@ -103,6 +103,7 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
   if (sequence == nullptr) {
     auto created = std::make_unique<Sequence>();
     created->id = seq;
+    created->slot_generation = next_slot_generation_++;
     created->fill.assign(layers, 0);
     sequence = created.get();
     sequences_.emplace(seq, std::move(created));
@@ -295,11 +296,10 @@ absl::StatusOr<VerifyView> KvStore::GetVerifyView(SequenceId seq) const {
   }
   VerifyView view;
   view.prefix_len = static_cast<int32_t>(sequence->slots.size());
-  view.slots.reserve(sequence->slots.size() + sequence->pending->slots.size());
-  view.slots = sequence->slots;
-  view.slots.insert(view.slots.end(), sequence->pending->slots.begin(),
-                    sequence->pending->slots.end());
+  view.prefix_slots = sequence->slots;
+  view.tree_slots = sequence->pending->slots;
   view.mask = &sequence->pending->mask;
+  view.slot_generation = sequence->slot_generation;
   return view;
 }
 

@@ -49,9 +49,21 @@ struct VerifyItem {
 // What the compute needs for one sequence after PrepareVerify: read-only, valid until the next
 // mutating call on the store.
 struct VerifyView {
-  int32_t prefix_len = 0;          // committed length n
-  std::vector<int32_t> slots;      // n prefix slots then Q tree slots
-  const TreeMask* mask = nullptr;  // the pending tree's mask
+  int32_t prefix_len = 0;                  // committed length n
+  absl::Span<const int32_t> prefix_slots;  // [n]: the slot of each committed position
+  absl::Span<const int32_t> tree_slots;    // [Q]: the slot of each tree node
+  const TreeMask* mask = nullptr;          // the pending tree's mask
+  // Names the sequence's slot list up to appends: two views with the same generation agree on
+  // every position both hold, so a device mirror of the list only needs the new tail. A new
+  // sequence, and a compaction that moves any of its positions, take a fresh value (store-wide).
+  uint64_t slot_generation = 0;
+
+  // prefix_slots then tree_slots, as one list (a copy).
+  std::vector<int32_t> AllSlots() const {
+    std::vector<int32_t> all(prefix_slots.begin(), prefix_slots.end());
+    all.insert(all.end(), tree_slots.begin(), tree_slots.end());
+    return all;
+  }
 };
 
 struct FragmentationStats {
@@ -168,6 +180,7 @@ class KvStore {
   std::unique_ptr<KvStorage> storage_;
   SlotAllocator allocator_;
   absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
+  uint64_t next_slot_generation_ = 1;
 };
 
 }  // namespace verifyd

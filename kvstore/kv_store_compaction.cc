@@ -179,6 +179,7 @@ absl::Status KvStore::ExecuteCompaction(const CompactionPlan& plan) {
   VERIFYD_RETURN_IF_ERROR(storage_->CopySlots(src, dst));
   for (size_t k = 0; k < plan.moves.size(); ++k) {
     owners[k]->slots[plan.moves[k].position] = plan.moves[k].dst;
+    if (k == 0 || owners[k] != owners[k - 1]) owners[k]->slot_generation = next_slot_generation_++;
   }
   std::vector<int32_t> sorted_dst = dst;
   std::sort(sorted_dst.begin(), sorted_dst.end());

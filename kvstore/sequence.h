@@ -28,7 +28,9 @@ struct KvStore::PendingTree {
 struct KvStore::Sequence {
   SequenceId id = 0;
   std::vector<int32_t> slots;  // position -> slot
-  std::vector<int64_t> fill;   // per layer
+  // VerifyView::slot_generation: changes whenever an existing entry of `slots` does.
+  uint64_t slot_generation = 0;
+  std::vector<int64_t> fill;  // per layer
   std::optional<PendingTree> pending;
   absl::Time deadline;
 

@@ -98,12 +98,8 @@ absl::Status DeviceOperations::Verify(const VerifyCall& call, v1::VerifyResponse
     absl::StatusOr<VerifyView> view = store_->GetVerifyView(call.items[b].sequence);
     if (!view.ok()) return AfterPrepare(view.status(), absl::StrCat("sequences[", b, "] view"));
     prefix_len_[b] = view->prefix_len;
-    // The prefix slot list is the big array of a long sequence: take the first one without a copy.
-    if (b == 0) {
-      slots_ = std::move(view->slots);
-    } else {
-      slots_.insert(slots_.end(), view->slots.begin(), view->slots.end());
-    }
+    slots_.insert(slots_.end(), view->prefix_slots.begin(), view->prefix_slots.end());
+    slots_.insert(slots_.end(), view->tree_slots.begin(), view->tree_slots.end());
     slot_indptr_.push_back(static_cast<int32_t>(slots_.size()));
     mask_bits_.insert(mask_bits_.end(), view->mask->bits().begin(), view->mask->bits().end());
     mask_indptr_.push_back(static_cast<int32_t>(mask_bits_.size()));
@@ -118,22 +114,29 @@ absl::Status DeviceOperations::Verify(const VerifyCall& call, v1::VerifyResponse
   out->add_shape(call.total_q);
   out->add_shape(call.num_heads);
   out->add_shape(kVDim);
-  std::string* out_bytes = out->mutable_inline_data();
-  out_bytes->resize(static_cast<size_t>(rows) * kVDim * sizeof(bf16_bits));
+  bf16_bits* out_data = call.out_destination;
+  if (out_data == nullptr) {  // inline; otherwise the service layer names the region in `out`
+    std::string* out_bytes = out->mutable_inline_data();
+    out_bytes->resize(static_cast<size_t>(rows) * kVDim * sizeof(bf16_bits));
+    out_data = reinterpret_cast<bf16_bits*>(out_bytes->data());
+  }
   float* lse = nullptr;
   if (call.return_lse) {
     v1::Tensor* lse_tensor = response->mutable_lse();
     lse_tensor->set_dtype(v1::DTYPE_FP32);
     lse_tensor->add_shape(call.total_q);
     lse_tensor->add_shape(call.num_heads);
-    std::string* lse_bytes = lse_tensor->mutable_inline_data();
-    lse_bytes->resize(static_cast<size_t>(rows) * sizeof(float));
-    lse = reinterpret_cast<float*>(lse_bytes->data());
+    lse = call.lse_destination;
+    if (lse == nullptr) {
+      std::string* lse_bytes = lse_tensor->mutable_inline_data();
+      lse_bytes->resize(static_cast<size_t>(rows) * sizeof(float));
+      lse = reinterpret_cast<float*>(lse_bytes->data());
+    }
   }
 
   VerifyProblem problem;
   problem.q = call.q;
-  problem.out = reinterpret_cast<bf16_bits*>(out_bytes->data());
+  problem.out = out_data;
   problem.lse = lse;
   problem.num_heads = call.num_heads;
   problem.scale = call.scale;

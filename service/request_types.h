@@ -29,6 +29,10 @@ struct VerifyCall {
   const bf16_bits* tree_kv = nullptr;  // [total_q][576]
   bool return_lse = false;
   float scale = 0.f;
+  // Where out and lse go when the client placed them in shared memory (the service layer has
+  // mapped and checked the region); null: inline in the response.
+  bf16_bits* out_destination = nullptr;  // [total_q][num_heads][512]
+  float* lse_destination = nullptr;      // [total_q][num_heads], only with return_lse
 };
 
 struct CommitCall {

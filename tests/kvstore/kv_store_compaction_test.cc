@@ -182,7 +182,7 @@ TEST_F(CompactionTest, PendingTreeSlotsAreNeverMoved) {
   EXPECT_EQ(*store_->CommittedSlots(1), Range(0, 6));
   auto view = store_->GetVerifyView(1);
   ASSERT_TRUE(view.ok());
-  EXPECT_EQ(std::vector<int32_t>(view->slots.end() - 2, view->slots.end()), tree_slots);
+  EXPECT_EQ(std::vector<int32_t>(view->tree_slots.begin(), view->tree_slots.end()), tree_slots);
   ExpectContentsIntact();
 }
 
@@ -245,6 +245,36 @@ TEST_F(CompactionTest, RepeatedCallsConvergeToZeroFragmentation) {
     EXPECT_EQ(store_->Stats().fragmentation.tokens_outside_first_run, 0);
     EXPECT_TRUE(store_->PlanCompaction(int64_t{1} << 40).moves.empty());
   }
+}
+
+// A device mirror of a slot list trusts the generation: it must change exactly when an existing
+// entry may have changed, and stay through appends and verifies.
+TEST_F(CompactionTest, SlotGenerationChangesWhenCompactionMovesASequence) {
+  Append(1, 4);  // 0..3
+  Append(2, 4);  // 4..7
+  Append(1, 4);  // 8..11
+  Append(3, 2);  // 12..13
+  auto generation = [&](SequenceId seq) {
+    EXPECT_TRUE(store_->PrepareVerify(0, {VerifyItem{seq, {-1}, {}}}).ok());
+    auto view = store_->GetVerifyView(seq);
+    EXPECT_TRUE(view.ok());
+    const uint64_t g = view->slot_generation;
+    EXPECT_TRUE(store_->Commit(seq, CommitPath{}).ok());
+    return g;
+  };
+  const uint64_t g1 = generation(1), g2 = generation(2), g3 = generation(3);
+  EXPECT_NE(g1, g2);
+  EXPECT_NE(g2, g3);
+  EXPECT_NE(g1, g3);
+  Append(1, 1);
+  EXPECT_EQ(generation(1), g1) << "an append only extends the list";
+  Release(2);
+  ASSERT_TRUE(store_->ExecuteCompaction(store_->PlanCompaction(int64_t{1} << 40)).ok());
+  EXPECT_NE(generation(1), g1) << "sequence 1 moved";
+  EXPECT_EQ(generation(3), g3) << "sequence 3 did not move";
+  Append(2, 1);
+  EXPECT_NE(generation(2), g2) << "a re-created sequence is a new list";
+  ExpectContentsIntact();
 }
 
 }  // namespace

@@ -497,7 +497,7 @@ class KvStoreModelCheck {
     Snapshot snap;
     for (SequenceId id : store_->Sequences()) {
       std::vector<int32_t> slots = *store_->CommittedSlots(id);
-      if (auto view = store_->GetVerifyView(id); view.ok()) slots = view->slots;
+      if (auto view = store_->GetVerifyView(id); view.ok()) slots = view->AllSlots();
       snap.slots[id] = std::move(slots);
       snap.fills[id] = *store_->LayerFill(id);
     }
@@ -540,16 +540,28 @@ class KvStoreModelCheck {
       if (!s.tree) continue;
       const int q = s.tree->num_nodes();
       pending += q;
+      const std::vector<int32_t> view_slots = view->AllSlots();
       ASSERT_EQ(view->prefix_len, s.length());
-      ASSERT_EQ(view->slots.size(), slots.size() + q);
-      ASSERT_TRUE(std::equal(slots.begin(), slots.end(), view->slots.begin()));
+      ASSERT_EQ(view_slots.size(), slots.size() + q);
+      ASSERT_TRUE(std::equal(slots.begin(), slots.end(), view_slots.begin()));
+      // A device mirror trusts the generation: the same generation must mean the same slot at
+      // every committed position both lists hold.
+      if (auto seen = generations_.find(id);
+          seen != generations_.end() && seen->second.first == view->slot_generation) {
+        const std::vector<int32_t>& before = seen->second.second;
+        const size_t common = std::min(before.size(), slots.size());
+        ASSERT_TRUE(std::equal(before.begin(), before.begin() + common, slots.begin()))
+            << "sequence " << id << " kept generation " << view->slot_generation
+            << " but a committed position changed slot";
+      }
+      generations_[id] = {view->slot_generation, slots};
       ASSERT_EQ(view->mask->num_nodes(), q);
       for (int i = 0; i < q; ++i) {
         ASSERT_TRUE(view->mask->Visible(i, i));
         if (s.tree->parents[i] >= 0) {
           ASSERT_TRUE(view->mask->Visible(i, s.tree->parents[i]));
         }
-        own(view->slots[slots.size() + i]);
+        own(view_slots[slots.size() + i]);
         if (::testing::Test::HasFatalFailure()) return;
       }
       for (int l = 0; l < kLayers; ++l) {
@@ -557,7 +569,7 @@ class KvStoreModelCheck {
         const bf16_bits* layer = storage_->layer_data(l);
         for (int i = 0; i < q; ++i) {
           ASSERT_EQ(0, std::memcmp(
-                           layer + static_cast<int64_t>(view->slots[slots.size() + i]) * kKvDim,
+                           layer + static_cast<int64_t>(view_slots[slots.size() + i]) * kKvDim,
                            s.tree->rows[l].data() + static_cast<int64_t>(i) * kKvDim, kKvRowBytes))
               << "sequence " << id << " layer " << l << " tree node " << i;
         }
@@ -584,6 +596,8 @@ class KvStoreModelCheck {
   HostKvStorage* storage_ = nullptr;  // owned by store_
   std::unique_ptr<KvStore> store_;
   std::map<SequenceId, ModelSequence> model_;
+  // Last generation and committed slot list seen per sequence (CheckEverything).
+  std::map<SequenceId, std::pair<uint64_t, std::vector<int32_t>>> generations_;
   uint64_t next_tag_ = 1;
   int64_t used_slots_seen_ = 0;
 };

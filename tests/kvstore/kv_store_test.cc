@@ -153,7 +153,7 @@ TEST_F(KvStoreTest, TreeSlotsFollowThePrefixAndCommitRewritesTheSlotTable) {
   auto view = store_->GetVerifyView(1);
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_EQ(view->prefix_len, 6);
-  EXPECT_EQ(view->slots, Range(0, 12));
+  EXPECT_EQ(view->AllSlots(), Range(0, 12));
   ASSERT_NE(view->mask, nullptr);
   EXPECT_EQ(view->mask->num_nodes(), 6);
   EXPECT_TRUE(view->mask->Visible(5, 1));
@@ -187,7 +187,7 @@ TEST_F(KvStoreTest, CommitRidingOnTheNextVerifyFreesFirstThenBeginsTheNextTree) 
   ASSERT_TRUE(view.ok());
   EXPECT_EQ(view->prefix_len, 6);
   // Tree slots start right after the new prefix (slots 6,7 were the rejected nodes).
-  EXPECT_EQ(view->slots, Range(0, 11));
+  EXPECT_EQ(view->AllSlots(), Range(0, 11));
   EXPECT_EQ(store_->Stats().free_slots, 1);
 }
 
@@ -292,7 +292,7 @@ TEST_F(KvStoreTest, WriteTreeLayerChecksItsArguments) {
   auto view = store_->GetVerifyView(1);
   std::vector<bf16_bits> out(2 * kKvDim);
   ASSERT_TRUE(
-      store_->storage().ReadRows(2, absl::MakeConstSpan(view->slots).subspan(2), out.data()).ok());
+      store_->storage().ReadRows(2, absl::MakeConstSpan(view->tree_slots), out.data()).ok());
   EXPECT_EQ(out, rows);
 }
 
