@@ -1,5 +1,6 @@
 #include "kernels/mla_verify_launch.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -86,17 +87,8 @@ absl::Status UploadPlan(const SplitPlan& plan, const WorkspaceLayout& layout, vo
   return absl::OkStatus();
 }
 
-absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan,
-                             const WorkspaceLayout& layout, void* workspace, cudaStream_t stream) {
-  if (absl::Status s = CheckProblemShape(problem); !s.ok()) return s;
-  if (plan.work.empty())
-    return absl::InvalidArgumentError("plan.work is empty: plan the batch first");
-  if (workspace == nullptr) return absl::InvalidArgumentError("workspace must be set");
-  const bool hopper = UseHopperPath();
-  // Setting the attribute is not a stream operation, so it is legal while a stream is capturing.
-  VERIFYD_CUDA_CHECK(cudaFuncSetAttribute(hopper ? HopperFlashKernelSymbol() : FlashKernelSymbol(),
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          hopper ? HopperFlashSmemBytes() : FlashSmemBytes()));
+MlaVerifyParams MakeMlaVerifyParams(const VerifyProblem& problem, const SplitPlan& plan,
+                                    const WorkspaceLayout& layout, void* workspace) {
   auto* base = static_cast<uint8_t*>(workspace);
   MlaVerifyParams params;
   params.problem = problem;
@@ -107,14 +99,37 @@ absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan
   params.partial_o = reinterpret_cast<float*>(base + layout.partial_o_offset);
   params.partial_lse = reinterpret_cast<float*>(base + layout.partial_lse_offset);
   params.num_partials = plan.num_partials;
-  if (hopper) {
-    LaunchHopperFlashKernel(params, stream);
-  } else {
-    LaunchFlashKernel(params, stream);
+  for (const CombineItem& c : plan.combine) {
+    params.max_splits = std::max(params.max_splits, static_cast<int>(c.num_splits));
   }
-  VERIFYD_CUDA_CHECK(cudaGetLastError());
-  LaunchCombineKernel(params, stream);
-  VERIFYD_CUDA_CHECK(cudaGetLastError());
+  return params;
+}
+
+absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan,
+                             const WorkspaceLayout& layout, void* workspace, cudaStream_t stream,
+                             VerifyStages stages) {
+  if (absl::Status s = CheckProblemShape(problem); !s.ok()) return s;
+  if (plan.work.empty())
+    return absl::InvalidArgumentError("plan.work is empty: plan the batch first");
+  if (workspace == nullptr) return absl::InvalidArgumentError("workspace must be set");
+  const bool hopper = UseHopperPath();
+  // Setting the attribute is not a stream operation, so it is legal while a stream is capturing.
+  VERIFYD_CUDA_CHECK(cudaFuncSetAttribute(hopper ? HopperFlashKernelSymbol() : FlashKernelSymbol(),
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          hopper ? HopperFlashSmemBytes() : FlashSmemBytes()));
+  const MlaVerifyParams params = MakeMlaVerifyParams(problem, plan, layout, workspace);
+  if (stages != VerifyStages::kCombineOnly) {
+    if (hopper) {
+      LaunchHopperFlashKernel(params, stream);
+    } else {
+      LaunchFlashKernel(params, stream);
+    }
+    VERIFYD_CUDA_CHECK(cudaGetLastError());
+  }
+  if (stages != VerifyStages::kFlashOnly) {
+    LaunchCombineKernel(params, stream);
+    VERIFYD_CUDA_CHECK(cudaGetLastError());
+  }
   return absl::OkStatus();
 }
 

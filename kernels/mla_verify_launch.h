@@ -33,8 +33,15 @@ absl::Status UploadPlan(const SplitPlan& plan, const WorkspaceLayout& layout, vo
 
 // problem: every pointer device memory, laid out as verify_problem.h says; total_q, batch and
 // num_heads are host values and must match the plan. The plan must already be in the workspace.
+// Which kernels LaunchMlaVerify enqueues: both (what every caller wants), or one of them for the
+// benchmark's time breakdown (kCombineOnly needs a flash run of the same plan before it).
+enum class VerifyStages { kFlashAndCombine, kFlashOnly, kCombineOnly };
 absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan,
-                             const WorkspaceLayout& layout, void* workspace, cudaStream_t stream);
+                             const WorkspaceLayout& layout, void* workspace, cudaStream_t stream,
+                             VerifyStages stages = VerifyStages::kFlashAndCombine);
+// The kernels' parameters for a planned launch (LaunchMlaVerify builds the same).
+MlaVerifyParams MakeMlaVerifyParams(const VerifyProblem& problem, const SplitPlan& plan,
+                                    const WorkspaceLayout& layout, void* workspace);
 
 // Which flash kernel LaunchMlaVerify runs on the current device: "sm90a-wgmma" on a
 // compute-capability-9 device when the library holds the sm_90a image, else "portable-mma-sync".

@@ -49,6 +49,7 @@ struct MlaVerifyParams {
   float* partial_o = nullptr;    // [num_partials][64][512]
   float* partial_lse = nullptr;  // [num_partials][64], natural log, -inf where a row saw nothing
   int num_partials = 0;
+  int max_splits = 0;  // the largest num_splits of a combine item (picks the combine's shape)
 };
 
 }  // namespace verifyd

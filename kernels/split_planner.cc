@@ -21,10 +21,24 @@ size_t AlignUp(size_t x) { return (x + 255) / 256 * 256; }
 
 struct SequenceShape {
   int64_t row_blocks;
-  int64_t tiles;
+  int64_t tiles;           // of this call's L + Q
+  int64_t planning_tiles;  // PlanningTiles(tiles): what the split count is chosen for
 };
 
+// Splits of a sequence for a chunk: chosen for its band, never more than it has tiles.
+int64_t SplitsFor(const SequenceShape& s, int64_t chunk) {
+  return std::min(CeilDiv(s.planning_tiles, chunk), s.tiles);
+}
+
 }  // namespace
+
+int64_t PlanningTiles(int64_t tiles) {
+  if (tiles <= 16) return tiles;
+  int64_t power = 1;
+  while (power * 2 <= tiles) power *= 2;
+  const int64_t step = power / 8;
+  return CeilDiv(tiles, step) * step;
+}
 
 absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
                                      absl::Span<const int32_t> q_len, int num_heads, int num_sms) {
@@ -50,8 +64,9 @@ absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
     }
     const int64_t rows = int64_t{q_len[b]} * num_heads;
     const int64_t cols = int64_t{prefix_len[b]} + q_len[b];
-    shapes.push_back({CeilDiv(rows, kFlashBlockRows), CeilDiv(cols, kFlashBlockCols)});
-    max_tiles = std::max(max_tiles, shapes.back().tiles);
+    const int64_t tiles = CeilDiv(cols, kFlashBlockCols);
+    shapes.push_back({CeilDiv(rows, kFlashBlockRows), tiles, PlanningTiles(tiles)});
+    max_tiles = std::max(max_tiles, shapes.back().planning_tiles);
   }
 
   // Candidate chunks: every length that changes some sequence's split count is too many to try for
@@ -69,9 +84,9 @@ absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
     int64_t items = 0;
     int64_t longest = 0;
     for (const SequenceShape& s : shapes) {
-      const int64_t splits = CeilDiv(s.tiles, chunk);
+      const int64_t splits = SplitsFor(s, chunk);
       items += s.row_blocks * splits;
-      longest = std::max(longest, CeilDiv(s.tiles, splits));
+      longest = std::max(longest, CeilDiv(s.planning_tiles, splits));
     }
     const int64_t waves = CeilDiv(items, num_sms);
     const int64_t cost = waves * (longest + kItemOverheadTiles);
@@ -86,7 +101,7 @@ absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
   plan.tiles_per_split = static_cast<int>(best_chunk);
   for (size_t b = 0; b < shapes.size(); ++b) {
     const int64_t cols = int64_t{prefix_len[b]} + q_len[b];
-    const int64_t splits = CeilDiv(shapes[b].tiles, best_chunk);
+    const int64_t splits = SplitsFor(shapes[b], best_chunk);
     for (int64_t rb = 0; rb < shapes[b].row_blocks; ++rb) {
       const int32_t row_begin = static_cast<int32_t>(rb * kFlashBlockRows);
       if (splits > 1) {

@@ -35,10 +35,19 @@ struct WorkspaceLayout {
 
 // prefix_len[b] = L_b >= 0, q_len[b] = Q_b in [1, kMaxTreeNodes]; num_sms = the CTAs that run at
 // once. Chooses one chunk length (in tiles) for the whole batch by minimising waves x (chunk +
-// overhead), then cuts each sequence's L_b + Q_b columns into near-equal splits of at most that
-// chunk.
+// overhead), then cuts each sequence's L_b + Q_b columns into near-equal splits.
+//
+// The split counts are chosen for PlanningTiles(tiles), not for the exact tile count: while a
+// decode loop grows L a few tokens per step, every step of a band gets the same number of work
+// items, combine items and partials (only their column ranges move), so a captured CUDA graph of
+// the launch replays with new data instead of being re-captured. The price: up to 1/8 more splits
+// (each a little shorter) than the exact tile count would get.
 absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
                                      absl::Span<const int32_t> q_len, int num_heads, int num_sms);
+
+// A tile count rounded up to its band: exact up to 16, then to a multiple of 1/8 of its power of
+// two (so a band at L = 64K columns spans 8K columns).
+int64_t PlanningTiles(int64_t tiles);
 
 WorkspaceLayout LayoutWorkspace(const SplitPlan& plan);
 

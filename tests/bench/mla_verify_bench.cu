@@ -4,6 +4,8 @@
 // Prints one line per shape as it goes and a short table last.
 //
 // Usage: mla_verify_bench [--iters N] [--shapes S1,S3,...] [--no-naive] [--launcher-path-only]
+//                         [--breakdown]  (flash vs combine time per shape, and an L sweep)
+//                         [--timeline]   (per-CTA clock stamps of the sm_90a kernel)
 // On a Hopper device both flash paths are measured (sm90a-wgmma, then portable-mma-sync forced).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -19,7 +21,9 @@
 #include <vector>
 
 #include "kernels/mla_dims.h"
+#include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_launch.h"
+#include "kernels/mla_verify_mma.cuh"
 #include "kernels/split_planner.h"
 #include "kernels/tree_mask.h"
 
@@ -277,10 +281,150 @@ struct Row {
   int ctas = 0;
 };
 
+// The combine kernel before v10 (one CTA per row, the splits walked serially), kept here only so
+// the breakdown can compare it with the shipped one in the same run.
+constexpr int kLegacyCombineThreads = kVDim / 4;
+__global__ void __launch_bounds__(kLegacyCombineThreads)
+    LegacyCombineKernel(MlaVerifyParams params) {
+  const CombineItem item = params.combine[blockIdx.x];
+  const int r = blockIdx.y;
+  const VerifyProblem& pr = params.problem;
+  const int q_begin = pr.qo_indptr[item.seq];
+  const int seq_rows = (pr.qo_indptr[item.seq + 1] - q_begin) * pr.num_heads;
+  if (item.row_begin + r >= seq_rows) return;
+  const float* lse =
+      params.partial_lse + static_cast<int64_t>(item.partial_begin) * kFlashBlockRows + r;
+  float max_lse = -INFINITY;
+  for (int s = 0; s < item.num_splits; ++s) max_lse = fmaxf(max_lse, lse[s * kFlashBlockRows]);
+  float total = 0.f;
+  for (int s = 0; s < item.num_splits; ++s) total += expf(lse[s * kFlashBlockRows] - max_lse);
+  const float inv_total = 1.f / total;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s = 0; s < item.num_splits; ++s) {
+    const float w = expf(lse[s * kFlashBlockRows] - max_lse) * inv_total;
+    const float4 x = reinterpret_cast<const float4*>(
+        params.partial_o +
+        (static_cast<int64_t>(item.partial_begin + s) * kFlashBlockRows + r) * kVDim)[threadIdx.x];
+    acc.x += w * x.x;
+    acc.y += w * x.y;
+    acc.z += w * x.z;
+    acc.w += w * x.w;
+  }
+  const int64_t row = static_cast<int64_t>(q_begin) * pr.num_heads + item.row_begin + r;
+  uint2 packed;
+  packed.x = mma::PackBf16x2(acc.x, acc.y);
+  packed.y = mma::PackBf16x2(acc.z, acc.w);
+  reinterpret_cast<uint2*>(pr.out + row * kVDim)[threadIdx.x] = packed;
+  if (threadIdx.x == 0 && pr.lse != nullptr) pr.lse[row] = max_lse + logf(total);
+}
+
+// Times the flash kernel alone, the combine alone (shipped and legacy) and both, for one shape:
+// where a shape's time goes, and what the fixed cost per CTA is (sweep L at a fixed split count).
+void Breakdown(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
+  ShapeData d = BuildShape(s, rng);
+  std::vector<int32_t> prefix(s.batch, s.l), qlen(s.batch, s.q);
+  auto plan = PlanSplits(prefix, qlen, s.heads, sms);
+  BENCH_OK(plan.status());
+  const WorkspaceLayout layout = LayoutWorkspace(*plan);
+  auto* workspace = DeviceAlloc<uint8_t>(layout.total_bytes);
+  BENCH_OK(UploadPlan(*plan, layout, workspace, nullptr));
+  BENCH_CUDA(cudaDeviceSynchronize());
+  auto run = [&](int i, VerifyStages stages) {
+    BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, true), *plan, layout, workspace, nullptr,
+                             stages));
+  };
+  const double all = MedianMs(5, iters, [&](int i) { run(i, VerifyStages::kFlashAndCombine); });
+  const double flash = MedianMs(5, iters, [&](int i) { run(i, VerifyStages::kFlashOnly); });
+  double combine = 0, legacy = 0;
+  if (!plan->combine.empty()) {
+    combine = MedianMs(5, iters, [&](int i) { run(i, VerifyStages::kCombineOnly); });
+    const MlaVerifyParams params =
+        MakeMlaVerifyParams(ProblemFor(d, 0, true), *plan, layout, workspace);
+    legacy = MedianMs(5, iters, [&](int) {
+      LegacyCombineKernel<<<dim3(params.num_combine, kFlashBlockRows), kLegacyCombineThreads>>>(
+          params);
+    });
+  }
+  int max_cols = 0;
+  for (const FlashWorkItem& w : plan->work) max_cols = std::max(max_cols, w.col_end - w.col_begin);
+  std::printf(
+      "breakdown %s [%s] B=%d H=%d Q=%d L=%d: %zu CTAs, <=%d cols each, %zu combine items: "
+      "flash+combine %.1f us, flash %.1f us, combine %.1f us (legacy combine %.1f us)\n",
+      s.name, FlashKernelPath(), s.batch, s.heads, s.q, s.l, plan->work.size(), max_cols,
+      plan->combine.size(), all * 1e3, flash * 1e3, combine * 1e3, legacy * 1e3);
+  std::fflush(stdout);
+  cudaFree(workspace);
+  FreeShape(d);
+}
+
+// Where a flash CTA's time goes (sm_90a kernel, clock stamps per CTA): the start skew over CTAs,
+// the prologue (Q and the first KV tile), the first tiles and the steady per-tile time, the
+// epilogue (partials out), and the span from the first start to the last end.
+void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
+  if (std::string(FlashKernelPath()) != "sm90a-wgmma") return;
+  ShapeData d = BuildShape(s, rng);
+  std::vector<int32_t> prefix(s.batch, s.l), qlen(s.batch, s.q);
+  auto plan = PlanSplits(prefix, qlen, s.heads, sms);
+  BENCH_OK(plan.status());
+  const WorkspaceLayout layout = LayoutWorkspace(*plan);
+  auto* workspace = DeviceAlloc<uint8_t>(layout.total_bytes);
+  BENCH_OK(UploadPlan(*plan, layout, workspace, nullptr));
+  const int n = static_cast<int>(plan->work.size());
+  auto* timeline = DeviceAlloc<uint64_t>(size_t(n) * kFlashTimelineStride);
+  for (int i = 0; i < 10; ++i) {
+    BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, true), *plan, layout, workspace, nullptr));
+  }
+  const MlaVerifyParams params =
+      MakeMlaVerifyParams(ProblemFor(d, 10 % d.copies, true), *plan, layout, workspace);
+  BENCH_CUDA(LaunchHopperFlashKernelTimeline(params, timeline, nullptr));
+  BENCH_CUDA(cudaDeviceSynchronize());
+  std::vector<uint64_t> t(size_t(n) * kFlashTimelineStride);
+  BENCH_CUDA(cudaMemcpy(t.data(), timeline, t.size() * 8, cudaMemcpyDeviceToHost));
+  constexpr int T = kFlashTimelineTiles;
+  uint64_t first_start = UINT64_MAX, last_end = 0;
+  for (int b = 0; b < n; ++b) {
+    first_start = std::min(first_start, t[size_t(b) * kFlashTimelineStride]);
+    last_end = std::max(last_end, t[size_t(b) * kFlashTimelineStride + 4 + T]);
+  }
+  std::vector<double> skew, prologue, tile0, tile1, steady, epilogue, total, end;
+  for (int b = 0; b < n; ++b) {
+    const uint64_t* c = &t[size_t(b) * kFlashTimelineStride];
+    const double ns_per_clk = double(c[4 + T] - c[0]) / double(c[3 + T] - c[1]);
+    auto us = [&](uint64_t a, uint64_t z) { return double(z - a) * ns_per_clk * 1e-3; };
+    const int tiles = (plan->work[b].col_end - plan->work[b].col_begin + 63) / 64;
+    skew.push_back((c[0] - first_start) * 1e-3);
+    prologue.push_back(us(c[1], c[2]));
+    if (tiles >= 2) tile0.push_back(us(c[2], c[3]));
+    if (tiles >= 3) tile1.push_back(us(c[3], c[4]));
+    const int last = std::min(tiles, T) - 1;  // stamp of the last tile's data arriving
+    if (last >= 3) steady.push_back(us(c[4], c[2 + last]) / (last - 2));
+    epilogue.push_back(us(c[2 + T], c[3 + T]));
+    total.push_back((c[4 + T] - c[0]) * 1e-3);
+    end.push_back((c[4 + T] - first_start) * 1e-3);
+  }
+  auto med = [](std::vector<double> v) { return v.empty() ? 0.0 : Median(v); };
+  auto max = [](const std::vector<double>& v) {
+    return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+  };
+  std::printf(
+      "timeline %s: %d CTAs, span %.1f us | start skew med %.1f max %.1f | prologue med %.1f max "
+      "%.1f | tile0 %.2f tile1 %.2f steady/tile %.2f (max %.2f) | last tile+epilogue med %.1f | "
+      "CTA total med %.1f max %.1f | end med %.1f max %.1f (us)\n",
+      s.name, n, (last_end - first_start) * 1e-3, med(skew), max(skew), med(prologue),
+      max(prologue), med(tile0), med(tile1), med(steady), max(steady), med(epilogue), med(total),
+      max(total), med(end), max(end));
+  std::fflush(stdout);
+  cudaFree(timeline);
+  cudaFree(workspace);
+  FreeShape(d);
+}
+
 int Main(int argc, char** argv) {
   int iters = 50;
   bool run_naive = true;
   bool both_paths = true;
+  bool breakdown = false;
+  bool timeline = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
@@ -291,6 +435,10 @@ int Main(int argc, char** argv) {
       run_naive = false;
     else if (!std::strcmp(argv[i], "--launcher-path-only"))
       both_paths = false;
+    else if (!std::strcmp(argv[i], "--breakdown"))
+      breakdown = true;
+    else if (!std::strcmp(argv[i], "--timeline"))
+      timeline = true;
   }
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -308,6 +456,28 @@ int Main(int argc, char** argv) {
                                      {"S7", 1, 8, 16, 262144}};
   const int sms = prop.multiProcessorCount;
   std::mt19937_64 rng(20261129);
+  if (breakdown) {
+    // The SPEC shapes, then L swept at S1's and S2's (H, Q): the planner keeps ~1 CTA per SM, so
+    // the flash time against columns per CTA gives the per-tile cost and the fixed cost per CTA.
+    const std::vector<Shape> sweep = {
+        {"S1", 1, 8, 16, 65536},       {"S2", 1, 64, 9, 16384},     {"S3", 1, 64, 33, 65536},
+        {"S4", 8, 16, 16, 8192},       {"S5", 32, 8, 8, 4096},      {"S7", 1, 8, 16, 262144},
+        {"S1L8K", 1, 8, 16, 8192},     {"S1L16K", 1, 8, 16, 16384}, {"S1L32K", 1, 8, 16, 32768},
+        {"S1L128K", 1, 8, 16, 131072}, {"S2L4K", 1, 64, 9, 4096},   {"S2L64K", 1, 64, 9, 65536}};
+    for (const Shape& s : sweep) Breakdown(s, rng, sms, iters);
+    return 0;
+  }
+  if (timeline) {
+    for (const Shape& s : std::vector<Shape>{{"S1", 1, 8, 16, 65536},
+                                             {"S2", 1, 64, 9, 16384},
+                                             {"S3", 1, 64, 33, 65536},
+                                             {"S5", 32, 8, 8, 4096},
+                                             {"S7", 1, 8, 16, 262144},
+                                             {"S1L8K", 1, 8, 16, 8192}}) {
+      Timeline(s, rng, sms);
+    }
+    return 0;
+  }
   std::vector<Row> rows;
   for (const Shape& s : shapes) {
     if (!only.empty() && only.find(s.name) == std::string::npos) continue;

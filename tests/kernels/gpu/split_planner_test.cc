@@ -4,6 +4,7 @@
 
 #include <map>
 #include <random>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -62,6 +63,58 @@ TEST(SplitPlanner, CoversEveryColumnOnceForRandomBatches) {
     auto plan = PlanSplits(L, Q, heads, sms);
     ASSERT_TRUE(plan.ok()) << plan.status();
     CheckCoverage(*plan, L, Q, heads);
+  }
+}
+
+TEST(SplitPlanner, PlanningTilesRoundsUpToAnEighthOfThePowerOfTwo) {
+  for (int64_t t = 1; t <= 16; ++t) EXPECT_EQ(PlanningTiles(t), t);
+  EXPECT_EQ(PlanningTiles(17), 18);  // band of 2 in [16, 32)
+  EXPECT_EQ(PlanningTiles(2048), 2048);
+  EXPECT_EQ(PlanningTiles(2049), 2304);  // band of 256 in [2048, 4096)
+  for (int64_t t = 1; t < 100000; t += 37) {
+    const int64_t p = PlanningTiles(t);
+    EXPECT_GE(p, t);
+    EXPECT_LE(p, t + t / 8 + 1) << t;
+    EXPECT_EQ(PlanningTiles(p), p) << t;  // a band's top is its own band
+  }
+}
+
+// A decode loop: L grows a few tokens per step. Inside a band the plan's shape (what a CUDA graph
+// bakes in) must not change, or every step re-captures; across the whole range it changes only
+// at band edges.
+TEST(SplitPlanner, ItemCountsStayFixedWhileThePrefixGrowsInsideABand) {
+  std::mt19937_64 rng(7);
+  for (const auto& [batch, heads, q] :
+       {std::tuple{1, 8, 16}, std::tuple{1, 64, 9}, std::tuple{8, 16, 16}, std::tuple{4, 128, 8}}) {
+    std::vector<int32_t> L(batch, 3000), Q(batch, q);
+    for (int b = 0; b < batch; ++b) L[b] += static_cast<int32_t>(rng() % 5000);
+    auto previous = PlanSplits(L, Q, heads, 132);
+    ASSERT_TRUE(previous.ok());
+    int changes = 0, steps = 0;
+    for (; L[0] < 150000; ++steps) {
+      std::vector<int64_t> bands_before;
+      for (int b = 0; b < batch; ++b)
+        bands_before.push_back(PlanningTiles((L[b] + q + kFlashBlockCols - 1) / kFlashBlockCols));
+      for (int b = 0; b < batch; ++b) L[b] += 1 + static_cast<int32_t>(rng() % q);
+      auto plan = PlanSplits(L, Q, heads, 132);
+      ASSERT_TRUE(plan.ok());
+      CheckCoverage(*plan, L, Q, heads);
+      bool same_band = true;
+      for (int b = 0; b < batch; ++b) {
+        same_band &=
+            bands_before[b] == PlanningTiles((L[b] + q + kFlashBlockCols - 1) / kFlashBlockCols);
+      }
+      const bool same_shape = plan->work.size() == previous->work.size() &&
+                              plan->combine.size() == previous->combine.size() &&
+                              plan->num_partials == previous->num_partials;
+      if (same_band)
+        EXPECT_TRUE(same_shape) << "L[0]=" << L[0] << " B=" << batch << " H=" << heads << " work "
+                                << previous->work.size() << " -> " << plan->work.size();
+      changes += !same_shape;
+      previous = std::move(plan);
+    }
+    EXPECT_LT(changes * 20, steps) << "the plan's shape changed at " << changes << " of " << steps
+                                   << " steps (B=" << batch << " H=" << heads << ")";
   }
 }
 
