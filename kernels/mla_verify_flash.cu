@@ -26,7 +26,7 @@
 //
 // Shared memory (98048 B of the 101376 B that sm_120 allows per block):
 //   KV tiles  2 x 32 x 584 bf16, rows padded by 16 B so ldmatrix rows hit distinct banks; the
-//             prologue stages the 64-row Q tile through the same bytes            74752 B
+//             prologue stages the 64-row Q tile, the epilogue O, through the same bytes  74752 B
 //   S swap    4 row groups x 2 warps x 2 x 32 lanes x float4                       8192 B
 //   P         64 x 40 bf16 (padded)                                                5120 B
 //   Q rope    64 x 72 bf16 (padded)                                                9216 B
@@ -41,11 +41,13 @@
 // garbage (0 * NaN) into O.
 //
 // Output: an item that covers all columns writes bf16 O and the LSE directly; a split writes fp32
-// O normalised by its own sum plus its LSE, and mla_verify_combine.cu merges the splits.
+// O normalised by its own sum plus its LSE, and mla_verify_combine.cu merges the splits. Either way
+// O leaves through shared memory as whole-row 16-byte stores (fp32 in two 256-column halves).
 #include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/mla_dims.h"
 #include "kernels/mla_verify_kernels.h"
@@ -117,6 +119,12 @@ __device__ __forceinline__ int TileSlot(const int32_t* slots, int tile_col, int 
   return col < col_end ? slots[col] : 0;
 }
 
+// How the epilogue writes O: from the accumulators, or staged (shipped; see the epilogue).
+constexpr int kEpilogueRegisters = 0;
+constexpr int kEpilogueStaged = 2;
+static_assert(kRows * (kVDim / 2 * 4 + 32) <= kKvBytes, "a staged half of O fits the KV buffers");
+
+template <int kEpilogue>
 __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVerifyParams params) {
   extern __shared__ __align__(128) uint8_t smem[];
   bf16_bits* kv_smem = reinterpret_cast<bf16_bits*>(smem);
@@ -347,28 +355,80 @@ __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVeri
   __syncthreads();
 
   const bool direct = item.partial < 0;
+  if (kEpilogue == kEpilogueRegisters) {
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt) {
+    for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const int r = mt * 16 + g + 8 * hi;
-      if (r >= rows_here) continue;
-      const float sum = row_sum_smem[r];
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      for (int hi = 0; hi < 2; ++hi) {
+        const int r = mt * 16 + g + 8 * hi;
+        if (r >= rows_here) continue;
+        const float sum = row_sum_smem[r];
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int col = warp * 64 + nt * 8 + 2 * c;
-        const float x0 = o[mt][nt][2 * hi] * inv;
-        const float x1 = o[mt][nt][2 * hi + 1] * inv;
-        if (direct) {
-          *reinterpret_cast<uint32_t*>(pr.out + (first_row + r) * kVDim + col) =
-              mma::PackBf16x2(x0, x1);
-        } else {
-          *reinterpret_cast<float2*>(
-              params.partial_o + (static_cast<int64_t>(item.partial) * kRows + r) * kVDim + col) =
-              make_float2(x0, x1);
+        for (int nt = 0; nt < 8; ++nt) {
+          const int col = warp * 64 + nt * 8 + 2 * c;
+          const float x0 = o[mt][nt][2 * hi] * inv;
+          const float x1 = o[mt][nt][2 * hi + 1] * inv;
+          if (direct) {
+            *reinterpret_cast<uint32_t*>(pr.out + (first_row + r) * kVDim + col) =
+                mma::PackBf16x2(x0, x1);
+          } else {
+            *reinterpret_cast<float2*>(
+                params.partial_o + (static_cast<int64_t>(item.partial) * kRows + r) * kVDim + col) =
+                make_float2(x0, x1);
+          }
         }
       }
+    }
+  } else {
+    // Staged through the (now idle) KV buffers and written as whole rows with 16-byte coalesced
+    // stores: the accumulator layout's 8-byte stores (32 bytes of a row per 4 lanes) cost ~3x
+    // longer when every CTA ends at once (plans/0004-kernel.md v10). fp32 partials go in two
+    // halves of 256 columns (64 KB each), bf16 outputs in one pass; rows padded by 32 bytes.
+    CpAsyncWaitAll();  // nothing is in flight after the last tile; this makes it certain
+    uint8_t* stage = smem;
+    const int elem = direct ? 2 : 4;
+    const int pass_cols = direct ? kVDim : kVDim / 2;
+    const int stride = pass_cols * elem + 32;
+    uint8_t* dst = direct
+                       ? reinterpret_cast<uint8_t*>(pr.out + first_row * kVDim)
+                       : reinterpret_cast<uint8_t*>(
+                             params.partial_o + static_cast<int64_t>(item.partial) * kRows * kVDim);
+    for (int pass = 0; pass < kVDim / pass_cols; ++pass) {
+      const int col_begin = pass * pass_cols;
+      if (warp * 64 >= col_begin && warp * 64 < col_begin + pass_cols) {
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {
+            const int r = mt * 16 + g + 8 * hi;
+            const float sum = row_sum_smem[r];
+            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+              const int col = warp * 64 + nt * 8 + 2 * c - col_begin;
+              const float x0 = o[mt][nt][2 * hi] * inv;
+              const float x1 = o[mt][nt][2 * hi + 1] * inv;
+              if (direct) {
+                *reinterpret_cast<uint32_t*>(stage + r * stride + col * 2) =
+                    mma::PackBf16x2(x0, x1);
+              } else {
+                *reinterpret_cast<float2*>(stage + r * stride + col * 4) = make_float2(x0, x1);
+              }
+            }
+          }
+        }
+      }
+      __syncthreads();
+      const int units_per_row = pass_cols * elem / 16;
+      for (int idx = tid; idx < rows_here * units_per_row; idx += kFlashThreads) {
+        const int r = idx / units_per_row;
+        const int u = idx % units_per_row;
+        *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(r) * kVDim * elem + col_begin * elem +
+                                  u * 16) =
+            *reinterpret_cast<const uint4*>(stage + r * stride + u * 16);
+      }
+      __syncthreads();  // the next pass overwrites the stage
     }
   }
   if (tid < rows_here) {
@@ -386,10 +446,22 @@ __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVeri
 
 int FlashSmemBytes() { return kSmemBytes; }
 
-const void* FlashKernelSymbol() { return reinterpret_cast<const void*>(&MlaVerifyFlashKernel); }
+const void* FlashKernelSymbol() {
+  return reinterpret_cast<const void*>(&MlaVerifyFlashKernel<kEpilogueStaged>);
+}
 
 void LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
-  MlaVerifyFlashKernel<<<params.num_work, kFlashThreads, kSmemBytes, stream>>>(params);
+  // VERIFYD_FLASH_EPILOGUE=0: the accumulator-store epilogue (benchmark A/B only).
+  const char* e = std::getenv("VERIFYD_FLASH_EPILOGUE");
+  if (e != nullptr && std::atoi(e) == kEpilogueRegisters) {
+    cudaFuncSetAttribute(&MlaVerifyFlashKernel<kEpilogueRegisters>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    MlaVerifyFlashKernel<kEpilogueRegisters>
+        <<<params.num_work, kFlashThreads, kSmemBytes, stream>>>(params);
+    return;
+  }
+  MlaVerifyFlashKernel<kEpilogueStaged>
+      <<<params.num_work, kFlashThreads, kSmemBytes, stream>>>(params);
 }
 
 }  // namespace verifyd

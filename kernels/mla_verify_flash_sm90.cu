@@ -441,7 +441,7 @@ const void* KernelFor(int epilogue) {
     case kEpilogueStagedBulk:
       return reinterpret_cast<const void*>(&MlaVerifyFlashSm90Kernel<kTimeline, 3>);
     default:
-      return reinterpret_cast<const void*>(&MlaVerifyFlashSm90Kernel<kTimeline, 2>);
+      return reinterpret_cast<const void*>(&MlaVerifyFlashSm90Kernel<kTimeline, kEpilogueStaged>);
   }
 }
 
