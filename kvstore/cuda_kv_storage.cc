@@ -14,9 +14,11 @@
 namespace verifyd {
 namespace {
 
-// The pinned ring stages the slot lists of reads and compaction copies; it starts here and
-// doubles when one request needs more. A wrap waits for the stream.
-constexpr size_t kInitialRingBytes = size_t{1} << 20;
+// The pinned ring stages the slot lists of reads and compaction's run tables; it starts here and
+// doubles when one request needs more. A wrap waits for the stream, which would stall the copy
+// pipeline (a 64 MiB chunk of single-slot runs at 2 layers is a 466 KB table): 8 MB wraps
+// rarely.
+constexpr size_t kInitialRingBytes = size_t{8} << 20;
 // Queued writes are flushed once they hold this much, bounding the pinned batch.
 constexpr int64_t kFlushRows = (int64_t{32} << 20) / kKvRowBytes;
 
@@ -48,11 +50,17 @@ absl::StatusOr<std::unique_ptr<CudaKvStorage>> CudaKvStorage::Create(
                       .c_str()));
   VERIFYD_RETURN_IF_ERROR(storage->ring_.Reserve(kInitialRingBytes, *storage->stream_).status());
   VERIFYD_ASSIGN_OR_RETURN(storage->writes_, CudaWriteBatch::Create());
+  for (cudaEvent_t& event : storage->copy_done_) {
+    VERIFYD_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  }
   return storage;
 }
 
 CudaKvStorage::~CudaKvStorage() {
   if (stream_->MakeDeviceCurrent().ok()) stream_->Synchronize().IgnoreError();
+  for (cudaEvent_t event : copy_done_) {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
 }
 
 const bf16_bits* CudaKvStorage::layer_device_data(int layer) const {
@@ -178,6 +186,48 @@ absl::Status CudaKvStorage::CopySlots(absl::Span<const int32_t> src,
   // the reported bytes/s are the GPU's, and keeps at most one chunk queued behind Verify traffic.
   VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
   ring_used_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvStorage::CopyRuns(absl::Span<const SlotRunCopy> runs) {
+  VERIFYD_RETURN_IF_ERROR(copy_check_.CheckRuns(runs));
+  if (runs.empty()) return absl::OkStatus();
+  // Bounded by the kernel's int32 run index and the table's int32 segment entries.
+  if (runs.size() > static_cast<size_t>(INT32_MAX / 4)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("runs has ", runs.size(), " entries, must be <= ", INT32_MAX / 4));
+  }
+  VERIFYD_RETURN_IF_ERROR(FlushWrites());
+  VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
+  // At most two copies queued: the one two calls back must be done before this one is enqueued.
+  if (copies_enqueued_ >= 2) {
+    VERIFYD_CUDA_CHECK(cudaEventSynchronize(copy_done_[copies_enqueued_ % 2]));
+  }
+  const size_t table_bytes = runs.size() * 4 * sizeof(int32_t);
+  // Sized before staging: growing the scratch waits for the stream, which a staged ring region
+  // does not survive (a wrap reuses it).
+  VERIFYD_RETURN_IF_ERROR(scratch_.Reserve(table_bytes, *stream_).status());
+  VERIFYD_ASSIGN_OR_RETURN(uint8_t * staged, TakeFromRing(table_bytes));
+  const int64_t segments = PackCopyRunTable(runs, reinterpret_cast<int32_t*>(staged));
+  if (segments > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("runs cover ", segments, " copy segments of ", kCopySegmentWords * 16,
+                     " bytes per layer, must be <= ", INT32_MAX, " (split the plan into chunks)"));
+  }
+  VERIFYD_CUDA_CHECK(
+      cudaMemcpyAsync(scratch_.get(), staged, table_bytes, cudaMemcpyHostToDevice, stream_->get()));
+  VERIFYD_RETURN_IF_ERROR(
+      LaunchCopyRunsAllLayers(pool_.as<bf16_bits>(), num_layers_, capacity_, scratch_.as<int32_t>(),
+                              static_cast<int>(runs.size()), segments, stream_->get()));
+  VERIFYD_CUDA_CHECK(cudaEventRecord(copy_done_[copies_enqueued_ % 2], stream_->get()));
+  ++copies_enqueued_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvStorage::WaitForCopies() {
+  if (copies_enqueued_ == 0) return absl::OkStatus();
+  VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
+  VERIFYD_CUDA_CHECK(cudaEventSynchronize(copy_done_[(copies_enqueued_ - 1) % 2]));
   return absl::OkStatus();
 }
 

@@ -2,12 +2,13 @@
 // the device's one stream.
 //
 // Writes are gathered (cuda_write_batch.h) and reach the device at the next FlushWrites, which
-// every reader of the pool calls first (ReadRows, CopySlots, the backend's ComputeVerify), or once
-// many are queued. Device work is enqueued and not waited for; ReadRows waits (the host must see
-// the rows), and so does CopySlots, only so that compaction's measured time is the copy's. Not
-// waiting is safe because every user of the pool (this storage, the CUDA backend's verify) enqueues
-// on the same stream in the executor's order, so a later operation always sees an earlier one's
-// bytes (plans/0008-cuda-backend.md).
+// every reader of the pool calls first (ReadRows, CopySlots, CopyRuns, the backend's
+// ComputeVerify), or once many are queued. Device work is enqueued and not waited for; ReadRows
+// waits (the host must see the rows), and so does CopySlots (the old slot-list path, kept for its
+// benchmark). CopyRuns, compaction's path, does not: it only keeps at most two copies queued
+// (plans/0011-run-compaction.md). Not waiting is safe because every user of the pool (this
+// storage, the CUDA backend's verify) enqueues on the same stream in the executor's order, so a
+// later operation always sees an earlier one's bytes (plans/0008-cuda-backend.md).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,8 @@ class CudaKvStorage : public KvStorage {
 
   // Waits for the stream: queued copies may still use the buffers freed here.
   ~CudaKvStorage() override;
+  CudaKvStorage(const CudaKvStorage&) = delete;
+  CudaKvStorage& operator=(const CudaKvStorage&) = delete;
 
   int num_layers() const override { return num_layers_; }
   int64_t capacity_slots() const override { return capacity_; }
@@ -45,6 +48,13 @@ class CudaKvStorage : public KvStorage {
   absl::Status ReadRows(int layer, absl::Span<const int32_t> slots, bf16_bits* out) const override;
   // One kernel copies every layer's rows, then waits for the stream.
   absl::Status CopySlots(absl::Span<const int32_t> src, absl::Span<const int32_t> dst) override;
+  // Run table H2D (one copy from the pinned ring) → one kernel over every layer's runs → an
+  // event; no wait for this copy. Before enqueueing, waits for the copy two calls back, so at
+  // most two copies sit ahead of later work (a Verify behind them) while the host prepares the
+  // next chunk during the current one's copy.
+  absl::Status CopyRuns(absl::Span<const SlotRunCopy> runs) override;
+  // Waits for the last CopyRuns' event.
+  absl::Status WaitForCopies() override;
 
   // Enqueues every queued write (one H2D pair + one kernel). Whoever reads the pool on the device
   // calls it first; stream order does the rest.
@@ -85,6 +95,9 @@ class CudaKvStorage : public KvStorage {
   mutable PinnedBuffer read_back_;
   std::unique_ptr<CudaWriteBatch> writes_;
   SlotCopyCheck copy_check_;
+  // Recorded after each CopyRuns kernel, alternately: copy_done_[n % 2] is copy n's (timing off).
+  cudaEvent_t copy_done_[2] = {nullptr, nullptr};
+  int64_t copies_enqueued_ = 0;
 };
 
 }  // namespace verifyd

@@ -74,4 +74,15 @@ absl::Status HostKvStorage::CopySlots(absl::Span<const int32_t> src,
   return absl::OkStatus();
 }
 
+absl::Status HostKvStorage::CopyRuns(absl::Span<const SlotRunCopy> runs) {
+  VERIFYD_RETURN_IF_ERROR(copy_check_.CheckRuns(runs));
+  for (int layer = 0; layer < num_layers_; ++layer) {
+    for (const SlotRunCopy& run : runs) {
+      std::memcpy(row(layer, run.dst_begin), row(layer, run.src_begin),
+                  static_cast<size_t>(run.length) * kKvRowBytes);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace verifyd

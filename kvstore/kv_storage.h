@@ -26,6 +26,14 @@ class KvStorage {
                                 bf16_bits* out) const = 0;
   // For every layer: row of slot src[k] is copied to slot dst[k]. src and dst are disjoint.
   virtual absl::Status CopySlots(absl::Span<const int32_t> src, absl::Span<const int32_t> dst) = 0;
+  // Compaction's copy: for every layer and run, rows [src_begin, +length) go to
+  // [dst_begin, +length). Contract: SlotCopyCheck::CheckRuns (refused with no change otherwise).
+  // The copy may still be running on return (device storage); every later use of the pool is
+  // ordered after it, so only a host that wants to know the copy's duration waits (below).
+  virtual absl::Status CopyRuns(absl::Span<const SlotRunCopy> runs) = 0;
+  // Returns once every copy enqueued by CopyRuns has finished (a no-op where copies are
+  // synchronous). For timing; never needed for correctness.
+  virtual absl::Status WaitForCopies() { return absl::OkStatus(); }
 };
 
 // The pool in host memory; the CPU backend computes on layer_data() directly. The pool is not
@@ -39,6 +47,8 @@ class HostKvStorage : public KvStorage {
                          const bf16_bits* rows) override;
   absl::Status ReadRows(int layer, absl::Span<const int32_t> slots, bf16_bits* out) const override;
   absl::Status CopySlots(absl::Span<const int32_t> src, absl::Span<const int32_t> dst) override;
+  // One memcpy per run and layer (a run's rows are contiguous in each layer).
+  absl::Status CopyRuns(absl::Span<const SlotRunCopy> runs) override;
 
   // [capacity][576] rows of one layer.
   const bf16_bits* layer_data(int layer) const;

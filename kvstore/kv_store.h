@@ -85,21 +85,32 @@ struct StoreStats {
   FragmentationStats fragmentation;
 };
 
-// Position `position` of `sequence` moves from slot src to slot dst. The owner is named so that
-// executing a stale plan is detected instead of moving somebody else's row.
-struct SlotMove {
+// Positions [position, position + length) of `sequence` move from the consecutive slots
+// [src_begin, src_begin + length) to [dst_begin, dst_begin + length). The owner is named so that
+// executing a stale plan is detected instead of moving somebody else's rows.
+struct CompactionRun {
   SequenceId sequence = 0;
   int32_t position = 0;
-  int32_t src = 0;
-  int32_t dst = 0;
+  int32_t src_begin = 0;
+  int32_t dst_begin = 0;
+  int32_t length = 0;
+  bool operator==(const CompactionRun&) const = default;
 };
 
-// A compaction step: moves in position order; executing it copies rows for every layer, rewrites
-// slot tables and frees the sources.
+// A compaction step: maximal runs (a run ends where its source or destination stops being
+// consecutive), each sequence's runs in position order. Executing it copies rows for every layer,
+// rewrites slot tables and frees the sources; its cost is per run, apart from the slot tables.
 struct CompactionPlan {
-  std::vector<SlotMove> moves;
-  int64_t bytes_per_move = 0;  // layers * 1152, set by the planner
-  int64_t bytes() const { return static_cast<int64_t>(moves.size()) * bytes_per_move; }
+  std::vector<CompactionRun> runs;
+  int64_t bytes_per_slot = 0;  // layers * 1152, set by the planner
+  // Slots (tokens) moved: the sum of the run lengths.
+  int64_t slots() const {
+    int64_t n = 0;
+    for (const CompactionRun& run : runs) n += run.length;
+    return n;
+  }
+  // Bytes moved.
+  int64_t bytes() const { return slots() * bytes_per_slot; }
 };
 
 class KvStore {
@@ -152,10 +163,12 @@ class KvStore {
   StoreStats Stats() const;
 
   // Plans moves of at most budget_bytes that make sequences contiguous in position order
-  // (strategy in plans/0001-core.md). Cost O(sequences + their first runs) + O(moves log).
+  // (strategy in plans/0001-core.md, run form in plans/0011-run-compaction.md). Cost
+  // O(sequences log + slots of fragmented sequences) + O(runs log runs).
   CompactionPlan PlanCompaction(int64_t budget_bytes) const;
   // Copies, rewrites slot tables, frees sources. A plan is valid only until the next mutating call;
-  // a stale or malformed plan is rejected (FAILED_PRECONDITION / INVALID_ARGUMENT) with no change.
+  // a stale or malformed plan is rejected (FAILED_PRECONDITION / INVALID_ARGUMENT naming runs[k])
+  // with no change. Checks cost O(runs log runs) plus one compare per moved slot.
   absl::Status ExecuteCompaction(const CompactionPlan& plan);
 
   const KvStoreOptions& options() const { return options_; }

@@ -18,8 +18,11 @@ SlotAllocator::SlotAllocator(int64_t capacity)
 void SlotAllocator::SetLeaf(int32_t begin, int32_t length) {
   int64_t node = leaves_ + begin;
   max_tree_[node] = length;
+  // An ancestor depends only on its children: once one keeps its value, every higher one does.
   for (node /= 2; node >= 1; node /= 2) {
-    max_tree_[node] = std::max(max_tree_[2 * node], max_tree_[2 * node + 1]);
+    const int32_t value = std::max(max_tree_[2 * node], max_tree_[2 * node + 1]);
+    if (max_tree_[node] == value) break;
+    max_tree_[node] = value;
   }
 }
 
@@ -36,9 +39,19 @@ void SlotAllocator::EraseExtent(std::map<int32_t, int32_t>::iterator it) {
 void SlotAllocator::TakeFront(std::map<int32_t, int32_t>::iterator it, int32_t n) {
   const int32_t begin = it->first;
   const int32_t length = it->second;
-  EraseExtent(it);
-  if (length > n) InsertExtent(begin + n, length - n);
   free_count_ -= n;
+  if (length == n) {
+    EraseExtent(it);
+    return;
+  }
+  // The rest of the extent keeps the map node (re-keyed, no allocation): compaction reserves a
+  // range per run on the executor's hot path.
+  SetLeaf(begin, 0);
+  auto node = extents_.extract(it);
+  node.key() = begin + n;
+  node.mapped() = length - n;
+  extents_.insert(std::move(node));
+  SetLeaf(begin + n, length - n);
 }
 
 int64_t SlotAllocator::largest_free_run() const { return max_tree_[1]; }
@@ -104,6 +117,20 @@ bool SlotAllocator::IsFree(int32_t slot) const {
   return slot < it->first + it->second;
 }
 
+bool SlotAllocator::IsFreeRun(SlotRun run) const {
+  if (run.length <= 0 || run.begin < 0 || int64_t{run.begin} + run.length > capacity_) return false;
+  const std::optional<SlotRun> extent = FreeExtentAt(run.begin);
+  return extent && extent->end() >= run.end();
+}
+
+std::optional<SlotRun> SlotAllocator::FreeExtentAt(int32_t slot) const {
+  auto it = extents_.upper_bound(slot);
+  if (it == extents_.begin()) return std::nullopt;
+  --it;
+  if (slot >= it->first + it->second) return std::nullopt;
+  return SlotRun{it->first, it->second};
+}
+
 absl::Status SlotAllocator::Free(absl::Span<const int32_t> slots) {
   std::vector<int32_t> sorted(slots.begin(), slots.end());
   std::sort(sorted.begin(), sorted.end());
@@ -116,7 +143,7 @@ absl::Status SlotAllocator::Free(absl::Span<const int32_t> slots) {
       return absl::InternalError(absl::StrCat("double free: slot ", sorted[k], " listed twice"));
     }
   }
-  // Maximal runs of the request; each must not overlap any free extent.
+  // Maximal runs of the request.
   std::vector<SlotRun> runs;
   for (int32_t slot : sorted) {
     if (!runs.empty() && runs.back().end() == slot) {
@@ -125,7 +152,42 @@ absl::Status SlotAllocator::Free(absl::Span<const int32_t> slots) {
       runs.push_back({slot, 1});
     }
   }
+  return FreeSlotRuns(runs);
+}
+
+absl::Status SlotAllocator::FreeSlotRuns(absl::Span<const SlotRun> runs) {
   for (const SlotRun& run : runs) {
+    if (run.length <= 0 || run.begin < 0 || int64_t{run.begin} + run.length > capacity_) {
+      return absl::InvalidArgumentError(absl::StrCat("run [", run.begin, ", +", run.length,
+                                                     ") must be non-empty and within [0, ",
+                                                     capacity_, ")"));
+    }
+  }
+  // Sorted as packed (begin, length) integers: several times faster than a comparator on structs.
+  std::vector<uint64_t> keys(runs.size());
+  for (size_t k = 0; k < runs.size(); ++k) {
+    keys[k] = uint64_t{static_cast<uint32_t>(runs[k].begin)} << 32 |
+              static_cast<uint32_t>(runs[k].length);
+  }
+  std::sort(keys.begin(), keys.end());
+  // Touching runs are merged first (compaction frees the slots of neighbouring sequences
+  // together): every map lookup below is a cache-missing tree walk, one per merged run.
+  std::vector<SlotRun> sorted;
+  sorted.reserve(runs.size());
+  for (size_t k = 0; k < keys.size(); ++k) {
+    const SlotRun run{static_cast<int32_t>(keys[k] >> 32),
+                      static_cast<int32_t>(keys[k] & 0xffffffffu)};
+    if (!sorted.empty() && sorted.back().end() > run.begin) {
+      return absl::InternalError(absl::StrCat("double free: slot ", run.begin, " listed twice"));
+    }
+    if (!sorted.empty() && sorted.back().end() == run.begin) {
+      sorted.back().length += run.length;
+    } else {
+      sorted.push_back(run);
+    }
+  }
+  for (const SlotRun& run : sorted) {
+    // Each run must not overlap any free extent.
     auto it = extents_.lower_bound(run.end());
     if (it != extents_.begin()) {
       --it;
@@ -135,27 +197,31 @@ absl::Status SlotAllocator::Free(absl::Span<const int32_t> slots) {
       }
     }
   }
-  for (const SlotRun& run : runs) {
-    int32_t begin = run.begin;
+  FreeCheckedRuns(sorted);
+  return absl::OkStatus();
+}
+
+void SlotAllocator::FreeCheckedRuns(absl::Span<const SlotRun> sorted_runs) {
+  for (const SlotRun& run : sorted_runs) {
+    free_count_ += run.length;
     int32_t length = run.length;
     auto next = extents_.lower_bound(run.end());
     if (next != extents_.end() && next->first == run.end()) {
       length += next->second;
-      next = std::next(next);
-      EraseExtent(std::prev(next));
+      SetLeaf(next->first, 0);
+      next = extents_.erase(next);
     }
     if (next != extents_.begin()) {
       auto prev = std::prev(next);
-      if (prev->first + prev->second == begin) {
-        begin = prev->first;
-        length += prev->second;
-        EraseExtent(prev);
+      if (prev->first + prev->second == run.begin) {  // grows in place: no map node changes
+        prev->second += length;
+        SetLeaf(prev->first, prev->second);
+        continue;
       }
     }
-    InsertExtent(begin, length);
-    free_count_ += run.length;
+    extents_.emplace_hint(next, run.begin, length);
+    SetLeaf(run.begin, length);
   }
-  return absl::OkStatus();
 }
 
 absl::Status SlotAllocator::Reserve(SlotRun run) {
@@ -171,9 +237,17 @@ absl::Status SlotAllocator::Reserve(SlotRun run) {
   }
   const int32_t begin = it->first;
   const int32_t length = it->second;
-  EraseExtent(it);
-  if (run.begin > begin) InsertExtent(begin, run.begin - begin);
-  if (begin + length > run.end()) InsertExtent(run.end(), begin + length - run.end());
+  if (run.begin == begin) {
+    TakeFront(it, run.length);
+    return absl::OkStatus();
+  }
+  // The part before the run keeps the extent's node.
+  it->second = run.begin - begin;
+  SetLeaf(begin, it->second);
+  if (begin + length > run.end()) {
+    extents_.emplace_hint(std::next(it), run.end(), begin + length - run.end());
+    SetLeaf(run.end(), begin + length - run.end());
+  }
   free_count_ -= run.length;
   return absl::OkStatus();
 }

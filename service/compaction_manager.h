@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -22,10 +23,13 @@ struct CompactionOperation {
   int64_t budget_bytes = 0;  // 0: until converged
   int64_t bytes_planned = 0;
   int64_t bytes_moved = 0;
-  int64_t tokens_moved = 0;
+  int64_t tokens_moved = 0;  // slots moved (each one row on every layer)
   FragmentationStats before;
   FragmentationStats after;
-  absl::Duration copy_time;  // time spent in ExecuteCompaction
+  // Executor time spent in ExecuteCompaction, plus the final wait for the copies still running
+  // on the device when the operation ends (chunks overlap their copy with the next chunk's
+  // bookkeeping), so bytes_moved / copy_time is the operation's real throughput.
+  absl::Duration copy_time;
   std::string error;
   double bytes_per_second() const {
     const double s = absl::ToDoubleSeconds(copy_time);
@@ -35,8 +39,13 @@ struct CompactionOperation {
 
 class CompactionManager {
  public:
-  // chunk_bytes: the most one Step copies.
+  // chunk_bytes: the most one Step copies (0: ChunkBytesFor the cpu backend).
   CompactionManager(int history, int64_t chunk_bytes, ServiceMetrics* metrics);
+
+  // The chunk size for --compaction-chunk-bytes=0 (auto), by backend name: a chunk holds the
+  // executor (Verify waits behind it), but each chunk also pays a fixed host and launch cost;
+  // reasoning and measurements in plans/0011-run-compaction.md.
+  static int64_t ChunkBytesFor(std::string_view backend_name);
 
   // Thread-safe.
   std::string Create(int64_t budget_bytes);
@@ -50,15 +59,22 @@ class CompactionManager {
  private:
   CompactionOperation* FindLocked(const std::string& id);
   CompactionOperation* OldestUnfinishedLocked();
-  void FinishLocked(CompactionOperation& op, const KvStore& store, bool done);
+  // Waits for the copies still in flight (their time joins op.copy_time), then records the end.
+  void FinishLocked(CompactionOperation& op, KvStore& store, bool done);
 
   const int history_;
   const int64_t chunk_bytes_;
-  // Executor thread only. Planning is O(capacity), so one plan serves many chunks; a chunk the
-  // store rejects as stale (traffic moved a slot since) changes nothing and forces a fresh plan.
+  // Executor thread only. Planning walks every fragmented sequence, so one plan serves many
+  // chunks; a chunk the store rejects as stale (traffic moved a slot since) changes nothing and
+  // forces a fresh plan. A chunk may end inside a run: the cursor is a run and an offset in it.
+  struct PlanCursor {
+    size_t run = 0;
+    int32_t offset = 0;
+    bool at_start() const { return run == 0 && offset == 0; }
+  };
   std::string plan_op_id_;
   CompactionPlan plan_;
-  size_t plan_cursor_ = 0;
+  PlanCursor cursor_;
   ServiceMetrics* metrics_;
   mutable std::mutex mu_;
   std::deque<CompactionOperation> operations_;  // oldest first

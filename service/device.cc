@@ -19,9 +19,9 @@ Device::Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> 
                ServiceMetrics* metrics)
     : ops_(std::move(ops)),
       compactions_(options.compaction_history,
-                   options.compaction_chunk_bytes > 0 ? options.compaction_chunk_bytes
-                   : std::string_view(ops_->backend().name()) == "cuda" ? int64_t{64} << 20
-                                                                        : int64_t{4} << 20,
+                   options.compaction_chunk_bytes > 0
+                       ? options.compaction_chunk_bytes
+                       : CompactionManager::ChunkBytesFor(ops_->backend().name()),
                    metrics) {
   ExecutorHooks hooks;
   hooks.background_step = [this] { return compactions_.Step(ops_->store()); };

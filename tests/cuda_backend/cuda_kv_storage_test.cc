@@ -1,5 +1,6 @@
-// CudaKvStorage against HostKvStorage: the same random writes, compaction copies and reads on both
-// must leave byte-identical pools; bad input is refused and changes nothing.
+// CudaKvStorage against HostKvStorage: the same random writes, compaction copies (slot lists and
+// runs) and reads on both must leave byte-identical pools; bad input is refused and changes
+// nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -64,7 +65,7 @@ TEST_F(CudaKvStorageTest, RandomWritesCopiesAndReadsMatchHostStorage) {
     ASSERT_TRUE(cuda.WriteRows(layer, slots, rows.data()).ok());
   }
   for (int op = 0; op < 300; ++op) {
-    const int kind = static_cast<int>(rng_() % 3);
+    const int kind = static_cast<int>(rng_() % 4);
     if (kind == 0) {
       const int layer = static_cast<int>(rng_() % layers);
       const std::vector<int32_t> slots =
@@ -79,6 +80,12 @@ TEST_F(CudaKvStorageTest, RandomWritesCopiesAndReadsMatchHostStorage) {
       const std::vector<int32_t> dst(both.begin() + moves, both.end());
       ASSERT_TRUE(host.CopySlots(src, dst).ok());
       ASSERT_TRUE(cuda.CopySlots(src, dst).ok());
+    } else if (kind == 3) {
+      // Not waited for: the next operation's stream order must see the copy.
+      const std::vector<SlotRunCopy> runs =
+          testing_kv::RandomDisjointRuns(rng_, capacity, 1 + static_cast<int32_t>(rng_() % 300));
+      ASSERT_TRUE(host.CopyRuns(runs).ok());
+      ASSERT_TRUE(cuda.CopyRuns(runs).ok());
     } else {
       const int layer = static_cast<int>(rng_() % layers);
       // Repeats allowed in a read.
@@ -90,6 +97,52 @@ TEST_F(CudaKvStorageTest, RandomWritesCopiesAndReadsMatchHostStorage) {
       ASSERT_EQ(got, want) << "op " << op;
     }
   }
+  ExpectSamePools(host, cuda);
+}
+
+// Compaction's order argument, exercised: copies are chained (each run's destination is the next
+// copy's source), freed sources are rewritten right after the copy that read them, and nothing
+// waits in between but what the storage itself does. Runs span up to 1000 slots (many 4 KB
+// segments, lengths that end mid-segment) on 5 layers; whole pools are compared at the end.
+TEST_F(CudaKvStorageTest, ChainedRunCopiesAndRewrittenSourcesKeepStreamOrder) {
+  SCOPED_TRACE("VERIFYD_SEED=" + std::to_string(seed_));
+  const int layers = 5;
+  const int64_t capacity = 12000;
+  auto made = test::MakeBackend(true, layers, capacity);
+  ASSERT_TRUE(made.ok()) << made.status();
+  CudaKvStorage& cuda = made->cuda_storage();
+  HostKvStorage host(layers, capacity);
+  for (int layer = 0; layer < layers; ++layer) {
+    const std::vector<bf16_bits> rows = HashedRows(rng_(), capacity);
+    ASSERT_TRUE(host.WriteRows(layer, Iota(capacity), rows.data()).ok());
+    ASSERT_TRUE(cuda.WriteRows(layer, Iota(capacity), rows.data()).ok());
+  }
+  for (int round = 0; round < 40; ++round) {
+    std::vector<SlotRunCopy> runs =
+        testing_kv::RandomDisjointRuns(rng_, capacity, 1 + static_cast<int32_t>(rng_() % 1000));
+    runs.resize(std::min<size_t>(runs.size(), 1 + rng_() % 64));
+    ASSERT_TRUE(host.CopyRuns(runs).ok());
+    ASSERT_TRUE(cuda.CopyRuns(runs).ok());
+    // The next copy reads what this one wrote (back into the sources; a source copied twice is
+    // left out, so no destination repeats).
+    std::vector<SlotRunCopy> chained;
+    for (size_t k = 0; k < runs.size(); ++k) {
+      if (k > 0 && runs[k].src_begin == runs[0].src_begin) continue;
+      chained.push_back({runs[k].dst_begin, runs[k].src_begin, runs[k].length});
+    }
+    chained.resize(1 + rng_() % chained.size());
+    ASSERT_TRUE(host.CopyRuns(chained).ok());
+    ASSERT_TRUE(cuda.CopyRuns(chained).ok());
+    // A freed source reused at once: the write is queued after the copy that read the old row.
+    const SlotRunCopy& last = runs.back();
+    const int layer = static_cast<int>(rng_() % layers);
+    std::vector<int32_t> reused(static_cast<size_t>(last.length));
+    for (int32_t i = 0; i < last.length; ++i) reused[i] = last.src_begin + i;
+    const std::vector<bf16_bits> rows = HashedRows(rng_(), last.length);
+    ASSERT_TRUE(host.WriteRows(layer, reused, rows.data()).ok());
+    ASSERT_TRUE(cuda.WriteRows(layer, reused, rows.data()).ok());
+  }
+  ASSERT_TRUE(cuda.WaitForCopies().ok());
   ExpectSamePools(host, cuda);
 }
 
@@ -167,6 +220,14 @@ TEST_F(CudaKvStorageTest, BadInputIsRefusedAndChangesNothing) {
   EXPECT_NE(s.message().find("disjoint"), std::string::npos) << s;
   EXPECT_EQ(cuda.CopySlots({1}, {static_cast<int32_t>(capacity)}).code(),
             absl::StatusCode::kInvalidArgument);
+  s = cuda.CopyRuns({{0, 8, 4}, {20, 10, 2}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("overlap"), std::string::npos) << s;
+  s = cuda.CopyRuns({{0, 4, 4}, {6, 10, 2}});
+  EXPECT_NE(s.message().find("disjoint"), std::string::npos) << s;
+  EXPECT_EQ(cuda.CopyRuns({{0, static_cast<int32_t>(capacity) - 1, 2}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda.CopyRuns({{3, 9, 0}}).code(), absl::StatusCode::kInvalidArgument);
   std::vector<bf16_bits> out(kKvDim);
   EXPECT_EQ(cuda.ReadRows(0, {static_cast<int32_t>(capacity)}, out.data()).code(),
             absl::StatusCode::kInvalidArgument);

@@ -1,5 +1,7 @@
 #include "kvstore/kv_storage.h"
 
+#include <algorithm>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -66,6 +68,60 @@ TEST(HostKvStorageTest, BoundsAreCheckedAndNamed) {
   EXPECT_EQ(storage.CopySlots(src, repeated).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(storage.CopySlots(src, short_dst).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(storage.CopySlots(src, bad_slot).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Random disjoint runs on a pool with every row written: the result must equal copying the same
+// rows one slot at a time, and every other row must stay as it was.
+TEST(HostKvStorageTest, CopyRunsEqualsCopyingEachSlotOfEveryLayer) {
+  const uint64_t seed = testing_kv::TestSeed();
+  SCOPED_TRACE(testing::Message() << "VERIFYD_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  const int layers = 3;
+  const int64_t capacity = 400;
+  for (int trial = 0; trial < 50; ++trial) {
+    HostKvStorage storage(layers, capacity);
+    std::vector<std::vector<bf16_bits>> expected(layers);
+    for (int layer = 0; layer < layers; ++layer) {
+      std::vector<int32_t> all(capacity);
+      for (int32_t s = 0; s < capacity; ++s) all[s] = s;
+      expected[layer] = HashedRows(rng(), capacity);
+      ASSERT_TRUE(storage.WriteRows(layer, all, expected[layer].data()).ok());
+    }
+    const std::vector<SlotRunCopy> runs = testing_kv::RandomDisjointRuns(rng, capacity, 12);
+    for (int layer = 0; layer < layers; ++layer) {
+      testing_kv::CopyRunsReference(runs, expected[layer]);
+    }
+    ASSERT_TRUE(storage.CopyRuns(runs).ok());
+    ASSERT_TRUE(storage.WaitForCopies().ok());
+    for (int layer = 0; layer < layers; ++layer) {
+      ASSERT_TRUE(
+          std::equal(expected[layer].begin(), expected[layer].end(), storage.layer_data(layer)))
+          << "trial " << trial << " layer " << layer;
+    }
+  }
+}
+
+TEST(HostKvStorageTest, MalformedRunsAreRefusedAndChangeNothing) {
+  HostKvStorage storage(2, 16);
+  std::vector<int32_t> all(16);
+  for (int32_t s = 0; s < 16; ++s) all[s] = s;
+  for (int layer = 0; layer < 2; ++layer) {
+    ASSERT_TRUE(storage.WriteRows(layer, all, HashedRows(40 + layer, 16).data()).ok());
+  }
+  const std::vector<std::vector<SlotRunCopy>> bad = {
+      {{0, 8, 0}},              // empty run
+      {{0, 14, 3}},             // destination past the end
+      {{-1, 8, 2}},             // source before the start
+      {{0, 8, 4}, {4, 10, 2}},  // destinations overlap
+      {{0, 4, 4}, {6, 10, 2}},  // a source range meets a destination range
+  };
+  for (const auto& runs : bad) {
+    EXPECT_EQ(storage.CopyRuns(runs).code(), absl::StatusCode::kInvalidArgument);
+  }
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::vector<bf16_bits> rows = HashedRows(40 + layer, 16);
+    EXPECT_TRUE(std::equal(rows.begin(), rows.end(), storage.layer_data(layer)));
+  }
 }
 
 }  // namespace

@@ -432,8 +432,12 @@ class KvStoreModelCheck {
   std::optional<Code> StaleCompaction() {
     CompactionPlan plan = store_->PlanCompaction(Uniform(100) * int64_t{kLayers} * kKvRowBytes);
     bool malformed = false;
-    if (plan.moves.size() >= 2 && Chance(30)) {
-      plan.moves[1].dst = plan.moves[0].dst;
+    if (!plan.runs.empty() && Chance(30)) {
+      if (plan.runs.size() >= 2 && Chance(50)) {
+        plan.runs[1].dst_begin = plan.runs[0].dst_begin;  // two runs share destinations
+      } else {
+        plan.runs.push_back(plan.runs[0]);  // the same positions moved twice
+      }
       malformed = true;
     }
     if (Chance(50)) {

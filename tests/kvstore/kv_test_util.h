@@ -1,6 +1,7 @@
 // Shared by the kvstore tests: seeds and KV rows derived from a hash (random, never zero, cheap).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
@@ -9,6 +10,7 @@
 
 #include "kernels/bf16.h"
 #include "kernels/mla_dims.h"
+#include "kvstore/slot_copy_check.h"
 
 namespace verifyd::testing_kv {
 
@@ -39,6 +41,42 @@ inline std::vector<bf16_bits> HashedRows(uint64_t tag, int64_t count) {
     }
   }
   return rows;
+}
+
+// Runs for KvStorage::CopyRuns that obey its contract: [0, capacity) cut into pieces of
+// 1..max_length slots, shuffled and paired (source piece, destination piece, the shorter length),
+// so no destination meets another run's source or destination. With a spare piece, one source
+// is copied a second time. Each layer's expected pool is what copying slot by slot gives.
+inline std::vector<SlotRunCopy> RandomDisjointRuns(std::mt19937_64& rng, int64_t capacity,
+                                                   int32_t max_length) {
+  std::vector<std::pair<int32_t, int32_t>> pieces;  // begin, length
+  for (int64_t begin = 0; begin < capacity;) {
+    const auto length = static_cast<int32_t>(
+        std::min<int64_t>(1 + static_cast<int64_t>(rng() % max_length), capacity - begin));
+    pieces.emplace_back(static_cast<int32_t>(begin), length);
+    begin += length;
+  }
+  std::shuffle(pieces.begin(), pieces.end(), rng);
+  std::vector<SlotRunCopy> runs;
+  for (size_t i = 0; i + 1 < pieces.size(); i += 2) {
+    runs.push_back(
+        {pieces[i].first, pieces[i + 1].first, std::min(pieces[i].second, pieces[i + 1].second)});
+  }
+  if (pieces.size() % 2 == 1 && !runs.empty()) {
+    runs.push_back(
+        {runs[0].src_begin, pieces.back().first, std::min(runs[0].length, pieces.back().second)});
+  }
+  return runs;
+}
+
+// What CopyRuns must do to one layer's [capacity][576] rows.
+inline void CopyRunsReference(const std::vector<SlotRunCopy>& runs, std::vector<bf16_bits>& rows) {
+  const std::vector<bf16_bits> before = rows;
+  for (const SlotRunCopy& run : runs) {
+    std::copy_n(before.begin() + static_cast<int64_t>(run.src_begin) * kKvDim,
+                static_cast<int64_t>(run.length) * kKvDim,
+                rows.begin() + static_cast<int64_t>(run.dst_begin) * kKvDim);
+  }
 }
 
 }  // namespace verifyd::testing_kv

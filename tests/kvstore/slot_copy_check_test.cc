@@ -53,5 +53,60 @@ TEST(SlotCopyCheckTest, AgreesWithTheNaiveContractOnRandomRequests) {
   }
 }
 
+// The run contract, written the obvious way: expand to slots.
+bool NaiveRunsOk(const std::vector<SlotRunCopy>& runs, int64_t capacity) {
+  std::set<int64_t> dst;
+  for (const SlotRunCopy& run : runs) {
+    if (run.length < 1) return false;
+    for (int64_t begin : {int64_t{run.src_begin}, int64_t{run.dst_begin}}) {
+      if (begin < 0 || begin + run.length > capacity) return false;
+    }
+    for (int32_t i = 0; i < run.length; ++i) {
+      if (!dst.insert(int64_t{run.dst_begin} + i).second) return false;
+    }
+  }
+  for (const SlotRunCopy& run : runs) {
+    for (int32_t i = 0; i < run.length; ++i) {
+      if (dst.count(int64_t{run.src_begin} + i)) return false;
+    }
+  }
+  return true;
+}
+
+TEST(SlotCopyCheckTest, RunsNameTheOffendingRun) {
+  const SlotCopyCheck check(16);
+  EXPECT_EQ(check.CheckRuns({{1, 4, 0}}).message(), "runs[0].length = 0 must be >= 1");
+  EXPECT_EQ(check.CheckRuns({{1, 4, 2}, {14, 8, 3}}).message(),
+            "runs[1].src_begin = 14 with length 3 must lie in [0, 16)");
+  EXPECT_EQ(check.CheckRuns({{1, 8, 4}, {5, 11, 2}}).message(),
+            "runs[1].dst_begin: the destination ranges of runs[0] and runs[1] overlap");
+  EXPECT_EQ(check.CheckRuns({{1, 8, 4}, {12, 3, 2}}).message(),
+            "runs[0].src_begin = 1: the source range meets the destination range of runs[1]; "
+            "sources and destinations must be disjoint");
+  EXPECT_TRUE(check.CheckRuns({}).ok());
+  EXPECT_TRUE(check.CheckRuns({{1, 8, 4}, {1, 12, 4}}).ok());  // a source copied twice
+}
+
+TEST(SlotCopyCheckTest, RunsAgreeWithTheExpandedContractOnRandomRequests) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed=" << seed);
+  std::mt19937_64 rng(seed);
+  const int64_t capacity = 64;
+  const SlotCopyCheck check(capacity);
+  int accepted = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::vector<SlotRunCopy> runs(rng() % 5);
+    for (SlotRunCopy& run : runs) {
+      run.length = static_cast<int32_t>(rng() % 6) - (rng() % 50 == 0);
+      run.src_begin = static_cast<int32_t>(rng() % (capacity + 2)) - 1;
+      run.dst_begin = static_cast<int32_t>(rng() % (capacity + 2)) - 1;
+    }
+    const bool ok = check.CheckRuns(runs).ok();
+    accepted += ok;
+    EXPECT_EQ(ok, NaiveRunsOk(runs, capacity)) << "trial " << trial;
+  }
+  EXPECT_GT(accepted, 1000);  // both verdicts are exercised
+}
+
 }  // namespace
 }  // namespace verifyd

@@ -98,6 +98,65 @@ TEST_F(CompactionManagerTest, UntilConvergedRemovesFragmentation) {
   ExpectKvIntact();
 }
 
+// Chunks end inside runs (3 slots per chunk; runs are 3..7 slots): every Step moves at most the
+// chunk, the operation still converges, and the bytes land intact.
+TEST_F(CompactionManagerTest, ChunksCutRunsAndNeverExceedTheChunk) {
+  Fragment();
+  CompactionManager manager(64, 3 * kMoveBytes + kMoveBytes / 2, &metrics_);
+  const std::string id = manager.Create(0);
+  int64_t moved = 0;
+  int steps = 0;
+  while (manager.Step(store_)) {
+    ASSERT_LT(++steps, 1000);
+    const int64_t now = manager.Get(id)->tokens_moved;
+    EXPECT_LE(now - moved, 3) << "step " << steps;
+    moved = now;
+  }
+  const CompactionOperation op = *manager.Get(id);
+  EXPECT_EQ(op.state, CompactionOperation::State::kDone) << op.error;
+  EXPECT_GT(steps, op.tokens_moved / 3 - 1);
+  EXPECT_EQ(op.after.tokens_outside_first_run, 0);
+  EXPECT_EQ(op.bytes_moved, op.tokens_moved * kMoveBytes);
+  ExpectKvIntact();
+}
+
+// Traffic between chunks makes the rest of the plan stale (its destinations get taken): the
+// manager re-plans instead of failing, and nothing is lost.
+TEST_F(CompactionManagerTest, AStaleChunkIsRePlanned) {
+  Fragment();
+  CompactionManager manager(64, 2 * kMoveBytes, &metrics_);
+  const std::string id = manager.Create(0);
+  ASSERT_TRUE(manager.Step(store_));
+  ASSERT_GT(manager.Get(id)->tokens_moved, 0);
+  // A new sequence takes the lowest free slots: the holes the plan meant to fill next.
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  const int tokens = static_cast<int>(store_.Stats().free_slots - 200);
+  std::vector<bf16_bits> kv(static_cast<size_t>(kLayers) * tokens * kKvDim);
+  for (auto& x : kv) x = FloatToBf16(dist(rng));
+  ASSERT_TRUE(store_.Append(3, 0, kLayers, tokens, kv.data()).ok());
+  for (int l = 0; l < kLayers; ++l) {
+    written_[3][l].assign(kv.begin() + static_cast<size_t>(l) * tokens * kKvDim,
+                          kv.begin() + static_cast<size_t>(l + 1) * tokens * kKvDim);
+  }
+  RunToIdle(manager);
+  const CompactionOperation op = *manager.Get(id);
+  EXPECT_EQ(op.state, CompactionOperation::State::kDone) << op.error;
+  EXPECT_TRUE(op.error.empty()) << op.error;
+  EXPECT_EQ(op.bytes_moved, op.tokens_moved * kMoveBytes);
+  ExpectKvIntact();
+  for (int l = 0; l < kLayers; ++l) {
+    std::vector<bf16_bits> back(written_[3][l].size());
+    ASSERT_TRUE(store_.ReadCommitted(3, l, back.data()).ok());
+    EXPECT_EQ(back, written_[3][l]) << "layer " << l;
+  }
+}
+
+TEST(CompactionChunkBytesTest, AutoChunkIsLargerOnTheDevice) {
+  EXPECT_EQ(CompactionManager::ChunkBytesFor("cpu"), int64_t{4} << 20);
+  EXPECT_GT(CompactionManager::ChunkBytesFor("cuda"), CompactionManager::ChunkBytesFor("cpu"));
+}
+
 TEST_F(CompactionManagerTest, KeepsTheLastFinishedOperations) {
   CompactionManager manager(4, kMoveBytes, &metrics_);
   std::vector<std::string> ids;
