@@ -14,7 +14,9 @@ absl::StatusOr<std::unique_ptr<KvStorage>> CpuBackend::CreateStorage(int num_lay
   return std::unique_ptr<KvStorage>(std::move(storage));
 }
 
-absl::Status CpuBackend::ComputeVerify(int layer, VerifyProblem problem) {
+absl::Status CpuBackend::ComputeVerify(int layer, VerifyProblem problem,
+                                       absl::Span<const VerifySlotList> slot_lists) {
+  (void)slot_lists;
   if (storage_ == nullptr) return absl::FailedPreconditionError("CpuBackend has no storage");
   if (layer < 0 || layer >= storage_->num_layers()) {
     return absl::InvalidArgumentError(

@@ -14,7 +14,10 @@ class CpuBackend : public ComputeBackend {
   const char* name() const override { return "cpu"; }
   absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers,
                                                            int64_t capacity_slots) override;
-  absl::Status ComputeVerify(int layer, VerifyProblem problem) override;
+  // Reads the concatenated host slot arrays (needs_host_slot_lists()); `slot_lists` is ignored.
+  using ComputeBackend::ComputeVerify;
+  absl::Status ComputeVerify(int layer, VerifyProblem problem,
+                             absl::Span<const VerifySlotList> slot_lists) override;
 
  private:
   int num_threads_;

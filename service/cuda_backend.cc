@@ -1,5 +1,6 @@
 #include "service/cuda_backend.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,16 @@
 #include "kernels/verify_reference.h"
 
 namespace verifyd {
+namespace {
+
+// Adds the time since `*since` to `*total` and restarts the clock.
+void Lap(std::chrono::steady_clock::time_point* since, int64_t* total) {
+  const auto now = std::chrono::steady_clock::now();
+  *total += std::chrono::duration_cast<std::chrono::nanoseconds>(now - *since).count();
+  *since = now;
+}
+
+}  // namespace
 
 bool CudaBackendAvailable(int device) {
   int count = 0;
@@ -47,23 +58,53 @@ absl::StatusOr<std::unique_ptr<KvStorage>> CudaBackend::CreateStorage(int num_la
   if (storage_ != nullptr) return absl::FailedPreconditionError("CudaBackend storage exists");
   VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<CudaKvStorage> storage,
                            CudaKvStorage::Create(num_layers, capacity_slots, stream_));
+  const int64_t arena_entries = options_.slot_arena_entries > 0
+                                    ? options_.slot_arena_entries
+                                    : 2 * capacity_slots + (int64_t{1} << 16);
+  VERIFYD_RETURN_IF_ERROR(
+      slot_arena_.Reserve(static_cast<size_t>(arena_entries) * sizeof(int32_t), *stream_).status());
+  // Zeroed once: an entry the bookkeeping never wrote still names a valid slot.
+  VERIFYD_CUDA_CHECK(cudaMemsetAsync(slot_arena_.get(), 0, slot_arena_.capacity(), stream_->get()));
+  mirror_ = std::make_unique<SlotMirror>(arena_entries);
   storage_ = storage.get();
   return std::unique_ptr<KvStorage>(std::move(storage));
 }
 
-absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem) {
+void CudaBackend::ForgetSequence(SequenceId sequence) {
+  if (mirror_) mirror_->Forget(sequence);
+}
+
+absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem,
+                                        absl::Span<const VerifySlotList> slot_lists) {
   if (storage_ == nullptr) return absl::FailedPreconditionError("CudaBackend has no storage");
   if (layer < 0 || layer >= storage_->num_layers()) {
     return absl::InvalidArgumentError(
         absl::StrCat("layer = ", layer, " must be < ", storage_->num_layers()));
   }
+  auto clock = std::chrono::steady_clock::now();
   VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
   problem.kv = storage_->layer_device_data(layer);
   problem.num_slots = storage_->capacity_slots();
-  // The host arrays are checked before any of them reaches a kernel: an index out of range there
-  // would fault the device and take every sequence down with it.
-  VERIFYD_RETURN_IF_ERROR(ValidateVerifyProblem(problem));
   if (problem.out == nullptr) return absl::InvalidArgumentError("out must be set");
+  // Everything is checked before any of it reaches a kernel: an index out of range there would
+  // fault the device and take every sequence down with it. With slot lists, only the entries the
+  // mirror uploads are checked (in Plan): the rest is on the device already, checked on its way.
+  absl::Span<const VerifySlotList> lists = slot_lists;
+  if (slot_lists.empty()) {
+    VERIFYD_RETURN_IF_ERROR(ValidateVerifyProblem(problem));
+    host_lists_.clear();
+    for (int b = 0; b < problem.batch; ++b) {
+      const int32_t* list = problem.slots + problem.slot_indptr[b];
+      const size_t prefix = static_cast<size_t>(problem.prefix_len[b]);
+      const size_t nodes = static_cast<size_t>(problem.qo_indptr[b + 1] - problem.qo_indptr[b]);
+      host_lists_.push_back(VerifySlotList{0, 0, absl::MakeConstSpan(list, prefix),
+                                           absl::MakeConstSpan(list + prefix, nodes)});
+    }
+    lists = host_lists_;
+  } else {
+    VERIFYD_RETURN_IF_ERROR(ValidateProblemWithSlotLists(problem, slot_lists));
+  }
+  Lap(&clock, &phase_times_.check_ns);
   // The tree KV of this layer (one WriteRows per sequence) goes down in one copy and one kernel,
   // ahead of the attention in stream order.
   VERIFYD_RETURN_IF_ERROR(storage_->FlushWrites());
@@ -75,25 +116,57 @@ absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem) {
   VERIFYD_ASSIGN_OR_RETURN(const CachedPlan* plan,
                            plans_.Get(absl::MakeConstSpan(problem.prefix_len, problem.batch),
                                       q_len_, problem.num_heads));
-  const VerifyStagingLayout layout =
-      LayoutVerifyStaging(problem, plan->packed.size(), plan->layout.total_bytes);
+  VERIFYD_ASSIGN_OR_RETURN(const SlotMirrorPlan* slots,
+                           mirror_->Plan(lists, storage_->capacity_slots()));
+  Lap(&clock, &phase_times_.plan_ns);
+  ++phase_times_.calls;
+  const absl::Status ran = RunPlanned(layer, problem, lists, *plan, *slots, clock);
+  // The mirror recorded this call's uploads as done; when they may not have reached the arena,
+  // nothing it remembers can be trusted.
+  if (!ran.ok()) mirror_->Clear();
+  return ran;
+}
+
+absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
+                                     absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
+                                     const SlotMirrorPlan& slots,
+                                     std::chrono::steady_clock::time_point clock) {
+  const VerifyStagingLayout layout = LayoutVerifyStaging(
+      problem, static_cast<size_t>(slots.num_values), plan.packed.size(), plan.layout.total_bytes);
 
   // Grown before anything is enqueued or captured: growth waits for the stream and frees memory.
+  const size_t arena_bytes = static_cast<size_t>(mirror_->arena_entries()) * sizeof(int32_t);
+  if (arena_bytes > slot_arena_.capacity()) {
+    // Only a reset grows the mirror's arena, so no mirrored entry is lost with the old buffer.
+    if (!slots.reset) return absl::InternalError("slot arena grew without a mirror reset");
+    VERIFYD_RETURN_IF_ERROR(slot_arena_.Reserve(arena_bytes, *stream_).status());
+    VERIFYD_CUDA_CHECK(
+        cudaMemsetAsync(slot_arena_.get(), 0, slot_arena_.capacity(), stream_->get()));
+  }
   VERIFYD_RETURN_IF_ERROR(staging_.Reserve(layout.upload_copy_bytes, *stream_).status());
   VERIFYD_RETURN_IF_ERROR(inputs_.Reserve(layout.input_bytes, *stream_).status());
   VERIFYD_RETURN_IF_ERROR(outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
   VERIFYD_RETURN_IF_ERROR(host_outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
   // The previous call synchronized the stream before returning, so the staging buffer is free.
-  FillVerifyStaging(layout, problem, plan->packed, staging_.get());
+  FillVerifyStaging(layout, problem, slots.list_offset, plan.packed, staging_.get(), &copier_);
+  WriteSlotUploads(lists, slots, staging_.as<SlotScatterHeader>(layout.slot_header),
+                   staging_.as<SlotScatterRun>(layout.slot_runs),
+                   staging_.as<int32_t>(layout.slot_values));
+  int32_t* arena = slot_arena_.as<int32_t>();
   const VerifyProblem device_problem =
-      PlaceVerifyProblem(layout, problem, inputs_.get(), outputs_.get());
+      PlaceVerifyProblem(layout, problem, inputs_.get(), outputs_.get(), arena);
   void* workspace = inputs_.as<void>(layout.workspace);
+  Lap(&clock, &phase_times_.stage_ns);
 
   auto enqueue = [&](cudaStream_t stream) -> absl::Status {
     VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), staging_.get(), layout.upload_copy_bytes,
                                        cudaMemcpyHostToDevice, stream));
+    VERIFYD_RETURN_IF_ERROR(LaunchSlotScatter(inputs_.as<SlotScatterHeader>(layout.slot_header),
+                                              inputs_.as<SlotScatterRun>(layout.slot_runs),
+                                              inputs_.as<int32_t>(layout.slot_values), arena,
+                                              stream));
     VERIFYD_RETURN_IF_ERROR(
-        LaunchMlaVerify(device_problem, plan->plan, plan->layout, workspace, stream));
+        LaunchMlaVerify(device_problem, plan.plan, plan.layout, workspace, stream));
     VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host_outputs_.get(), outputs_.get(),
                                        layout.output_copy_bytes, cudaMemcpyDeviceToHost, stream));
     return absl::OkStatus();
@@ -107,15 +180,18 @@ absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem) {
     bucket.total_q_bucket = TotalQBucket(problem.total_q);
     bucket.num_heads = problem.num_heads;
     bucket.lse = problem.lse != nullptr;
-    bucket.combine = !plan->plan.combine.empty();
+    bucket.combine = !plan.plan.combine.empty();
     VerifyGraphParams params;
     params.staging = staging_.get();
     params.device_inputs = inputs_.get();
     params.device_outputs = outputs_.get();
     params.host_outputs = host_outputs_.get();
+    params.slot_arena = arena;
     params.kv = problem.kv;
     params.num_slots = problem.num_slots;
-    params.plan_id = plan->id;
+    params.num_work = static_cast<int>(plan.plan.work.size());
+    params.num_combine = static_cast<int>(plan.plan.combine.size());
+    params.num_partials = plan.plan.num_partials;
     params.scale = problem.scale;
     params.total_q = problem.total_q;
     params.layout = layout;
@@ -129,12 +205,15 @@ absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem) {
     return outcome.status();
   }
   if (*outcome == GraphOutcome::kEager || *outcome == GraphOutcome::kWarmup) ++eager_runs_;
+  Lap(&clock, &phase_times_.enqueue_ns);
   // The one wait of a Verify: the host needs the outputs.
   VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
-  std::memcpy(problem.out, host_outputs_.as<void>(layout.out), layout.out_bytes);
+  Lap(&clock, &phase_times_.wait_ns);
+  copier_.Copy(problem.out, host_outputs_.as<void>(layout.out), layout.out_bytes);
   if (problem.lse != nullptr) {
     std::memcpy(problem.lse, host_outputs_.as<void>(layout.lse), layout.lse_bytes);
   }
+  Lap(&clock, &phase_times_.copy_out_ns);
   if (graph_observer_ && options_.cuda_graphs) {
     switch (*outcome) {
       case GraphOutcome::kInstantiated:

@@ -1,12 +1,16 @@
 // CudaBackend: Verify on the GPU over a CudaKvStorage pool, on the device's one stream.
 //
-// ComputeVerify: the problem's host arrays and the split plan are packed into pinned staging, one
-// H2D copy, the flash + combine kernels over the layer's rows, one D2H copy of out (+ lse), one
-// stream synchronization, and a copy into the caller's output. With graphs on, that sequence is a
-// CUDA graph per shape bucket (service/cuda_graph_cache.h). Buffers grow geometrically and are
-// reused; nothing is allocated per call once the largest shape has been seen.
+// ComputeVerify: the problem's host arrays, the slot lists' new entries (the device keeps a mirror
+// of every sequence's slot list: service/cuda_slot_mirror.h) and the split plan are packed into
+// pinned staging; one H2D copy, a small kernel placing the slot entries into the mirror's arena,
+// the flash + combine kernels over the layer's rows, one D2H copy of out (+ lse), one stream
+// synchronization, and a copy into the caller's output. With graphs on, that sequence is a CUDA
+// graph per shape bucket (service/cuda_graph_cache.h), replayed as is while only data changes.
+// Buffers grow geometrically and are reused; nothing is allocated per call once the largest shape
+// has been seen.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -20,6 +24,8 @@
 #include "service/compute_backend.h"
 #include "service/cuda_graph_cache.h"
 #include "service/cuda_plan_cache.h"
+#include "service/cuda_slot_mirror.h"
+#include "service/host_copy_pool.h"
 #include "service/service_options.h"
 
 namespace verifyd {
@@ -31,6 +37,23 @@ struct CudaBackendOptions {
   int max_graphs = 1024;
   // Batch shapes whose split plan is remembered.
   int plan_cache_entries = 8;
+  // Device slot arena (int32 entries); 0: 2 × the pool's capacity + 64 Ki, which holds every live
+  // list with its headroom. Smaller values make the mirror reset (tests of that path).
+  int64_t slot_arena_entries = 0;
+  // Threads (the executor's included) for the large host copies: q into staging, outputs out.
+  int copy_threads = 4;
+};
+
+// Host time of ComputeVerify by phase, summed over calls (the benchmark's breakdown of the
+// overhead around the kernels).
+struct CudaBackendPhaseTimes {
+  int64_t calls = 0;
+  int64_t check_ns = 0;     // validation (tree-only + uploaded slots)
+  int64_t plan_ns = 0;      // flush of queued writes, split plan, slot mirror plan
+  int64_t stage_ns = 0;     // filling the pinned staging (q, indices, slot upload, plan)
+  int64_t enqueue_ns = 0;   // graph launch / update / capture, or the eager launches
+  int64_t wait_ns = 0;      // the one stream synchronization (the GPU's time shows here)
+  int64_t copy_out_ns = 0;  // pinned outputs into the caller's out / lse
 };
 
 class CudaBackend : public ComputeBackend {
@@ -45,7 +68,13 @@ class CudaBackend : public ComputeBackend {
   const char* name() const override { return "cuda"; }
   absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers,
                                                            int64_t capacity_slots) override;
-  absl::Status ComputeVerify(int layer, VerifyProblem problem) override;
+  // Reads `slot_lists` (never concatenated on the host); an empty span means the concatenated
+  // host arrays in `problem`, uploaded whole every call (tests and tools).
+  bool needs_host_slot_lists() const override { return false; }
+  using ComputeBackend::ComputeVerify;
+  absl::Status ComputeVerify(int layer, VerifyProblem problem,
+                             absl::Span<const VerifySlotList> slot_lists) override;
+  void ForgetSequence(SequenceId sequence) override;
   // kCapture for every stream capture (a new executable graph or an update of one), kReplay for
   // every graph launch, kFallback for an eager run because the graph path failed. A bucket's
   // first call (an eager warm-up by design) reports nothing.
@@ -56,6 +85,12 @@ class CudaBackend : public ComputeBackend {
   const GraphCounters& graph_counters() const { return graphs_.counters(); }
   int64_t eager_runs() const { return eager_runs_; }
   int64_t plans_made() const { return plans_.plans_made(); }
+  // Zero before CreateStorage.
+  SlotMirrorCounters slot_mirror_counters() const {
+    return mirror_ ? mirror_->counters() : SlotMirrorCounters{};
+  }
+  size_t mirrored_sequences() const { return mirror_ ? mirror_->mirrored_sequences() : 0; }
+  const CudaBackendPhaseTimes& phase_times() const { return phase_times_; }
   const CudaStream& stream() const { return *stream_; }
 
  private:
@@ -65,18 +100,29 @@ class CudaBackend : public ComputeBackend {
         plans_(num_sms, options_.plan_cache_entries),
         graphs_(options_.max_graphs) {}
 
+  // Everything after the mirror planned the call; a failure here leaves the arena unknown.
+  absl::Status RunPlanned(int layer, const VerifyProblem& problem,
+                          absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
+                          const SlotMirrorPlan& slots, std::chrono::steady_clock::time_point clock);
+
   CudaBackendOptions options_;
   std::shared_ptr<CudaStream> stream_;
+  HostCopyPool copier_{options_.copy_threads};
   // Owned by the KvStore, which outlives the executor's use of this backend.
   CudaKvStorage* storage_ = nullptr;
+  // The mirror's bookkeeping and its device arena (int32 entries), created with the storage.
+  std::unique_ptr<SlotMirror> mirror_;
+  DeviceBuffer slot_arena_;
   SplitPlanCache plans_;
   VerifyGraphCache graphs_;
-  PinnedBuffer staging_;        // [inputs | plan]
-  DeviceBuffer inputs_;         // [inputs | workspace]
-  DeviceBuffer outputs_;        // [out | lse]
-  PinnedBuffer host_outputs_;   // [out | lse]
-  std::vector<int32_t> q_len_;  // scratch
+  PinnedBuffer staging_;                    // [inputs | plan]
+  DeviceBuffer inputs_;                     // [inputs | workspace]
+  DeviceBuffer outputs_;                    // [out | lse]
+  PinnedBuffer host_outputs_;               // [out | lse]
+  std::vector<int32_t> q_len_;              // scratch
+  std::vector<VerifySlotList> host_lists_;  // scratch: the concatenated form as lists
   int64_t eager_runs_ = 0;
+  CudaBackendPhaseTimes phase_times_;
   std::function<void(GraphEvent)> graph_observer_;
 };
 

@@ -43,15 +43,21 @@ struct VerifyGraphBucket {
 };
 
 // Every value a captured launch sequence bakes in. Equal parameters mean the executable graph
-// would do exactly what a fresh capture would.
+// would do exactly what a fresh capture would. What flows through device memory is not here: the
+// prefix lengths, slot lists (the mirror's upload), masks, q and the plan's work items are all
+// uploaded by the graph's own H2D copy, so a decode step whose L grew replays the graph as is as
+// long as the plan's item counts (the kernels' grid sizes) and the buffers stay the same.
 struct VerifyGraphParams {
   const void* staging = nullptr;
   void* device_inputs = nullptr;
   void* device_outputs = nullptr;
   void* host_outputs = nullptr;
+  const void* slot_arena = nullptr;
   const void* kv = nullptr;
   int64_t num_slots = 0;
-  uint64_t plan_id = 0;
+  int num_work = 0;     // flash grid
+  int num_combine = 0;  // combine grid
+  int num_partials = 0;
   float scale = 0.f;
   int total_q = 0;
   VerifyStagingLayout layout;

@@ -13,7 +13,7 @@
 namespace verifyd {
 
 struct CachedPlan {
-  uint64_t id = 0;  // unique per planned shape: part of a graph's parameter signature
+  uint64_t id = 0;  // unique per planned shape (graphs key on item counts, not on this)
   int num_heads = 0;
   std::vector<int32_t> prefix_len, q_len;
   SplitPlan plan;

@@ -93,14 +93,21 @@ absl::Status DeviceOperations::Verify(const VerifyCall& call, v1::VerifyResponse
   slot_indptr_.assign(1, 0);
   mask_indptr_.assign(1, 0);
   slots_.clear();
+  slot_lists_.clear();
   mask_bits_.clear();
+  // The views' spans stay valid until the next mutating store call, which comes after the compute.
+  const bool host_lists = backend_->needs_host_slot_lists();
   for (int b = 0; b < batch; ++b) {
     absl::StatusOr<VerifyView> view = store_->GetVerifyView(call.items[b].sequence);
     if (!view.ok()) return AfterPrepare(view.status(), absl::StrCat("sequences[", b, "] view"));
     prefix_len_[b] = view->prefix_len;
-    slots_.insert(slots_.end(), view->prefix_slots.begin(), view->prefix_slots.end());
-    slots_.insert(slots_.end(), view->tree_slots.begin(), view->tree_slots.end());
-    slot_indptr_.push_back(static_cast<int32_t>(slots_.size()));
+    slot_lists_.push_back(VerifySlotList{call.items[b].sequence, view->slot_generation,
+                                         view->prefix_slots, view->tree_slots});
+    if (host_lists) {
+      slots_.insert(slots_.end(), view->prefix_slots.begin(), view->prefix_slots.end());
+      slots_.insert(slots_.end(), view->tree_slots.begin(), view->tree_slots.end());
+      slot_indptr_.push_back(static_cast<int32_t>(slots_.size()));
+    }
     mask_bits_.insert(mask_bits_.end(), view->mask->bits().begin(), view->mask->bits().end());
     mask_indptr_.push_back(static_cast<int32_t>(mask_bits_.size()));
     response->add_committed_length(static_cast<uint64_t>(view->prefix_len));
@@ -144,12 +151,12 @@ absl::Status DeviceOperations::Verify(const VerifyCall& call, v1::VerifyResponse
   problem.total_q = call.total_q;
   problem.qo_indptr = call.qo_indptr.data();
   problem.prefix_len = prefix_len_.data();
-  problem.slot_indptr = slot_indptr_.data();
-  problem.slots = slots_.data();
+  problem.slot_indptr = host_lists ? slot_indptr_.data() : nullptr;
+  problem.slots = host_lists ? slots_.data() : nullptr;
   problem.mask_indptr = mask_indptr_.data();
   problem.mask_bits = mask_bits_.data();
   const absl::Time start = absl::Now();
-  const absl::Status computed = backend_->ComputeVerify(call.layer, problem);
+  const absl::Status computed = backend_->ComputeVerify(call.layer, problem, slot_lists_);
   metrics_->RecordKernel(KernelKind::kVerify, absl::Now() - start);
   if (!computed.ok()) return AfterPrepare(computed, "compute");
   return absl::OkStatus();
@@ -167,6 +174,7 @@ absl::Status DeviceOperations::Release(const ReleaseCall& call, v1::ReleaseRespo
   const int64_t free_before = store_->Stats().free_slots;
   VERIFYD_RETURN_IF_ERROR(
       RenameFields(store_->Release(call.sequence), {{"sequence =", "sequence_id ="}}));
+  backend_->ForgetSequence(call.sequence);
   response->set_freed_slots(static_cast<uint64_t>(store_->Stats().free_slots - free_before));
   return absl::OkStatus();
 }
@@ -188,7 +196,9 @@ void DeviceOperations::Stats(v1::StatsResponse* response) const {
 }
 
 int64_t DeviceOperations::ExpireLeases() {
-  const int64_t expired = static_cast<int64_t>(store_->ExpireLeases().size());
+  const std::vector<SequenceId> released = store_->ExpireLeases();
+  for (SequenceId sequence : released) backend_->ForgetSequence(sequence);
+  const int64_t expired = static_cast<int64_t>(released.size());
   if (expired > 0) metrics_->RecordLeaseExpiries(expired);
   return expired;
 }

@@ -30,7 +30,8 @@ class DeviceOperations {
   absl::Status Release(const ReleaseCall& call, v1::ReleaseResponse* response);
   void Stats(v1::StatsResponse* response) const;
 
-  // Releases sequences whose lease passed; returns how many.
+  // Releases sequences whose lease passed (and tells the backend to forget them); returns how
+  // many.
   int64_t ExpireLeases();
   // Publishes occupancy and fragmentation gauges.
   void RefreshGauges() const;
@@ -49,6 +50,7 @@ class DeviceOperations {
   ServiceMetrics* metrics_;
   // Scratch of Verify, kept to avoid reallocating per call.
   std::vector<int32_t> prefix_len_, slot_indptr_, slots_, mask_indptr_;
+  std::vector<VerifySlotList> slot_lists_;
   std::vector<uint64_t> mask_bits_;
 };
 

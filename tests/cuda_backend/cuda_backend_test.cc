@@ -170,7 +170,9 @@ TEST_F(CudaBackendTest, GraphReplayAndEagerGiveIdenticalBytes) {
   EXPECT_EQ(g.fallbacks, 0);
   EXPECT_GE(g.warmups, 2);
   EXPECT_GE(g.captures, 2);
-  EXPECT_GE(g.updates, static_cast<int64_t>(problems.size()));
+  // Other prefix lengths change the plan's item counts and the slot upload's band here (these
+  // problems have no store behind them: every call uploads whole lists), so updates happen.
+  EXPECT_GE(g.updates, 2);
   // Round 2 repeats round 0's buckets, so each of its second calls is a pure replay at least.
   EXPECT_GE(g.replays - g.captures - g.updates, static_cast<int64_t>(problems.size()))
       << "repeats of an unchanged call must replay without capture";

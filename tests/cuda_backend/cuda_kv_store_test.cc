@@ -74,18 +74,6 @@ class TwinStores {
   std::unique_ptr<KvStore> cuda_, host_;
 };
 
-// A random accepted path: the ancestors of a random node, root first, cut to a random length.
-std::vector<int32_t> RandomPath(const std::vector<int32_t>& parents, std::mt19937_64& rng) {
-  std::vector<int32_t> path;
-  for (int32_t node = static_cast<int32_t>(rng() % parents.size()); node >= 0;
-       node = parents[node]) {
-    path.push_back(node);
-  }
-  std::reverse(path.begin(), path.end());
-  path.resize(rng() % (path.size() + 1));
-  return path;
-}
-
 TEST(CudaKvStore, RandomLifeCycleMatchesHostTwinAndTheOracle) {
   if (!test::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
   const uint64_t seed = test::TestSeed();
@@ -171,7 +159,7 @@ TEST(CudaKvStore, RandomLifeCycleMatchesHostTwinAndTheOracle) {
         ++verifies;
       }
       for (const VerifyItem& item : items) {
-        CommitPath path{RandomPath(item.parents, rng)};
+        CommitPath path{test::RandomPath(item.parents, rng)};
         ASSERT_TRUE(twins.cuda().Commit(item.sequence, path).ok());
         ASSERT_TRUE(twins.host().Commit(item.sequence, path).ok());
       }
@@ -180,10 +168,10 @@ TEST(CudaKvStore, RandomLifeCycleMatchesHostTwinAndTheOracle) {
           int64_t{kLayers} * kKvRowBytes * (1 + static_cast<int64_t>(rng() % 200));
       const CompactionPlan a = twins.cuda().PlanCompaction(budget);
       const CompactionPlan b = twins.host().PlanCompaction(budget);
-      ASSERT_EQ(a.moves.size(), b.moves.size());
+      ASSERT_EQ(a.runs, b.runs);
       ASSERT_TRUE(twins.cuda().ExecuteCompaction(a).ok());
       ASSERT_TRUE(twins.host().ExecuteCompaction(b).ok());
-      if (!a.moves.empty()) ++compactions_moving;
+      if (!a.runs.empty()) ++compactions_moving;
     } else {  // release
       const SequenceId seq = live[rng() % live.size()];
       ASSERT_TRUE(twins.cuda().Release(seq).ok());

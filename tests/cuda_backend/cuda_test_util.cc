@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "kernels/status_macros.h"
@@ -20,6 +21,11 @@ absl::StatusOr<BackendWithStorage> MakeBackend(bool cuda_graphs, int num_layers,
                                                int64_t capacity_slots) {
   CudaBackendOptions options;
   options.cuda_graphs = cuda_graphs;
+  return MakeBackend(options, num_layers, capacity_slots);
+}
+
+absl::StatusOr<BackendWithStorage> MakeBackend(const CudaBackendOptions& options, int num_layers,
+                                               int64_t capacity_slots) {
   BackendWithStorage made;
   VERIFYD_ASSIGN_OR_RETURN(made.backend, CudaBackend::Create(options));
   VERIFYD_ASSIGN_OR_RETURN(made.storage, made.backend->CreateStorage(num_layers, capacity_slots));
@@ -49,6 +55,17 @@ std::vector<int32_t> Iota(int64_t n) {
   std::vector<int32_t> v(static_cast<size_t>(n));
   std::iota(v.begin(), v.end(), 0);
   return v;
+}
+
+std::vector<int32_t> RandomPath(const std::vector<int32_t>& parents, std::mt19937_64& rng) {
+  std::vector<int32_t> path;
+  for (int32_t node = static_cast<int32_t>(rng() % parents.size()); node >= 0;
+       node = parents[node]) {
+    path.push_back(node);
+  }
+  std::reverse(path.begin(), path.end());
+  path.resize(rng() % (path.size() + 1));
+  return path;
 }
 
 }  // namespace verifyd::test

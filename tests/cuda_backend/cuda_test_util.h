@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -22,6 +23,8 @@ struct BackendWithStorage {
   CudaKvStorage& cuda_storage() { return static_cast<CudaKvStorage&>(*storage); }
 };
 absl::StatusOr<BackendWithStorage> MakeBackend(bool cuda_graphs, int num_layers,
+                                               int64_t capacity_slots);
+absl::StatusOr<BackendWithStorage> MakeBackend(const CudaBackendOptions& options, int num_layers,
                                                int64_t capacity_slots);
 
 // Relative errors of out and lse against the float64 oracle computed on `reference` (a problem
@@ -42,5 +45,9 @@ Accuracy Compare(const ReferenceF64& reference, const std::vector<bf16_bits>& ou
 
 // Sequential 0..n-1.
 std::vector<int32_t> Iota(int64_t n);
+
+// A random accepted path of a tree: the ancestors of a random node, root first, cut to a random
+// length (possibly empty: the whole tree rejected).
+std::vector<int32_t> RandomPath(const std::vector<int32_t>& parents, std::mt19937_64& rng);
 
 }  // namespace verifyd::test

@@ -1,5 +1,6 @@
 // Host-only checks of the CUDA backend's bookkeeping: the packed staging layout (every array lands
-// intact, aligned, without overlap, and the one upload ends where the partials begin) and the plan
+// intact, aligned, without overlap, the slot lists read back from the arena after the scatter, and
+// the one upload ends where the partials begin), its stability over a decode band, and the plan
 // cache (hits return the same plan, misses plan anew).
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include "kernels/split_planner.h"
 #include "service/cuda_graph_cache.h"
 #include "service/cuda_plan_cache.h"
+#include "service/cuda_slot_mirror.h"
 #include "service/cuda_verify_staging.h"
 #include "tests/kernels/testing/problem_builder.h"
 
@@ -62,12 +64,30 @@ TEST(VerifyStaging, EveryArrayRoundTripsThroughTheLayout) {
     const WorkspaceLayout ws = LayoutWorkspace(*plan);
     const std::vector<uint8_t> packed = PackPlan(*plan, ws);
 
-    const VerifyStagingLayout layout = LayoutVerifyStaging(p, packed.size(), ws.total_bytes);
-    for (size_t offset :
-         {layout.q, layout.qo_indptr, layout.prefix_len, layout.slot_indptr, layout.slots,
-          layout.mask_indptr, layout.mask_bits, layout.workspace, layout.lse}) {
+    // The slot lists as a store would give them, through a mirror: the first call uploads every
+    // list whole.
+    std::vector<VerifySlotList> lists;
+    for (int b = 0; b < batch; ++b) {
+      const int32_t* at = host.slots.data() + host.slot_indptr[b];
+      const size_t n = static_cast<size_t>(host.prefix_len[b]);
+      const size_t q = static_cast<size_t>(host.qo_indptr[b + 1] - host.qo_indptr[b]);
+      lists.push_back({static_cast<SequenceId>(b + 1), 1, {at, n}, {at + n, q}});
+    }
+    SlotMirror mirror(1 << 16);
+    absl::StatusOr<const SlotMirrorPlan*> slots = mirror.Plan(lists, host.num_slots);
+    ASSERT_TRUE(slots.ok()) << slots.status();
+    ASSERT_EQ((*slots)->num_values, static_cast<int64_t>(host.slots.size()));
+
+    const VerifyStagingLayout layout =
+        LayoutVerifyStaging(p, (*slots)->num_values, packed.size(), ws.total_bytes);
+    for (size_t offset : {layout.q, layout.qo_indptr, layout.prefix_len, layout.slot_indptr,
+                          layout.slot_header, layout.slot_runs, layout.slot_values,
+                          layout.mask_indptr, layout.mask_bits, layout.workspace, layout.lse}) {
       EXPECT_EQ(offset % 256, 0u);
     }
+    EXPECT_GE(layout.slot_value_capacity, static_cast<size_t>((*slots)->num_values));
+    EXPECT_LE(layout.slot_values + layout.slot_value_capacity * 4, layout.mask_indptr);
+    EXPECT_LE(layout.slot_runs + batch * sizeof(SlotScatterRun), layout.slot_values);
     EXPECT_EQ(layout.upload_bytes, layout.workspace + ws.partial_o_offset);
     EXPECT_EQ(layout.input_bytes,
               std::max(layout.workspace + ws.total_bytes, layout.upload_copy_bytes));
@@ -80,18 +100,47 @@ TEST(VerifyStaging, EveryArrayRoundTripsThroughTheLayout) {
 
     // Staging filled with a pattern first: whatever Fill leaves out would show up as 0xA5.
     std::vector<uint8_t> staging(layout.upload_bytes, 0xA5);
-    FillVerifyStaging(layout, p, packed, staging.data());
+    VerifyProblem without_lists = p;  // the backend never reads them in this form
+    without_lists.slots = nullptr;
+    without_lists.slot_indptr = nullptr;
+    FillVerifyStaging(layout, without_lists, (*slots)->list_offset, packed, staging.data());
+    WriteSlotUploads(lists, **slots,
+                     reinterpret_cast<SlotScatterHeader*>(&staging[layout.slot_header]),
+                     reinterpret_cast<SlotScatterRun*>(&staging[layout.slot_runs]),
+                     reinterpret_cast<int32_t*>(&staging[layout.slot_values]));
     std::vector<uint8_t> device_inputs(layout.input_bytes, 0);
     std::memcpy(device_inputs.data(), staging.data(), staging.size());
     std::vector<uint8_t> device_outputs(layout.output_bytes, 0);
-    const VerifyProblem d =
-        PlaceVerifyProblem(layout, p, device_inputs.data(), device_outputs.data());
+    std::vector<int32_t> arena(mirror.arena_entries(), -1);
+    const VerifyProblem d = PlaceVerifyProblem(layout, without_lists, device_inputs.data(),
+                                               device_outputs.data(), arena.data());
 
     EXPECT_EQ(Read(device_inputs, d.q, host.q.size()), host.q);
     EXPECT_EQ(Read(device_inputs, d.qo_indptr, batch + 1), host.qo_indptr);
     EXPECT_EQ(Read(device_inputs, d.prefix_len, batch), host.prefix_len);
-    EXPECT_EQ(Read(device_inputs, d.slot_indptr, batch + 1), host.slot_indptr);
-    EXPECT_EQ(Read(device_inputs, d.slots, host.slots.size()), host.slots);
+    const std::vector<int32_t> offsets = Read(device_inputs, d.slot_indptr, batch);
+    EXPECT_EQ(offsets, (*slots)->list_offset);
+    EXPECT_EQ(d.slots, arena.data());
+    // The scatter's work on the host: every list then reads back at slots + slot_indptr[b].
+    const auto* header =
+        reinterpret_cast<const SlotScatterHeader*>(&device_inputs[layout.slot_header]);
+    const auto* runs = reinterpret_cast<const SlotScatterRun*>(&device_inputs[layout.slot_runs]);
+    const auto* values = reinterpret_cast<const int32_t*>(&device_inputs[layout.slot_values]);
+    ASSERT_EQ(header->num_values, (*slots)->num_values);
+    ASSERT_EQ(header->num_runs, batch);
+    for (int r = 0; r < header->num_runs; ++r) {
+      const int end = r + 1 < header->num_runs ? runs[r + 1].value_begin : header->num_values;
+      for (int i = runs[r].value_begin; i < end; ++i) {
+        arena[runs[r].arena_offset + (i - runs[r].value_begin)] = values[i];
+      }
+    }
+    for (int b = 0; b < batch; ++b) {
+      const int len = host.slot_indptr[b + 1] - host.slot_indptr[b];
+      EXPECT_EQ(std::vector<int32_t>(arena.begin() + offsets[b], arena.begin() + offsets[b] + len),
+                std::vector<int32_t>(host.slots.begin() + host.slot_indptr[b],
+                                     host.slots.begin() + host.slot_indptr[b + 1]))
+          << "sequence " << b;
+    }
     EXPECT_EQ(Read(device_inputs, d.mask_indptr, batch + 1), host.mask_indptr);
     EXPECT_EQ(Read(device_inputs, d.mask_bits, host.mask_bits.size()), host.mask_bits);
     EXPECT_EQ(Read(device_inputs,
@@ -112,6 +161,35 @@ TEST(VerifyStaging, EveryArrayRoundTripsThroughTheLayout) {
     EXPECT_EQ(d.total_q, p.total_q);
     EXPECT_EQ(d.num_heads, p.num_heads);
     EXPECT_EQ(d.scale, p.scale);
+  }
+}
+
+// What a decode step changes (prefix lengths, the slot values uploaded within their band, the
+// plan's item data) must not change the layout: a graph keyed on it would be re-captured every
+// step.
+TEST(VerifyStaging, LayoutDependsOnlyOnShapesCountsAndBands) {
+  const uint64_t seed = test::TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int batch = 1 + static_cast<int>(rng() % 8);
+    const int nodes = 1 + static_cast<int>(rng() % 64);
+    std::vector<SequenceSpec> specs(batch, SequenceSpec{0, nodes, TreeShape::kRandom});
+    for (SequenceSpec& spec : specs) spec.prefix_len = 100 + static_cast<int>(rng() % 500);
+    HostProblem first = MakeRandomProblem(specs, 8, rng(), true, 3);
+    for (SequenceSpec& spec : specs) spec.prefix_len += 1 + static_cast<int>(rng() % nodes);
+    HostProblem later = MakeRandomProblem(specs, 8, rng(), true, 3);
+    const size_t plan_bytes = 256 * (1 + rng() % 8), workspace = plan_bytes + (rng() % 100000);
+    const VerifyStagingLayout a =
+        LayoutVerifyStaging(first.problem(), rng() % 1025, plan_bytes, workspace);
+    const VerifyStagingLayout b =
+        LayoutVerifyStaging(later.problem(), rng() % 1025, plan_bytes, workspace);
+    EXPECT_EQ(a, b) << "trial " << trial;
+    // A cold call (whole lists) takes a larger band: a different layout, as it must.
+    const VerifyStagingLayout cold =
+        LayoutVerifyStaging(later.problem(), later.slots.size() + 2000, plan_bytes, workspace);
+    EXPECT_NE(cold, b);
+    EXPECT_GE(cold.slot_value_capacity, later.slots.size() + 2000);
   }
 }
 
