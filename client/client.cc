@@ -243,6 +243,37 @@ absl::StatusOr<v1::StatsResponse> Client::Stats(const CallOptions& call) {
   return response;
 }
 
+absl::StatusOr<SharedMemoryRegion> Client::CreateSharedMemory(uint64_t bytes,
+                                                              const CallOptions& call) {
+  v1::CreateSharedMemoryRequest request;
+  request.set_bytes(bytes);
+  v1::SharedMemoryRegion info;
+  absl::Status status = Call("CreateSharedMemory", false, call, [&](grpc::ClientContext& context) {
+    return FromGrpc(stub_->CreateSharedMemory(&context, request, &info));
+  });
+  if (!status.ok()) return status;
+  auto region = SharedMemoryRegion::Map(this, info);
+  if (!region.ok()) {
+    // Nobody else knows the name: drop it now rather than after its lease.
+    (void)ReleaseSharedMemory(info.region(), call);
+    return absl::Status(region.status().code(),
+                        absl::StrCat("CreateSharedMemory: ", region.status().message()));
+  }
+  return region;
+}
+
+absl::StatusOr<v1::ReleaseSharedMemoryResponse> Client::ReleaseSharedMemory(
+    const std::string& region, const CallOptions& call) {
+  v1::ReleaseSharedMemoryRequest request;
+  request.set_region(region);
+  v1::ReleaseSharedMemoryResponse response;
+  absl::Status status = Call("ReleaseSharedMemory", false, call, [&](grpc::ClientContext& context) {
+    return FromGrpc(stub_->ReleaseSharedMemory(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
 absl::StatusOr<HealthStatus> Client::Health(const std::string& service, const CallOptions& call) {
   const std::string request_bytes = EncodeHealthCheckRequest(service);
   int value = 0;

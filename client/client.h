@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/shared_memory_region.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "verifyd/v1/verifyd.grpc.pb.h"
 
@@ -39,6 +40,17 @@ struct ClientOptions {
 struct CallOptions {
   std::optional<absl::Duration> deadline;  // overrides ClientOptions::default_deadline
 };
+
+// What Client::VerifyShared returns: the response (its out/lse name ranges of the region) and
+// views of those ranges, valid until the region is reused or released.
+struct SharedVerifyResult {
+  v1::VerifyResponse response;
+  absl::Span<const uint16_t> out;  // bf16 [sum Q, H, 512]
+  absl::Span<const float> lse;     // fp32 [sum Q, H]; empty unless return_lse
+};
+
+// Region bytes VerifyShared needs: q | tree_kv | out | lse, each at a multiple of 64.
+uint64_t SharedVerifyBytes(int64_t total_q, int64_t heads, bool return_lse);
 
 // grpc.health.v1 serving status.
 enum class HealthStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
@@ -85,6 +97,30 @@ class Client {
       const std::function<void(const v1::CompactionStatus&)>& on_progress = nullptr,
       const CallOptions& call = {});
   absl::StatusOr<v1::StatsResponse> Stats(const CallOptions& call = {});
+  // Shared memory for tensors (plans/0010): the daemon creates a region of `bytes`, this process
+  // maps it. The region must not outlive this Client. FAILED_PRECONDITION when the daemon has
+  // shared memory disabled, RESOURCE_EXHAUSTED past its limits; the client must run as the
+  // daemon's user on the same host.
+  absl::StatusOr<SharedMemoryRegion> CreateSharedMemory(uint64_t bytes,
+                                                        const CallOptions& call = {});
+  // Drops a region by name (SharedMemoryRegion::Release calls this).
+  absl::StatusOr<v1::ReleaseSharedMemoryResponse> ReleaseSharedMemory(const std::string& region,
+                                                                      const CallOptions& call = {});
+  // AppendKv with the kv placed at offset 0 of `region` instead of inline (one message, no
+  // chunking: the region bounds the size).
+  absl::StatusOr<v1::AppendResponse> AppendKvShared(uint64_t sequence_id, uint32_t layer_begin,
+                                                    int64_t layer_count, int64_t tokens,
+                                                    absl::Span<const uint16_t> kv,
+                                                    SharedMemoryRegion& region,
+                                                    const CallOptions& call = {});
+  // Verify with q ([sum Q, H, 576]) and tree_kv ([sum Q, 576]) copied into `region` and out/lse
+  // written by the daemon into it (layout: SharedVerifyBytes). `request` carries layer,
+  // sequences, return_lse and softmax_scale; its tensors and output refs are set here.
+  absl::StatusOr<SharedVerifyResult> VerifyShared(v1::VerifyRequest request,
+                                                  absl::Span<const uint16_t> q,
+                                                  absl::Span<const uint16_t> tree_kv,
+                                                  SharedMemoryRegion& region,
+                                                  const CallOptions& call = {});
   // grpc.health.v1.Health/Check; service "" is the whole daemon.
   absl::StatusOr<HealthStatus> Health(const std::string& service = "",
                                       const CallOptions& call = {});

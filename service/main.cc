@@ -41,7 +41,11 @@ ABSL_FLAG(double, shutdown_delay_seconds, 0,
           "after SIGTERM, seconds health reports NOT_SERVING before the socket closes");
 ABSL_FLAG(double, drain_seconds, 30, "after that, seconds in-flight calls get to finish");
 ABSL_FLAG(int64_t, compaction_chunk_bytes, 0,
-          "most bytes one compaction step copies between requests (0: 4 MiB cpu, 64 MiB cuda)");
+          "most bytes one compaction step copies between requests (0: 4 MiB cpu, 256 MiB cuda)");
+ABSL_FLAG(int64_t, shm_max_bytes, int64_t{1} << 30,
+          "shared memory for tensors: most bytes over all regions (0 disables it)");
+ABSL_FLAG(int64_t, shm_max_region_bytes, int64_t{256} << 20,
+          "shared memory for tensors: most bytes of one region");
 ABSL_FLAG(std::string, cuda_graphs, "on",
           "on|off: replay the per-step work as CUDA graphs per shape bucket (cuda backend)");
 
@@ -94,6 +98,8 @@ absl::StatusOr<verifyd::ServiceOptions> OptionsFromFlags() {
   o.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   o.shutdown_delay_seconds = absl::GetFlag(FLAGS_shutdown_delay_seconds);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
+  o.shm_max_bytes = absl::GetFlag(FLAGS_shm_max_bytes);
+  o.shm_max_region_bytes = absl::GetFlag(FLAGS_shm_max_region_bytes);
   absl::Status valid = verifyd::ValidateServiceOptions(o);
   if (!valid.ok()) return valid;
   valid = verifyd::CheckBackendCompiled(o.backend);

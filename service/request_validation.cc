@@ -16,13 +16,9 @@ using v1::Tensor;
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
-// dtype, rank and an inline payload; dimension values are checked by the caller.
+// dtype and rank; dimension values and the payload are checked by the caller.
 absl::Status CheckTensorForm(const Tensor& t, const std::string& field, int rank,
                              const char* layout) {
-  if (t.data_case() == Tensor::kSharedMemory) {
-    return absl::UnimplementedError(absl::StrCat(
-        field, ".shared_memory: shared-memory tensors are not supported yet; send inline_data"));
-  }
   if (t.dtype() != v1::DTYPE_BF16) {
     return Invalid(
         absl::StrCat(field, ".dtype = ", v1::DType_Name(t.dtype()), " must be DTYPE_BF16"));
@@ -52,8 +48,95 @@ absl::Status CheckDimRange(const Tensor& t, const std::string& field, int dim, i
   return absl::OkStatus();
 }
 
-// Dimensions are already bounded, so the product cannot overflow.
-absl::StatusOr<const bf16_bits*> CheckPayload(const Tensor& t, const std::string& field) {
+std::string ShapeText(const std::vector<int64_t>& shape, const char* dtype) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&text, i ? ", " : "", shape[i]);
+  return absl::StrCat(text, "] ", dtype);
+}
+
+// One shared-memory range a call uses; outputs must not overlap anything else of the call.
+struct UsedRange {
+  const MappedSharedMemory* region;
+  uint64_t offset;
+  uint64_t length;
+  std::string field;
+};
+
+// Resolves the shared-memory ranges of one request, pinning each region it finds.
+class SharedMemoryResolver {
+ public:
+  SharedMemoryResolver(SharedMemoryRegistry* regions, RegionPins* pins)
+      : regions_(regions), pins_(pins) {}
+
+  // `field` is the ref's own name ("q.shared_memory", "out_shared_memory"); `shape` and `dtype`
+  // say what it must hold, `element_bytes` per element.
+  absl::StatusOr<uint8_t*> Resolve(const v1::SharedMemoryRef& ref, const std::string& field,
+                                   const std::vector<int64_t>& shape, const char* dtype,
+                                   int64_t element_bytes) {
+    if (regions_ == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ": shared memory is not available here; send inline_data"));
+    }
+    VERIFYD_ASSIGN_OR_RETURN(std::shared_ptr<MappedSharedMemory> region,
+                             regions_->Find(ref.region(), absl::StrCat(field, ".region")));
+    if (ref.offset() % 64 != 0) {
+      return Invalid(absl::StrCat(field, ".offset = ", ref.offset(), " must be a multiple of 64"));
+    }
+    if (ref.offset() > region->bytes() || ref.length() > region->bytes() - ref.offset()) {
+      return Invalid(absl::StrCat(field, ".offset = ", ref.offset(), " + ", field,
+                                  ".length = ", ref.length(), " must be <= the ", region->bytes(),
+                                  " bytes of region '", ref.region(), "'"));
+    }
+    int64_t expected = element_bytes;
+    for (int64_t d : shape) expected *= d;  // dimensions are bounded: no overflow
+    if (ref.length() != static_cast<uint64_t>(expected)) {
+      return Invalid(absl::StrCat(field, ".length = ", ref.length(), " must equal ", expected,
+                                  " (shape ", ShapeText(shape, dtype), ")"));
+    }
+    ranges_.push_back(UsedRange{region.get(), ref.offset(), ref.length(), field});
+    uint8_t* data = region->data() + ref.offset();
+    if (pins_ != nullptr) pins_->push_back(std::move(region));
+    return data;
+  }
+
+  // The output ranges (resolved after every input) against every other range of the call.
+  absl::Status CheckOutputsDisjoint(size_t first_output) const {
+    for (size_t o = first_output; o < ranges_.size(); ++o) {
+      for (size_t k = 0; k < ranges_.size(); ++k) {
+        if (k == o) continue;
+        const UsedRange& a = ranges_[o];
+        const UsedRange& b = ranges_[k];
+        if (a.region == b.region && a.offset < b.offset + b.length &&
+            b.offset < a.offset + a.length) {
+          return Invalid(absl::StrCat(a.field, " [", a.offset, ", ", a.offset + a.length,
+                                      ") overlaps ", b.field, " [", b.offset, ", ",
+                                      b.offset + b.length, ") in region '", a.region->region(),
+                                      "'; an output may not overlap another output or an input"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  size_t ranges() const { return ranges_.size(); }
+
+ private:
+  SharedMemoryRegistry* regions_;
+  RegionPins* pins_;
+  std::vector<UsedRange> ranges_;
+};
+
+// The bf16 payload, inline or in shared memory. Dimensions are already bounded, so the product
+// cannot overflow.
+absl::StatusOr<const bf16_bits*> CheckPayload(const Tensor& t, const std::string& field,
+                                              SharedMemoryResolver& shm) {
+  if (t.data_case() == Tensor::kSharedMemory) {
+    VERIFYD_ASSIGN_OR_RETURN(
+        uint8_t * data,
+        shm.Resolve(t.shared_memory(), absl::StrCat(field, ".shared_memory"),
+                    std::vector<int64_t>(t.shape().begin(), t.shape().end()), "bf16", 2));
+    return reinterpret_cast<const bf16_bits*>(data);
+  }
   int64_t elements = 1;
   for (int64_t d : t.shape()) elements *= d;
   const int64_t expected = elements * 2;
@@ -114,7 +197,8 @@ ValidationLimits LimitsFromOptions(const ServiceOptions& options) {
 }
 
 absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
-                                          const ValidationLimits& limits) {
+                                          const ValidationLimits& limits,
+                                          SharedMemoryRegistry* regions, RegionPins* pins) {
   if (request.layer_begin() >= static_cast<uint32_t>(limits.layers)) {
     return Invalid(absl::StrCat("layer_begin = ", request.layer_begin(),
                                 " must be < --layers = ", limits.layers));
@@ -128,7 +212,8 @@ absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
       CheckDimRange(kv, "kv", 1, 1, std::numeric_limits<int32_t>::max(), "int32 max"));
   VERIFYD_RETURN_IF_ERROR(CheckDimEquals(kv, "kv", 2, kKvDim, "the KV row width"));
   AppendCall call;
-  VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckPayload(kv, "kv"));
+  SharedMemoryResolver shm(regions, pins);
+  VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckPayload(kv, "kv", shm));
   call.sequence = request.sequence_id();
   call.layer_begin = static_cast<int>(request.layer_begin());
   call.layer_count = static_cast<int>(kv.shape(0));
@@ -137,7 +222,8 @@ absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
 }
 
 absl::StatusOr<VerifyCall> ValidateVerify(const v1::VerifyRequest& request,
-                                          const ValidationLimits& limits) {
+                                          const ValidationLimits& limits,
+                                          SharedMemoryRegistry* regions, RegionPins* pins) {
   if (request.layer() >= static_cast<uint32_t>(limits.layers)) {
     return Invalid(
         absl::StrCat("layer = ", request.layer(), " must be < --layers = ", limits.layers));
@@ -191,20 +277,42 @@ absl::StatusOr<VerifyCall> ValidateVerify(const v1::VerifyRequest& request,
   VERIFYD_RETURN_IF_ERROR(CheckDimEquals(request.q(), "q", 0, total_q, sum_q));
   VERIFYD_RETURN_IF_ERROR(CheckDimEquals(request.q(), "q", 1, limits.heads, "--heads"));
   VERIFYD_RETURN_IF_ERROR(CheckDimEquals(request.q(), "q", 2, kKvDim, "the KV row width"));
-  VERIFYD_ASSIGN_OR_RETURN(call.q, CheckPayload(request.q(), "q"));
+  SharedMemoryResolver shm(regions, pins);
+  VERIFYD_ASSIGN_OR_RETURN(call.q, CheckPayload(request.q(), "q", shm));
 
   if (!request.has_tree_kv()) return Invalid("tree_kv is missing");
   VERIFYD_RETURN_IF_ERROR(CheckTensorForm(request.tree_kv(), "tree_kv", 2, "[sum Q, 576]"));
   VERIFYD_RETURN_IF_ERROR(CheckDimEquals(request.tree_kv(), "tree_kv", 0, total_q, sum_q));
   VERIFYD_RETURN_IF_ERROR(
       CheckDimEquals(request.tree_kv(), "tree_kv", 1, kKvDim, "the KV row width"));
-  VERIFYD_ASSIGN_OR_RETURN(call.tree_kv, CheckPayload(request.tree_kv(), "tree_kv"));
+  VERIFYD_ASSIGN_OR_RETURN(call.tree_kv, CheckPayload(request.tree_kv(), "tree_kv", shm));
+
+  const size_t first_output = shm.ranges();
+  if (request.has_out_shared_memory()) {
+    VERIFYD_ASSIGN_OR_RETURN(uint8_t * out,
+                             shm.Resolve(request.out_shared_memory(), "out_shared_memory",
+                                         {total_q, limits.heads, kVDim}, "bf16", 2));
+    call.out_destination = reinterpret_cast<bf16_bits*>(out);
+  }
+  if (request.has_lse_shared_memory()) {
+    if (!call.return_lse) {
+      return Invalid("lse_shared_memory is set but return_lse is false; set both or neither");
+    }
+    VERIFYD_ASSIGN_OR_RETURN(uint8_t * lse,
+                             shm.Resolve(request.lse_shared_memory(), "lse_shared_memory",
+                                         {total_q, limits.heads}, "fp32", 4));
+    call.lse_destination = reinterpret_cast<float*>(lse);
+  }
+  VERIFYD_RETURN_IF_ERROR(shm.CheckOutputsDisjoint(first_output));
 
   // The answer must fit the same message limit as the request; 4 KiB covers framing and the
-  // per-sequence committed lengths of any batch that fits the request.
+  // per-sequence committed lengths of any batch that fits the request. Outputs in shared memory
+  // add nothing.
   const int64_t rows = total_q * limits.heads;
-  const int64_t response_bytes = rows * kVDim * 2 + (call.return_lse ? rows * 4 : 0) + 4096 +
-                                 int64_t{10} * request.sequences_size();
+  const int64_t inline_out = call.out_destination == nullptr ? rows * kVDim * 2 : 0;
+  const int64_t inline_lse = call.return_lse && call.lse_destination == nullptr ? rows * 4 : 0;
+  const int64_t response_bytes =
+      inline_out + inline_lse + 4096 + int64_t{10} * request.sequences_size();
   if (response_bytes > limits.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the response (out [", total_q, ", ", limits.heads, ", 512] bf16",

@@ -3,9 +3,13 @@
 // capacity) is checked by KvStore, which also changes nothing when it fails.
 #pragma once
 
+#include <memory>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "service/request_types.h"
 #include "service/service_options.h"
+#include "service/shared_memory_registry.h"
 #include "verifyd/v1/verifyd.pb.h"
 
 namespace verifyd {
@@ -20,10 +24,25 @@ struct ValidationLimits {
 
 ValidationLimits LimitsFromOptions(const ServiceOptions& options);
 
+// The shared-memory regions a validated call reads or writes. The call's pointers point into
+// them, so the caller holds the pins until the call has finished: a region released or expired
+// meanwhile stays mapped.
+using RegionPins = std::vector<std::shared_ptr<MappedSharedMemory>>;
+
+// A Tensor may carry inline_data or a shared_memory range (plans/0010): the region must be live
+// (NOT_FOUND otherwise), the offset a multiple of 64, the range inside the region and its length
+// exactly what the shape needs. Without `regions`, shared-memory tensors are FAILED_PRECONDITION.
+// The regions named are looked up (which renews their leases) and appended to `pins`.
 absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
-                                          const ValidationLimits& limits);
+                                          const ValidationLimits& limits,
+                                          SharedMemoryRegistry* regions = nullptr,
+                                          RegionPins* pins = nullptr);
+// Also out_shared_memory / lse_shared_memory (lse only with return_lse): the same checks, and no
+// output range may overlap the other output nor q or tree_kv. They set the call's destinations.
 absl::StatusOr<VerifyCall> ValidateVerify(const v1::VerifyRequest& request,
-                                          const ValidationLimits& limits);
+                                          const ValidationLimits& limits,
+                                          SharedMemoryRegistry* regions = nullptr,
+                                          RegionPins* pins = nullptr);
 absl::StatusOr<CommitCall> ValidateCommit(const v1::CommitRequest& request,
                                           const ValidationLimits& limits);
 absl::StatusOr<ReleaseCall> ValidateRelease(const v1::ReleaseRequest& request);

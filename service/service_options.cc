@@ -109,6 +109,9 @@ absl::Status ValidateServiceOptions(const ServiceOptions& o) {
   VERIFYD_RETURN_IF_ERROR(
       CheckRange("--compaction-chunk-bytes", o.compaction_chunk_bytes, 0, int64_t{1} << 40));
   VERIFYD_RETURN_IF_ERROR(CheckRange("compaction_history", o.compaction_history, 1, 1 << 20));
+  VERIFYD_RETURN_IF_ERROR(CheckRange("--shm-max-bytes", o.shm_max_bytes, 0, int64_t{1} << 40));
+  VERIFYD_RETURN_IF_ERROR(
+      CheckRange("--shm-max-region-bytes", o.shm_max_region_bytes, 4096, int64_t{1} << 40));
   if (!o.tcp.empty()) {
     std::string host;
     int port = 0;

@@ -46,11 +46,14 @@ struct ServiceOptions {
   // After that: seconds in-flight calls get to finish before they are cancelled.
   double drain_seconds = 30;
   // Bytes of one compaction chunk: the most the executor copies between two queued requests.
-  // 0 picks by backend: 4 MiB on cpu (a host memcpy holds the executor), 64 MiB on cuda (the
-  // copy itself takes ~40 µs there; per-chunk planning and the wait dominate small chunks).
+  // 0 picks by backend: 4 MiB on cpu (a host memcpy holds the executor), 256 MiB on cuda (the
+  // copy itself takes ~160 µs there; per-chunk planning and the wait dominate small chunks).
   int64_t compaction_chunk_bytes = 0;
   // Operations GetCompaction remembers.
   int compaction_history = 64;
+  // Shared memory for tensors (plans/0010): bytes over all regions (0 disables it) and per region.
+  int64_t shm_max_bytes = int64_t{1} << 30;
+  int64_t shm_max_region_bytes = int64_t{256} << 20;
 };
 
 // The Unix socket default for a device.

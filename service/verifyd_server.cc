@@ -5,6 +5,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -87,7 +88,16 @@ absl::Status VerifydServer::Start() {
   const std::string socket_path = UnixSocketPath(options_.listen);
   if (!socket_path.empty()) VERIFYD_RETURN_IF_ERROR(PrepareSocketPath(socket_path));
 
-  service_ = std::make_unique<VerifydService>(options_, metrics_.get());
+  SharedMemoryLimits shm_limits;
+  shm_limits.max_total_bytes = options_.shm_max_bytes;
+  shm_limits.max_region_bytes = options_.shm_max_region_bytes;
+  shm_limits.lease = absl::Seconds(options_.lease_seconds);
+  shm_limits.name_prefix = absl::StrCat("verifyd-", options_.device, "-");
+  regions_ = std::make_unique<SharedMemoryRegistry>(shm_limits);
+  // Expiry lags a lease by at most a quarter of it, as for sequences.
+  regions_->StartLeaseSweeper(std::clamp(absl::Seconds(options_.lease_seconds) / 4,
+                                         absl::Milliseconds(20), absl::Milliseconds(250)));
+  service_ = std::make_unique<VerifydService>(options_, metrics_.get(), regions_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -152,6 +162,8 @@ void VerifydServer::Shutdown() {
                         std::chrono::duration<double>(options_.drain_seconds)));
   if (device_ != nullptr) device_->Drain();
   server_->Wait();
+  // Every call has finished: nothing maps a region for the daemon any more.
+  regions_->UnlinkAll();
   const std::string socket_path = UnixSocketPath(options_.listen);
   if (!socket_path.empty()) unlink(socket_path.c_str());
 }
@@ -180,10 +192,12 @@ std::string VerifydServer::StartupLine() const {
                   exposer_ ? absl::StrCat("http://", metrics_address(), "/metrics") : "off");
   absl::StrAppendFormat(&line,
                         " backend=%s device=%d layers=%d heads=%d max_tree_nodes=%d "
-                        "kv_capacity_tokens=%d softmax_scale=%g lease_seconds=%g version=%s",
+                        "kv_capacity_tokens=%d softmax_scale=%g lease_seconds=%g shm_max_bytes=%d "
+                        "version=%s",
                         backend_name_, options_.device, options_.layers, options_.heads,
                         options_.max_tree_nodes, options_.kv_capacity_tokens,
-                        options_.softmax_scale, options_.lease_seconds, VERIFYD_VERSION);
+                        options_.softmax_scale, options_.lease_seconds, options_.shm_max_bytes,
+                        VERIFYD_VERSION);
   return line;
 }
 

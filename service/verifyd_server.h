@@ -12,6 +12,7 @@
 #include "service/device.h"
 #include "service/service_metrics.h"
 #include "service/service_options.h"
+#include "service/shared_memory_registry.h"
 #include "service/verifyd_service.h"
 
 namespace verifyd {
@@ -35,6 +36,8 @@ class VerifydServer {
   // After BecomeReady: "verifyd listening on ... backend=cpu ...".
   std::string StartupLine() const;
   ServiceMetrics& metrics() { return *metrics_; }
+  // After Start: the shared-memory regions (tests look at their count and bytes).
+  SharedMemoryRegistry& shared_memory() { return *regions_; }
 
  private:
   void SetServing(bool serving);
@@ -43,6 +46,7 @@ class VerifydServer {
   std::string backend_name_ = "none";
   std::unique_ptr<ServiceMetrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<SharedMemoryRegistry> regions_;
   std::unique_ptr<VerifydService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Device> device_;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
 #include "service/grpc_status.h"
 
 namespace verifyd {
@@ -33,8 +34,12 @@ v1::CompactionStatus::State ToProtoState(CompactionOperation::State state) {
 
 }  // namespace
 
-VerifydService::VerifydService(const ServiceOptions& options, ServiceMetrics* metrics)
-    : limits_(LimitsFromOptions(options)), admin_token_(options.admin_token), metrics_(metrics) {}
+VerifydService::VerifydService(const ServiceOptions& options, ServiceMetrics* metrics,
+                               SharedMemoryRegistry* regions)
+    : limits_(LimitsFromOptions(options)),
+      admin_token_(options.admin_token),
+      metrics_(metrics),
+      regions_(regions) {}
 
 void VerifydService::FinishCall(grpc::ServerUnaryReactor* reactor, const char* method,
                                 absl::Time start, const absl::Status& status) {
@@ -77,24 +82,35 @@ grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* co
                                                  const v1::AppendRequest* request,
                                                  v1::AppendResponse* response) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<AppendCall> call = ValidateAppend(*request, limits_);
+  RegionPins pins;
+  absl::StatusOr<AppendCall> call = ValidateAppend(*request, limits_, regions_, &pins);
   if (!call.ok()) return FinishNow("Append", context, start, call.status());
+  // The pins ride with the task: the kv pointer stays mapped until the executor is done with it.
   return Enqueue("Append", context, start,
-                 [call = *std::move(call), response](DeviceOperations& ops) {
-                   return ops.Append(call, response);
-                 });
+                 [call = *std::move(call), pins = std::move(pins),
+                  response](DeviceOperations& ops) { return ops.Append(call, response); });
 }
 
 grpc::ServerUnaryReactor* VerifydService::Verify(grpc::CallbackServerContext* context,
                                                  const v1::VerifyRequest* request,
                                                  v1::VerifyResponse* response) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<VerifyCall> call = ValidateVerify(*request, limits_);
+  RegionPins pins;
+  absl::StatusOr<VerifyCall> call = ValidateVerify(*request, limits_, regions_, &pins);
   if (!call.ok()) return FinishNow("Verify", context, start, call.status());
-  return Enqueue("Verify", context, start,
-                 [call = *std::move(call), response](DeviceOperations& ops) {
-                   return ops.Verify(call, response);
-                 });
+  return Enqueue(
+      "Verify", context, start,
+      [call = *std::move(call), pins = std::move(pins), request, response](DeviceOperations& ops) {
+        VERIFYD_RETURN_IF_ERROR(ops.Verify(call, response));
+        // The executor wrote the bytes there and left dtype + shape; name the range.
+        if (call.out_destination != nullptr) {
+          *response->mutable_out()->mutable_shared_memory() = request->out_shared_memory();
+        }
+        if (call.lse_destination != nullptr) {
+          *response->mutable_lse()->mutable_shared_memory() = request->lse_shared_memory();
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* VerifydService::Commit(grpc::CallbackServerContext* context,
@@ -129,6 +145,28 @@ grpc::ServerUnaryReactor* VerifydService::Stats(grpc::CallbackServerContext* con
     ops.Stats(response);
     return absl::OkStatus();
   });
+}
+
+grpc::ServerUnaryReactor* VerifydService::CreateSharedMemory(
+    grpc::CallbackServerContext* context, const v1::CreateSharedMemoryRequest* request,
+    v1::SharedMemoryRegion* response) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<SharedMemoryInfo> info = regions_->Create(request->bytes());
+  if (info.ok()) {
+    response->set_region(info->region);
+    response->set_path(info->path);
+    response->set_bytes(info->bytes);
+  }
+  return FinishNow("CreateSharedMemory", context, start, info.status());
+}
+
+grpc::ServerUnaryReactor* VerifydService::ReleaseSharedMemory(
+    grpc::CallbackServerContext* context, const v1::ReleaseSharedMemoryRequest* request,
+    v1::ReleaseSharedMemoryResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<uint64_t> bytes = regions_->Release(request->region());
+  if (bytes.ok()) response->set_bytes(*bytes);
+  return FinishNow("ReleaseSharedMemory", context, start, bytes.status());
 }
 
 absl::Status VerifydService::CheckAdmin(const grpc::CallbackServerContext& context) const {

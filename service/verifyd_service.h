@@ -13,6 +13,7 @@
 #include "service/request_validation.h"
 #include "service/service_metrics.h"
 #include "service/service_options.h"
+#include "service/shared_memory_registry.h"
 #include "verifyd/v1/verifyd.grpc.pb.h"
 
 namespace verifyd {
@@ -21,7 +22,9 @@ inline constexpr char kAdminTokenMetadata[] = "x-verifyd-admin-token";
 
 class VerifydService final : public v1::Verifyd::CallbackService {
  public:
-  VerifydService(const ServiceOptions& options, ServiceMetrics* metrics);
+  // `regions` holds the shared-memory regions for tensors; it must outlive the server's calls.
+  VerifydService(const ServiceOptions& options, ServiceMetrics* metrics,
+                 SharedMemoryRegistry* regions);
 
   // Until a device is attached, every RPC answers UNAVAILABLE ("starting"). The device must
   // outlive the server's calls.
@@ -48,6 +51,13 @@ class VerifydService final : public v1::Verifyd::CallbackService {
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
                                   const v1::StatsRequest* request,
                                   v1::StatsResponse* response) override;
+  // Answered on the handler thread: regions are not device state.
+  grpc::ServerUnaryReactor* CreateSharedMemory(grpc::CallbackServerContext* context,
+                                               const v1::CreateSharedMemoryRequest* request,
+                                               v1::SharedMemoryRegion* response) override;
+  grpc::ServerUnaryReactor* ReleaseSharedMemory(grpc::CallbackServerContext* context,
+                                                const v1::ReleaseSharedMemoryRequest* request,
+                                                v1::ReleaseSharedMemoryResponse* response) override;
 
  private:
   // Runs `op` on the executor, then finishes the call with its status.
@@ -65,6 +75,7 @@ class VerifydService final : public v1::Verifyd::CallbackService {
   const ValidationLimits limits_;
   const std::string admin_token_;
   ServiceMetrics* metrics_;
+  SharedMemoryRegistry* regions_;
   std::atomic<Device*> device_{nullptr};
 };
 

@@ -31,6 +31,9 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "match the daemon's --m
 ABSL_FLAG(double, deadline_seconds, 60, "per-RPC deadline");
 ABSL_FLAG(int, corrupt_reference_at_step, -1,
           "checks the checker: corrupt the reference's input at this step (must then exit 1)");
+ABSL_FLAG(bool, shared_memory, false,
+          "send Append kv and Verify q/tree_kv, and receive out/lse, through shared-memory "
+          "regions the daemon creates (one per thread and rank) instead of inline bytes");
 ABSL_FLAG(bool, release, true, "release every sequence at the end (false: leave them live)");
 
 namespace {
@@ -59,6 +62,7 @@ int main(int argc, char** argv) {
   c.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   c.deadline_seconds = absl::GetFlag(FLAGS_deadline_seconds);
   c.release_at_end = absl::GetFlag(FLAGS_release);
+  c.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   c.corrupt_reference_at_step = absl::GetFlag(FLAGS_corrupt_reference_at_step);
   if (!ParseRange(absl::GetFlag(FLAGS_prefill_tokens), &c.prefill_min, &c.prefill_max) ||
       !ParseRange(absl::GetFlag(FLAGS_tree_sizes), &c.tree_min, &c.tree_max)) {
@@ -74,8 +78,9 @@ int main(int argc, char** argv) {
   }
   const auto& r = *report;
   const auto& lat = r.verify_latency;
-  std::printf("fake_scheduler: %d sequences x %d steps against %s\n", c.sequences, c.steps,
-              absl::GetFlag(FLAGS_target).c_str());
+  std::printf("fake_scheduler: %d sequences x %d steps against %s (tensors %s)\n", c.sequences,
+              c.steps, absl::GetFlag(FLAGS_target).c_str(),
+              c.shared_memory ? "in shared memory" : "inline");
   std::printf("  prefill tokens      %lld\n", static_cast<long long>(r.prefill_tokens));
   std::printf("  sequence-steps      %lld in %.2f s: %.1f steps/s\n",
               static_cast<long long>(r.sequence_steps), r.wall_seconds,

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/group_client.h"
+#include "client/shared_tensor.h"
 #include "client/tensor.h"
 #include "kernels/mla_dims.h"
 #include "kernels/status_macros.h"
@@ -46,6 +47,9 @@ struct SequenceState {
 
 using Group = std::vector<SequenceState*>;
 
+// A worker's shared-memory regions, one per rank; empty when tensors travel inline.
+using RankRegions = std::vector<SharedMemoryRegion>;
+
 class Run {
  public:
   Run(const SchedulerConfig& config, GroupClient& ranks, const Geometry& geometry)
@@ -55,12 +59,15 @@ class Run {
 
  private:
   void Worker(int thread, const std::vector<Group>& groups);
-  bool Prefill(SequenceState& s);
-  bool Step(const Group& group, int step);
-  // Checks one rank's answer to a layer's Verify against the models; q is that rank's queries.
+  // One region per rank, large enough for any Append or Verify of this worker.
+  bool CreateRegions(const std::vector<Group>& groups, RankRegions& regions);
+  bool Prefill(SequenceState& s, RankRegions& regions);
+  bool Step(const Group& group, int step, RankRegions& regions);
+  // Checks one rank's answer to a layer's Verify against the models; q is that rank's queries,
+  // region the rank's shared memory when the outputs are there.
   bool CheckVerify(const Group& group, const std::vector<int>& offsets, int step, int layer,
                    float scale, bool want_lse, int rank, std::vector<bf16_bits>& q,
-                   const v1::VerifyResponse& response);
+                   const v1::VerifyResponse& response, const SharedMemoryRegion* region);
   // "rank r: " when there are several ranks, "" otherwise.
   std::string RankPrefix(int rank) const {
     return ranks_.size() > 1 ? absl::StrCat("rank ", rank, ": ") : "";
@@ -90,7 +97,26 @@ bool Run::Fail(std::string message) {
   return false;
 }
 
-bool Run::Prefill(SequenceState& s) {
+bool Run::CreateRegions(const std::vector<Group>& groups, RankRegions& regions) {
+  size_t largest_batch = 1;
+  for (const Group& g : groups) largest_batch = std::max(largest_batch, g.size());
+  const int64_t nodes =
+      static_cast<int64_t>(largest_batch) * std::min(config_.tree_max, g_.max_tree_nodes);
+  const uint64_t bytes =
+      std::max<uint64_t>(SharedVerifyBytes(nodes, g_.heads, /*return_lse=*/true),
+                         static_cast<uint64_t>(config_.prefill_max) * g_.layers * kKvDim * 2);
+  for (int r = 0; r < ranks_.size(); ++r) {
+    auto created = ranks_.rank(r).CreateSharedMemory(bytes);
+    if (!created.ok()) {
+      return Fail(absl::StrCat(RankPrefix(r), "CreateSharedMemory(", bytes,
+                               "): ", created.status().ToString()));
+    }
+    regions.push_back(*std::move(created));
+  }
+  return true;
+}
+
+bool Run::Prefill(SequenceState& s, RankRegions& regions) {
   const int64_t tokens =
       config_.prefill_min +
       static_cast<int64_t>(s.rng() % (config_.prefill_max - config_.prefill_min + 1));
@@ -113,9 +139,16 @@ bool Run::Prefill(SequenceState& s) {
     v1::AppendRequest request;
     request.set_sequence_id(id);
     request.set_layer_begin(layer_begin);
-    const int64_t shape[] = {layer_count, tokens, kKvDim};
-    *request.mutable_kv() = *tensor::MakeBf16(shape, rows);
-    const auto results = ranks_.Append(request);
+    std::vector<absl::StatusOr<v1::AppendResponse>> results;
+    if (regions.empty()) {
+      const int64_t shape[] = {layer_count, tokens, kKvDim};
+      *request.mutable_kv() = *tensor::MakeBf16(shape, rows);
+      results = ranks_.Append(request);
+    } else {
+      results = ranks_.ForEachRank<v1::AppendResponse>([&](int r, Client& c) {
+        return c.AppendKvShared(id, layer_begin, layer_count, tokens, rows, regions[r]);
+      });
+    }
     for (int r = 0; r < ranks_.size(); ++r) {
       if (!results[r].ok()) {
         return Fail(absl::StrCat(RankPrefix(r), "sequence ", id,
@@ -147,7 +180,7 @@ bool Run::Prefill(SequenceState& s) {
   return true;
 }
 
-bool Run::Step(const Group& group, int step) {
+bool Run::Step(const Group& group, int step, RankRegions& regions) {
   // The model applies last step's commit now: the daemon applies it before this step's Verify.
   std::vector<int> offsets = {0};  // node offsets of each sequence in the batch
   for (SequenceState* s : group) {
@@ -209,13 +242,25 @@ bool Run::Step(const Group& group, int step) {
     }
     const int64_t q_shape[] = {total_q, H, kKvDim};
     const int64_t kv_shape[] = {total_q, kKvDim};
-    *request.mutable_tree_kv() = *tensor::MakeBf16(kv_shape, tree_kv);
-    std::vector<v1::VerifyRequest> requests(ranks_.size(), request);
-    for (int r = 0; r < ranks_.size(); ++r)
-      *requests[r].mutable_q() = *tensor::MakeBf16(q_shape, q[r]);
-
-    const absl::Time start = absl::Now();
-    const auto responses = ranks_.Verify(requests);
+    std::vector<absl::StatusOr<v1::VerifyResponse>> responses;
+    absl::Time start;
+    if (regions.empty()) {
+      *request.mutable_tree_kv() = *tensor::MakeBf16(kv_shape, tree_kv);
+      std::vector<v1::VerifyRequest> requests(ranks_.size(), request);
+      for (int r = 0; r < ranks_.size(); ++r)
+        *requests[r].mutable_q() = *tensor::MakeBf16(q_shape, q[r]);
+      start = absl::Now();
+      responses = ranks_.Verify(requests);
+    } else {
+      // Placing the tensors in the region is part of the call's cost, as encoding is inline.
+      start = absl::Now();
+      responses = ranks_.ForEachRank<v1::VerifyResponse>(
+          [&](int r, Client& c) -> absl::StatusOr<v1::VerifyResponse> {
+            auto result = c.VerifyShared(request, q[r], tree_kv, regions[r]);
+            if (!result.ok()) return result.status();
+            return std::move(result->response);
+          });
+    }
     const double micros = absl::ToDoubleMicroseconds(absl::Now() - start);
     for (SequenceState* s : group) s->commit_to_send.reset();
     for (int r = 0; r < ranks_.size(); ++r) {
@@ -224,7 +269,8 @@ bool Run::Step(const Group& group, int step) {
                                  group.size(), ", sequence ", group[0]->model.id(),
                                  " first): ", responses[r].status().ToString()));
       }
-      if (!CheckVerify(group, offsets, step, layer, scale, want_lse, r, q[r], *responses[r])) {
+      if (!CheckVerify(group, offsets, step, layer, scale, want_lse, r, q[r], *responses[r],
+                       regions.empty() ? nullptr : &regions[r])) {
         return false;
       }
     }
@@ -247,19 +293,24 @@ bool Run::Step(const Group& group, int step) {
 
 bool Run::CheckVerify(const Group& group, const std::vector<int>& offsets, int step, int layer,
                       float scale, bool want_lse, int rank, std::vector<bf16_bits>& q,
-                      const v1::VerifyResponse& response) {
+                      const v1::VerifyResponse& response, const SharedMemoryRegion* region) {
   const int H = g_.heads;
   const int total_q = offsets.back();
   const std::string where =
       absl::StrCat(RankPrefix(rank), "step ", step, " layer ", layer, " (batch of ", group.size(),
                    ", sequence ", group[0]->model.id(), " first)");
   const int64_t out_shape[] = {total_q, H, kVDim};
-  auto out = tensor::ParseBf16(response.out(), "out", out_shape);
+  if (region != nullptr &&
+      (response.out().data_case() != v1::Tensor::kSharedMemory ||
+       (want_lse && response.lse().data_case() != v1::Tensor::kSharedMemory))) {
+    return Fail(absl::StrCat(where, ": out/lse came inline, asked in shared memory"));
+  }
+  auto out = tensor::ReadBf16(response.out(), region, "out", out_shape);
   if (!out.ok()) return Fail(absl::StrCat(where, ": ", out.status().ToString()));
   std::vector<float> lse;
   if (want_lse) {
     const int64_t lse_shape[] = {total_q, H};
-    auto parsed = tensor::ParseFp32(response.lse(), "lse", lse_shape);
+    auto parsed = tensor::ReadFp32(response.lse(), region, "lse", lse_shape);
     if (!parsed.ok()) return Fail(absl::StrCat(where, ": ", parsed.status().ToString()));
     lse = std::move(*parsed);
   }
@@ -355,12 +406,14 @@ bool Run::Finish(SequenceState& s) {
 void Run::Worker(int thread, const std::vector<Group>& groups) {
   // Sequences of one worker are interleaved step by step, so they grow side by side in the pool
   // (and fragment it) as a real batch does.
+  RankRegions regions;  // released (ReleaseSharedMemory) when the worker ends
+  if (config_.shared_memory && !CreateRegions(groups, regions)) return;
   for (const Group& g : groups)
     for (SequenceState* s : g)
-      if (Aborted() || !Prefill(*s)) return;
+      if (Aborted() || !Prefill(*s, regions)) return;
   for (int step = 0; step < config_.steps; ++step) {
     for (const Group& g : groups)
-      if (Aborted() || !Step(g, step)) return;
+      if (Aborted() || !Step(g, step, regions)) return;
     progress_[thread].store(step + 1);
   }
   for (const Group& g : groups)

@@ -32,6 +32,9 @@ struct SchedulerConfig {
   double max_relative_error = 1e-2;
   // false: sequences stay live at the end (after their final Commit), for an operator to inspect.
   bool release_at_end = true;
+  // Tensors through shared memory (plans/0010): every worker thread creates one region per rank
+  // and sends Append kv, Verify q/tree_kv and receives out/lse through it; false: inline bytes.
+  bool shared_memory = false;
   // Test of the checker itself: at this step (layer 0), the reference sees one query element
   // changed, so a correct daemon must be reported as a mismatch (-1: never).
   int corrupt_reference_at_step = -1;

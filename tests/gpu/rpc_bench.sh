@@ -2,7 +2,9 @@
 # On the GPU machine (called by run_device.sh): the Verify RPC over the Unix socket against
 # `verifyd --backend=cuda`, SPEC §5 / issue 5:
 #   1. Verify latency p50/p99 at S1 (B=1 H=8 Q=16 L=65536) and S5 (B=32 H=8 Q=8 L=4096),
-#      CUDA graphs on and off (verifyd_load, concurrency 1, closed loop);
+#      CUDA graphs on and off (verifyd_load, concurrency 1, closed loop); each with tensors inline
+#      (shape "S1") and through shared memory (shape "S1-shm", verifyd_load --shared_memory,
+#      plans/0010);
 #   2. Verify p99 while operator compactions run ÷ without: the fake scheduler keeps committing
 #      trees (which fragments sequences) in both windows; in the second a loop of
 #      `verifyctl compact` runs alongside. Compaction bytes/s is read from the operations.
@@ -50,7 +52,16 @@ LAYERS=1
 for graphs in $([ "${RPC_LATENCY:-1}" = 1 ] && echo on off); do
   start --cuda_graphs=$graphs || continue
   load "S1,$graphs" --tree_nodes=16 --prefix_tokens=65536 --batch=1 >>"$OUT/rpc_latency.csv"
+  load "S1-shm,$graphs" --tree_nodes=16 --prefix_tokens=65536 --batch=1 --shared_memory \
+    >>"$OUT/rpc_latency.csv"
   load "S5,$graphs" --tree_nodes=8 --prefix_tokens=4096 --batch=32 >>"$OUT/rpc_latency.csv"
+  load "S5-shm,$graphs" --tree_nodes=8 --prefix_tokens=4096 --batch=32 --shared_memory \
+    >>"$OUT/rpc_latency.csv"
+  # Correctness of the shared-memory path on this backend: every output against the reference.
+  "$bin/fake_scheduler" --target="$sock" --sequences=4 --steps=10 --threads=2 --batch=2 \
+    --prefill_tokens=256-1024 --tree_sizes=8-64 --seed=5 --shared_memory \
+    >>"$OUT/rpc_scheduler_shm.log" 2>&1
+  echo "fake_scheduler --shared_memory (graphs $graphs) exit $?" >>"$OUT/rpc_scheduler_shm.log"
   stop
 done
 
@@ -87,8 +98,29 @@ if start; then
   stop
 fi
 
+# Compaction as a daemon operation at a realistic layer count (61, DeepSeek-V3 / Kimi): no Verify
+# traffic, one fragmentation (64 sequences x 32 interleaved runs of 32 tokens: 4.6 GB of KV), one
+# Compact until converged; its bytes/s ÷ the D2D bandwidth that
+# compaction_bench prints in the same session is SPEC §5's compaction ratio.
+LAYERS=61
+if [ "${RPC_COMPACTION61:-1}" = 1 ] && start --kv_capacity_tokens=262144; then
+  "$bin/verifyd_load" --target="$sock" --fragment_sequences=64 --fragment_rounds=32 \
+    --fragment_tokens=32 >"$OUT/rpc_fragment61.log" 2>&1
+  "$bin/verifyctl" --target="$sock" --deadline-seconds=120 compact --budget-bytes=0 \
+    >"$OUT/rpc_compact61.log" 2>&1
+  stop
+fi
+
 echo "== rpc latency (µs)"
 column -s, -t "$OUT/rpc_latency.csv" 2>/dev/null || cat "$OUT/rpc_latency.csv"
+grep -E "^(OK|FAILED|  MISMATCH)|exit" "$OUT/rpc_scheduler_shm.log" 2>/dev/null
+for s in S1 S5; do  # p50 inline / p50 shm, per graphs setting
+  for g in on off; do
+    awk -F, -v s="$s" -v g="$g" '$1==s&&$2==g{i=$5} $1==s"-shm"&&$2==g{m=$5}
+      END{if(i&&m) printf "%s graphs %s: p50 inline %d us, shm %d us, inline/shm %.2f\n", s, g, i, m, i/m}' \
+      "$OUT/rpc_latency.csv"
+  done
+done
 echo "== Verify while compacting (µs)"
 column -s, -t "$OUT/rpc_compaction.csv" 2>/dev/null || cat "$OUT/rpc_compaction.csv"
 q=$(awk -F, '$1=="quiet"{print $6}' "$OUT/rpc_compaction.csv")
@@ -96,4 +128,7 @@ c=$(awk -F, '$1=="compacting"{print $6}' "$OUT/rpc_compaction.csv")
 [ -n "$q" ] && [ -n "$c" ] && awk -v q="$q" -v c="$c" 'BEGIN{printf "p99 compacting / quiet = %.2f\n", c/q}'
 echo "compactions: $(grep -c '^tokens moved' "$OUT/rpc_compact.log" 2>/dev/null || echo 0)"
 grep -E "^(bytes moved|throughput)" "$OUT/rpc_compact.log" | tail -4
+echo "== Compact at 61 layers, no traffic (daemon operation)"
+tail -2 "$OUT/rpc_fragment61.log" 2>/dev/null
+grep -E "^(state|bytes moved|tokens moved|throughput|fragment|error)" "$OUT/rpc_compact61.log" 2>/dev/null
 tail -3 "$OUT/rpc_scheduler.log"

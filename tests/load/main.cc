@@ -2,8 +2,13 @@
 // runs that many closed-loop workers (each its own sequences, prefilled once), warms up, then
 // measures a fixed window, and prints one CSV row: concurrency, throughput, p50/p90/p99 latency.
 //
+// With --shared_memory every Append and Verify goes through a region the daemon created (one per
+// worker): q and tree_kv are copied into it per call (inside the measured time, as inline encoding
+// is) and out comes back in it.
+//
 // Each worker repeats real decode steps of a fixed shape: Verify on every layer in turn, the
 // first one rejecting the previous tree (commit length 0) so the prefix length stays constant.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <iostream>
@@ -19,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/shared_tensor.h"
 #include "client/tensor.h"
 #include "kernels/mla_dims.h"
 #include "tests/fake_scheduler/draft_tree.h"
@@ -40,6 +46,9 @@ ABSL_FLAG(int, fragment_sequences, 0,
 ABSL_FLAG(int, fragment_rounds, 16, "Appends per fragmented sequence");
 ABSL_FLAG(int, fragment_tokens, 64, "tokens per Append of a fragmented sequence");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "match the daemon's --max-message-bytes");
+ABSL_FLAG(bool, shared_memory, false,
+          "tensors through shared memory the daemon creates (Append kv, Verify q/tree_kv/out) "
+          "instead of inline bytes");
 
 namespace {
 
@@ -59,11 +68,39 @@ struct Worker {
   std::vector<uint64_t> ids;
   std::vector<v1::VerifyRequest> requests;  // [layer]
   v1::VerifyRequest first_step_layer0;      // without commit_previous
+  // --shared_memory: the requests carry no tensors; these rows are copied into the region.
+  std::vector<std::vector<bf16_bits>> q, tree_kv;  // [layer]
+  verifyd::SharedMemoryRegion region;
   std::vector<double> latencies_us;
   absl::Status error;
 };
 
-absl::Status Prepare(Client& client, const Shape& s, uint64_t seed, uint64_t first_id, Worker& w) {
+// Append through a region made for the purpose, in chunks of at most 16 MiB (a container's
+// /dev/shm may be small); the region is dropped at once, as Verify needs less.
+absl::StatusOr<v1::AppendResponse> AppendShared(Client& client, uint64_t id, int layers, int tokens,
+                                                absl::Span<const bf16_bits> kv) {
+  const int64_t token_bytes = int64_t{layers} * kKvDim * 2;
+  const int chunk = static_cast<int>(std::clamp<int64_t>((16 << 20) / token_bytes, 1, tokens));
+  auto region = client.CreateSharedMemory(static_cast<uint64_t>(chunk * token_bytes));
+  if (!region.ok()) return region.status();
+  absl::StatusOr<v1::AppendResponse> appended;
+  std::vector<bf16_bits> rows;
+  for (int t0 = 0; t0 < tokens; t0 += chunk) {
+    const int n = std::min(chunk, tokens - t0);
+    rows.clear();
+    for (int l = 0; l < layers; ++l) {
+      const auto layer = kv.subspan(static_cast<size_t>(l) * tokens * kKvDim);
+      rows.insert(rows.end(), layer.begin() + static_cast<size_t>(t0) * kKvDim,
+                  layer.begin() + static_cast<size_t>(t0 + n) * kKvDim);
+    }
+    appended = client.AppendKvShared(id, 0, layers, n, rows, *region);
+    if (!appended.ok()) return appended.status();
+  }
+  return appended;
+}
+
+absl::Status Prepare(Client& client, const Shape& s, uint64_t seed, uint64_t first_id,
+                     bool shared_memory, Worker& w) {
   using verifyd::sched::FillRow;
   using verifyd::sched::RowKey;
   std::vector<bf16_bits> kv(static_cast<size_t>(s.layers) * s.prefix * kKvDim);
@@ -75,7 +112,8 @@ absl::Status Prepare(Client& client, const Shape& s, uint64_t seed, uint64_t fir
         FillRow(
             {RowKey::kPrefixKv, seed, id, static_cast<uint64_t>(l), static_cast<uint64_t>(t)}, 1.f,
             absl::MakeSpan(kv).subspan((static_cast<size_t>(l) * s.prefix + t) * kKvDim, kKvDim));
-    auto appended = client.AppendKv(id, 0, s.layers, s.prefix, kv);
+    auto appended = shared_memory ? AppendShared(client, id, s.layers, s.prefix, kv)
+                                  : client.AppendKv(id, 0, s.layers, s.prefix, kv);
     if (!appended.ok()) return appended.status();
   }
   const int total_q = s.nodes * s.batch;
@@ -99,9 +137,19 @@ absl::Status Prepare(Client& client, const Shape& s, uint64_t seed, uint64_t fir
           {RowKey::kTreeKv, seed, first_id, static_cast<uint64_t>(l), 0, static_cast<uint64_t>(i)},
           1.f, absl::MakeSpan(tree).subspan(static_cast<size_t>(i) * kKvDim, kKvDim));
     const int64_t q_shape[] = {total_q, s.heads, kKvDim}, kv_shape[] = {total_q, kKvDim};
-    *r.mutable_q() = *verifyd::tensor::MakeBf16(q_shape, q);
-    *r.mutable_tree_kv() = *verifyd::tensor::MakeBf16(kv_shape, tree);
+    if (shared_memory) {
+      w.q.push_back(std::move(q));
+      w.tree_kv.push_back(std::move(tree));
+    } else {
+      *r.mutable_q() = *verifyd::tensor::MakeBf16(q_shape, q);
+      *r.mutable_tree_kv() = *verifyd::tensor::MakeBf16(kv_shape, tree);
+    }
     w.requests.push_back(std::move(r));
+  }
+  if (shared_memory) {
+    auto region = client.CreateSharedMemory(verifyd::SharedVerifyBytes(total_q, s.heads, false));
+    if (!region.ok()) return region.status();
+    w.region = *std::move(region);
   }
   w.first_step_layer0 = w.requests[0];
   for (auto& seq : *w.first_step_layer0.mutable_sequences()) seq.clear_commit_previous();
@@ -110,7 +158,8 @@ absl::Status Prepare(Client& client, const Shape& s, uint64_t seed, uint64_t fir
 
 // Interleaved Appends: sequence b's chunk r lands after every other sequence's chunk r - 1, so no
 // sequence can extend its run in place and each ends with `rounds` runs.
-int Fragment(Client& client, int layers, int sequences, int rounds, int tokens) {
+int Fragment(Client& client, int layers, int sequences, int rounds, int tokens,
+             bool shared_memory) {
   constexpr uint64_t kFirstId = uint64_t{1} << 40;  // apart from the measured workers' ids
   std::vector<bf16_bits> kv(static_cast<size_t>(layers) * tokens * kKvDim);
   for (int b = 0; b < sequences; ++b) (void)client.Release(kFirstId + b);  // NOT_FOUND is fine
@@ -121,7 +170,8 @@ int Fragment(Client& client, int layers, int sequences, int rounds, int tokens) 
                                  static_cast<uint64_t>(r), static_cast<uint64_t>(i)},
                                 1.f, absl::MakeSpan(kv).subspan(i, kKvDim));
       }
-      auto appended = client.AppendKv(kFirstId + b, 0, layers, tokens, kv);
+      auto appended = shared_memory ? AppendShared(client, kFirstId + b, layers, tokens, kv)
+                                    : client.AppendKv(kFirstId + b, 0, layers, tokens, kv);
       if (!appended.ok()) return std::cerr << "verifyd_load: " << appended.status() << "\n", 1;
     }
   }
@@ -153,7 +203,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_fragment_sequences) > 0) {
     return Fragment(**client, static_cast<int>(stats->layers()),
                     absl::GetFlag(FLAGS_fragment_sequences), absl::GetFlag(FLAGS_fragment_rounds),
-                    absl::GetFlag(FLAGS_fragment_tokens));
+                    absl::GetFlag(FLAGS_fragment_tokens), absl::GetFlag(FLAGS_shared_memory));
   }
   Shape shape{static_cast<int>(stats->layers()), static_cast<int>(stats->heads()),
               absl::GetFlag(FLAGS_tree_nodes),   absl::GetFlag(FLAGS_prefix_tokens),
@@ -165,16 +215,20 @@ int main(int argc, char** argv) {
                                                 shape.nodes, rng);
   const absl::Duration warmup = absl::Seconds(absl::GetFlag(FLAGS_warmup_seconds));
   const absl::Duration window = absl::Seconds(absl::GetFlag(FLAGS_measure_seconds));
-  std::fprintf(stderr, "# %s backend, layers %d, heads %d, Q %d (%s), prefix %d, batch %d\n",
+  const bool shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  std::fprintf(stderr,
+               "# %s backend, layers %d, heads %d, Q %d (%s), prefix %d, batch %d, tensors %s\n",
                stats->backend().c_str(), shape.layers, shape.heads, shape.nodes,
-               absl::GetFlag(FLAGS_tree).c_str(), shape.prefix, shape.batch);
+               absl::GetFlag(FLAGS_tree).c_str(), shape.prefix, shape.batch,
+               shared_memory ? "in shared memory" : "inline");
   std::printf("concurrency,throughput_rps,p50_us,p90_us,p99_us\n");
 
   uint64_t next_id = (absl::GetFlag(FLAGS_seed) << 32) + 1;
   for (int level : levels) {
     std::vector<Worker> workers(level);
     for (Worker& w : workers) {
-      absl::Status s = Prepare(**client, shape, absl::GetFlag(FLAGS_seed), next_id, w);
+      absl::Status s =
+          Prepare(**client, shape, absl::GetFlag(FLAGS_seed), next_id, shared_memory, w);
       next_id += shape.batch;
       if (!s.ok()) return std::cerr << "verifyd_load: prefill: " << s << "\n", 1;
     }
@@ -187,10 +241,15 @@ int main(int argc, char** argv) {
           const v1::VerifyRequest& r = i == 0 ? w.first_step_layer0 : w.requests[layer];
           const absl::Time start = absl::Now();
           if (start >= measure_to) break;
-          auto response = (*client)->Verify(r);
+          absl::Status status;
+          if (shared_memory) {
+            status = (*client)->VerifyShared(r, w.q[layer], w.tree_kv[layer], w.region).status();
+          } else {
+            status = (*client)->Verify(r).status();
+          }
           const absl::Time end = absl::Now();
-          if (!response.ok()) {
-            w.error = response.status();
+          if (!status.ok()) {
+            w.error = status;
             break;
           }
           if (start >= measure_from && end <= measure_to) {

@@ -214,8 +214,8 @@ TEST_F(BadInputTest, ValidationErrorsThroughTheWire) {
               "layer_begin = 5 must be < --layers = 3");
   append = model_.MakeAppend(4, 2);
   append.mutable_kv()->mutable_shared_memory()->set_region("shm");
-  ExpectError([&] { return SendAppend(append); }, grpc::StatusCode::UNIMPLEMENTED,
-              "kv.shared_memory");
+  ExpectError([&] { return SendAppend(append); }, grpc::StatusCode::NOT_FOUND,
+              "kv.shared_memory.region = 'shm' is not a live shared-memory region");
   // Larger than --max-message-bytes: gRPC refuses it before any handler runs.
   ExpectError([&] { return SendAppend(model_.MakeAppend(4, 700)); },
               grpc::StatusCode::RESOURCE_EXHAUSTED, "");

@@ -68,6 +68,12 @@ TEST(DaemonProcessTest, InvalidFlagsExitTwo) {
   output.clear();
   EXPECT_EQ(testing::RunToExit(kBinary, {"--max-tree-nodes=2048"}, &output), 2);
   EXPECT_THAT(output, HasSubstr("--max-tree-nodes = 2048 must be in [1, 1024]"));
+  output.clear();
+  EXPECT_EQ(testing::RunToExit(kBinary, {"--shm-max-bytes=-1"}, &output), 2);
+  EXPECT_THAT(output, HasSubstr("--shm-max-bytes = -1 must be in [0, "));
+  output.clear();
+  EXPECT_EQ(testing::RunToExit(kBinary, {"--shm-max-region-bytes=100"}, &output), 2);
+  EXPECT_THAT(output, HasSubstr("--shm-max-region-bytes = 100 must be in [4096, "));
 }
 
 TEST(DaemonProcessTest, HealthGoesNotServingOnSigterm) {

@@ -136,7 +136,8 @@ TEST_F(ValidationTest, EveryVerifyFieldRejected) {
       {"q bytes", [](R& r) { r.mutable_q()->mutable_inline_data()->pop_back(); }, inv,
        "q.inline_data has 32255 bytes, must be 32256"},
       {"q shared memory", [](R& r) { r.mutable_q()->mutable_shared_memory()->set_region("x"); },
-       absl::StatusCode::kUnimplemented, "q.shared_memory"},
+       absl::StatusCode::kFailedPrecondition,
+       "q.shared_memory: shared memory is not available here"},
       {"tree_kv missing", [](R& r) { r.clear_tree_kv(); }, inv, "tree_kv is missing"},
       {"tree_kv dtype", [](R& r) { r.mutable_tree_kv()->set_dtype(v1::DTYPE_FP32); }, inv,
        "tree_kv.dtype = DTYPE_FP32 must be DTYPE_BF16"},
@@ -150,7 +151,7 @@ TEST_F(ValidationTest, EveryVerifyFieldRejected) {
        "tree_kv.inline_data has 8066 bytes, must be 8064"},
       {"tree_kv shared memory",
        [](R& r) { r.mutable_tree_kv()->mutable_shared_memory()->set_length(4); },
-       absl::StatusCode::kUnimplemented, "tree_kv.shared_memory"},
+       absl::StatusCode::kFailedPrecondition, "tree_kv.shared_memory: shared memory"},
       {"scale zero", [](R& r) { r.set_softmax_scale(0.f); }, inv,
        "softmax_scale = 0 must be finite and > 0"},
       {"scale negative", [](R& r) { r.set_softmax_scale(-1.f); }, inv, "softmax_scale = -1"},
@@ -205,7 +206,7 @@ TEST_F(ValidationTest, EveryAppendFieldRejected) {
       {"bytes", [](R& r) { r.mutable_kv()->mutable_inline_data()->resize(6912 - 2); }, inv,
        "kv.inline_data has 6910 bytes, must be 6912"},
       {"shared memory", [](R& r) { r.mutable_kv()->mutable_shared_memory()->set_offset(8); },
-       absl::StatusCode::kUnimplemented, "kv.shared_memory"},
+       absl::StatusCode::kFailedPrecondition, "kv.shared_memory: shared memory"},
   };
   RunCases(ValidAppend(), cases, [](const R& r) { return ValidateAppend(r, Limits()); });
 }

@@ -1,0 +1,213 @@
+#include "service/shared_memory_registry.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace verifyd {
+namespace {
+
+// 128 bits from the kernel's CSPRNG: a name another local user cannot guess (the mode already
+// keeps them out; the name also keeps a stale client from opening a newer region by accident).
+absl::StatusOr<std::string> RandomToken() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(absl::StrCat("getrandom failed: ", std::strerror(errno)));
+    }
+    got += static_cast<size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (unsigned char b : bytes) {
+    token.push_back(kHex[b >> 4]);
+    token.push_back(kHex[b & 15]);
+  }
+  return token;
+}
+
+// Creates, sizes and maps a fresh region. Pages are allocated now (posix_fallocate), so a full
+// /dev/shm is an error here instead of a SIGBUS when the daemon later writes an output.
+absl::StatusOr<uint8_t*> CreateMapping(const std::string& path, uint64_t bytes) {
+  const int fd = shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("shm_open '", path, "': ", std::strerror(errno)));
+  }
+  absl::Status status;
+  void* data = MAP_FAILED;
+  if (fchmod(fd, 0600) != 0) {  // the mode survives any umask, and nothing wider
+    status = absl::InternalError(absl::StrCat("fchmod '", path, "': ", std::strerror(errno)));
+  } else if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    status = absl::ResourceExhaustedError(
+        absl::StrCat("ftruncate '", path, "' to ", bytes, " bytes: ", std::strerror(errno)));
+  } else if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+    status = absl::ResourceExhaustedError(
+        absl::StrCat("allocating ", bytes, " bytes of shared memory: ", std::strerror(err)));
+  } else {
+    data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (data == MAP_FAILED) {
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("mmap of ", bytes, " bytes: ", std::strerror(errno)));
+    }
+  }
+  close(fd);
+  if (!status.ok()) {
+    shm_unlink(path.c_str());
+    return status;
+  }
+  return static_cast<uint8_t*>(data);
+}
+
+}  // namespace
+
+MappedSharedMemory::~MappedSharedMemory() { munmap(data_, bytes_); }
+
+SharedMemoryRegistry::SharedMemoryRegistry(SharedMemoryLimits limits, Clock clock)
+    : limits_(std::move(limits)), clock_(std::move(clock)) {}
+
+SharedMemoryRegistry::~SharedMemoryRegistry() { UnlinkAll(); }
+
+absl::StatusOr<SharedMemoryInfo> SharedMemoryRegistry::Create(uint64_t bytes) {
+  if (limits_.max_total_bytes == 0) {
+    return absl::FailedPreconditionError(
+        "shared memory is disabled on this daemon (--shm-max-bytes = 0); send inline_data");
+  }
+  if (bytes == 0) return absl::InvalidArgumentError("bytes = 0 must be >= 1");
+  if (bytes > static_cast<uint64_t>(limits_.max_region_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "bytes = ", bytes, " is more than --shm-max-region-bytes = ", limits_.max_region_bytes));
+  }
+  {
+    // Reserve first so that concurrent Creates cannot pass the total together.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (total_bytes_ + static_cast<int64_t>(bytes) > limits_.max_total_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "bytes = ", bytes, " with ", total_bytes_, " bytes already in regions is more than ",
+          "--shm-max-bytes = ", limits_.max_total_bytes, "; release regions first"));
+    }
+    total_bytes_ += static_cast<int64_t>(bytes);
+  }
+  auto unreserve = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    total_bytes_ -= static_cast<int64_t>(bytes);
+  };
+  absl::StatusOr<std::string> token = RandomToken();
+  if (!token.ok()) {
+    unreserve();
+    return token.status();
+  }
+  SharedMemoryInfo info{*token, absl::StrCat("/", limits_.name_prefix, *token), bytes};
+  absl::StatusOr<uint8_t*> data = CreateMapping(info.path, bytes);
+  if (!data.ok()) {
+    unreserve();
+    return data.status();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_.emplace(
+      info.region,
+      Entry{info.path, std::make_shared<MappedSharedMemory>(info.region, *data, bytes), clock_()});
+  return info;
+}
+
+absl::StatusOr<std::shared_ptr<MappedSharedMemory>> SharedMemoryRegistry::Find(
+    const std::string& region, const std::string& field) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(region);
+  const absl::Time now = clock_();
+  // An expired region the sweeper has not reached yet is gone already: renewing it here would
+  // make expiry depend on the sweep's timing.
+  if (it != entries_.end() && now - it->second.last_used > limits_.lease) {
+    RemoveLocked(it);
+    it = entries_.end();
+  }
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        field, " = '", region,
+        "' is not a live shared-memory region (never created, released, or its lease of ",
+        absl::FormatDuration(limits_.lease), " passed)"));
+  }
+  it->second.last_used = now;
+  return it->second.mapping;
+}
+
+absl::StatusOr<uint64_t> SharedMemoryRegistry::Release(const std::string& region) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(region);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("region = '", region,
+                                            "' is not a live shared-memory region (never created, "
+                                            "already released, or its lease passed)"));
+  }
+  return RemoveLocked(it);
+}
+
+uint64_t SharedMemoryRegistry::RemoveLocked(absl::flat_hash_map<std::string, Entry>::iterator it) {
+  const uint64_t bytes = it->second.mapping->bytes();
+  shm_unlink(it->second.path.c_str());
+  total_bytes_ -= static_cast<int64_t>(bytes);
+  entries_.erase(it);
+  return bytes;
+}
+
+int SharedMemoryRegistry::ExpireIdle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = clock_();
+  std::vector<std::string> expired;
+  for (const auto& [region, entry] : entries_) {
+    if (now - entry.last_used > limits_.lease) expired.push_back(region);
+  }
+  for (const std::string& region : expired) RemoveLocked(entries_.find(region));
+  return static_cast<int>(expired.size());
+}
+
+void SharedMemoryRegistry::UnlinkAll() {
+  StopSweeper();
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!entries_.empty()) RemoveLocked(entries_.begin());
+}
+
+void SharedMemoryRegistry::StartLeaseSweeper(absl::Duration period) {
+  std::lock_guard<std::mutex> lock(sweeper_mu_);
+  if (sweeper_.joinable() || stop_sweeper_) return;
+  sweeper_ = std::thread([this, period] {
+    std::unique_lock<std::mutex> lock(sweeper_mu_);
+    while (!sweeper_cv_.wait_for(lock, absl::ToChronoNanoseconds(period),
+                                 [this] { return stop_sweeper_; })) {
+      lock.unlock();
+      ExpireIdle();
+      lock.lock();
+    }
+  });
+}
+
+void SharedMemoryRegistry::StopSweeper() {
+  {
+    std::lock_guard<std::mutex> lock(sweeper_mu_);
+    stop_sweeper_ = true;
+  }
+  sweeper_cv_.notify_all();
+  if (sweeper_.joinable() && sweeper_.get_id() != std::this_thread::get_id()) sweeper_.join();
+}
+
+int64_t SharedMemoryRegistry::total_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return total_bytes_;
+}
+
+int SharedMemoryRegistry::regions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(entries_.size());
+}
+
+}  // namespace verifyd

@@ -1,0 +1,110 @@
+// SharedMemoryRegistry: the daemon's shared-memory regions for tensors (plans/0010). The daemon
+// creates every region itself (shm_open O_CREAT|O_EXCL, mode 0600, pages allocated up front), so
+// no client can shrink or replace a file the daemon has mapped (SIGBUS), and it unlinks every
+// region on release, lease expiry and shutdown. Thread-safe: gRPC handler threads look regions up
+// while validating; a call pins the regions it uses (shared_ptr), so a region released or expired
+// during the call stays mapped until the call finishes.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace verifyd {
+
+// One region mapped read-write in the daemon; unmapped when its last holder lets go.
+class MappedSharedMemory {
+ public:
+  MappedSharedMemory(std::string region, uint8_t* data, uint64_t bytes)
+      : region_(std::move(region)), data_(data), bytes_(bytes) {}
+  ~MappedSharedMemory();
+  MappedSharedMemory(const MappedSharedMemory&) = delete;
+  MappedSharedMemory& operator=(const MappedSharedMemory&) = delete;
+
+  const std::string& region() const { return region_; }
+  uint8_t* data() const { return data_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  std::string region_;
+  uint8_t* data_;
+  uint64_t bytes_;
+};
+
+struct SharedMemoryLimits {
+  // Over all live regions; 0 disables shared memory (CreateSharedMemory: FAILED_PRECONDITION).
+  int64_t max_total_bytes = int64_t{1} << 30;
+  int64_t max_region_bytes = int64_t{256} << 20;
+  // A region no request named for this long is released.
+  absl::Duration lease = absl::Seconds(300);
+  // Names are "/<name_prefix><32 random hex digits>".
+  std::string name_prefix = "verifyd-";
+};
+
+struct SharedMemoryInfo {
+  std::string region;  // what requests name
+  std::string path;    // what clients shm_open
+  uint64_t bytes = 0;
+};
+
+class SharedMemoryRegistry {
+ public:
+  using Clock = std::function<absl::Time()>;
+  explicit SharedMemoryRegistry(
+      SharedMemoryLimits limits, Clock clock = [] { return absl::Now(); });
+  ~SharedMemoryRegistry();  // Stops the sweeper and unlinks every region.
+  SharedMemoryRegistry(const SharedMemoryRegistry&) = delete;
+  SharedMemoryRegistry& operator=(const SharedMemoryRegistry&) = delete;
+
+  // FAILED_PRECONDITION when disabled; INVALID_ARGUMENT for 0 bytes; RESOURCE_EXHAUSTED naming the
+  // bound (--shm-max-region-bytes, --shm-max-bytes) or when the system refuses the pages.
+  absl::StatusOr<SharedMemoryInfo> Create(uint64_t bytes);
+  // The region, its lease renewed; NOT_FOUND naming `field` when unknown or expired.
+  absl::StatusOr<std::shared_ptr<MappedSharedMemory>> Find(const std::string& region,
+                                                           const std::string& field);
+  // Unlinks the name at once; the mapping lives on while calls hold it. Returns its bytes.
+  absl::StatusOr<uint64_t> Release(const std::string& region);
+  // Releases every region whose lease passed; returns how many.
+  int ExpireIdle();
+  // Shutdown: unlinks every region (mappings held by calls stay valid until those finish).
+  void UnlinkAll();
+  // Runs ExpireIdle every `period` on a thread of its own until destruction or UnlinkAll.
+  void StartLeaseSweeper(absl::Duration period);
+
+  int64_t total_bytes() const;
+  int regions() const;
+  const SharedMemoryLimits& limits() const { return limits_; }
+
+ private:
+  struct Entry {
+    std::string path;
+    std::shared_ptr<MappedSharedMemory> mapping;
+    absl::Time last_used;
+  };
+  // Caller holds mu_. Removes the entry, unlinks its name, returns its bytes.
+  uint64_t RemoveLocked(absl::flat_hash_map<std::string, Entry>::iterator it);
+  void StopSweeper();
+
+  const SharedMemoryLimits limits_;
+  const Clock clock_;
+  mutable std::mutex mu_;
+  absl::flat_hash_map<std::string, Entry> entries_;
+  int64_t total_bytes_ = 0;  // live regions plus reservations of Creates in progress
+
+  std::mutex sweeper_mu_;
+  std::condition_variable sweeper_cv_;
+  bool stop_sweeper_ = false;
+  std::thread sweeper_;
+};
+
+}  // namespace verifyd
