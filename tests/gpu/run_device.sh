@@ -80,8 +80,11 @@ if [ "${VERIFYD_SERVICE:-1}" = 1 ] && [ -x "$B/bin/verifyd" ]; then
   tail -8 "$OUT/cuda_integration.log"
   echo "== cuda_backend_bench"
   timeout 120 "$B/bin/cuda_backend_bench" 2>&1 | tee "$OUT/cuda_backend_bench.log" | tail -20
+  echo "== compaction_bench"
+  BUNDLE=$B COMPACTION_CHUNK_SWEEP=${COMPACTION_CHUNK_SWEEP:-0} timeout 300 bash tests/gpu/compaction_bench.sh \
+    2>&1 | grep -E "D2D|compaction|ratio|mismatch|copy kernel|layers" | tail -20
   echo "== rpc_bench"
-  BUNDLE=$B timeout 200 bash tests/gpu/rpc_bench.sh 2>&1 | tee "$OUT/rpc_bench.txt" | tail -30
+  BUNDLE=$B timeout 300 bash tests/gpu/rpc_bench.sh 2>&1 | tee "$OUT/rpc_bench.txt" | tail -30
 fi
 
 echo "== bench"
