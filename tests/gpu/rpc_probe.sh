@@ -13,10 +13,6 @@ export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 work=$(mktemp -d /tmp/verifyd-probe.XXXXXX)
 sock="unix://$work/verifyd.sock"
 port=${PROBE_METRICS_PORT:-19464}
-"$bin/verifyd" --listen="$sock" --metrics=127.0.0.1:$port --backend=cuda --layers=1 --heads=8 \
-  --max_tree_nodes=257 --kv_capacity_tokens=1048576 --lease_seconds=600 >"$OUT/probe_daemon.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 200); do "$bin/verifyctl" --target="$sock" health >/dev/null 2>&1 && break; sleep 0.1; done
 scrape() {
   python3 - "$port" "$1" <<'PY'
 import sys, urllib.request, re
@@ -34,15 +30,20 @@ for (name, labels), d in sorted(vals.items()):
         print(f"{label}: {name}{{{labels}}} mean {1e6*d['sum']/d['count']:.1f} us over {int(d['count'])}")
 PY
 }
+# One daemon per (shape, transport), so its histograms hold that case alone.
 for shape in "tiny --tree_nodes=1 --prefix_tokens=1 --batch=1" "S1 --tree_nodes=16 --prefix_tokens=65536 --batch=1"; do
   set -- $shape
   name=$1; shift
   for mode in inline shm; do
     flag=""; [ $mode = shm ] && flag=--shared_memory
+    "$bin/verifyd" --listen="$sock" --metrics=127.0.0.1:$port --backend=cuda --layers=1 --heads=8 \
+      --max_tree_nodes=257 --kv_capacity_tokens=1048576 --lease_seconds=600 >"$OUT/probe_daemon.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 200); do "$bin/verifyctl" --target="$sock" health >/dev/null 2>&1 && break; sleep 0.1; done
     "$bin/verifyd_load" --target="$sock" --concurrency=1 --warmup_seconds=1 --measure_seconds=3 "$@" $flag \
-      2>>"$OUT/probe_load.log" | tail -1 | sed "s/^/$name-$mode (rps,p50,p90,p99): /"
+      2>>"$OUT/probe_load.log" | tail -1 | sed "s/^/$name-$mode client (rps,p50,p90,p99): /"
+    scrape "$name-$mode daemon"
+    kill -TERM $pid; wait $pid
   done
 done
-scrape "after all runs (cumulative)"
-kill -TERM $pid; wait $pid
 rm -rf "$work"
