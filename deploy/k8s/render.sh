@@ -94,6 +94,11 @@ verifyd_container() {
           volumeMounts:
             - name: verifyd-sockets
               mountPath: /run/verifyd
+            # Shared-memory tensor regions (plans/0010): one memory-backed /dev/shm for the whole
+            # pod, so the scheduler can open what the daemons create, larger than the runtime's
+            # 64 MiB default. --shm-max-bytes (1 GiB per daemon by default) bounds each daemon.
+            - name: verifyd-shm
+              mountPath: /dev/shm
 YAML
 }
 
@@ -139,6 +144,10 @@ spec:
           emptyDir:
             medium: Memory
             sizeLimit: 1Mi
+        - name: verifyd-shm
+          emptyDir:
+            medium: Memory
+            sizeLimit: ${gpus}Gi
       containers:
 YAML
   for ((i = 0; i < gpus; i++)); do verifyd_container "$i"; done
@@ -161,6 +170,8 @@ YAML
           volumeMounts:
             - name: verifyd-sockets
               mountPath: /run/verifyd
+            - name: verifyd-shm
+              mountPath: /dev/shm
 YAML
 } > "$out/daemonset.yaml"
 
