@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "kernels/verify_problem.h"
 #include "kvstore/kv_storage.h"
@@ -59,6 +60,13 @@ class ComputeBackend {
   // What a ComputeVerify did with CUDA graphs, for verifyd_cuda_graph_*_total. A backend without
   // graphs (cpu) never reports.
   enum class GraphEvent { kCapture, kReplay, kFallback };
+  // Memory the pool may take, for --kv-memory-fraction: free device memory now (cuda), physical
+  // memory (cpu). UNIMPLEMENTED for a backend that cannot tell.
+  virtual absl::StatusOr<int64_t> AvailableMemoryBytes() const {
+    return absl::UnimplementedError(
+        absl::StrCat("the ", name(), " backend cannot size the pool from --kv-memory-fraction"));
+  }
+
   // Called once before any ComputeVerify; the observer runs on the executor thread.
   virtual void SetGraphObserver(std::function<void(GraphEvent)> observer) { (void)observer; }
 };

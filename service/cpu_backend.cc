@@ -1,5 +1,7 @@
 #include "service/cpu_backend.h"
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/verify_reference.h"
 #include "kvstore/kv_storage.h"
@@ -25,6 +27,15 @@ absl::Status CpuBackend::ComputeVerify(int layer, VerifyProblem problem,
   problem.kv = storage_->layer_data(layer);
   problem.num_slots = storage_->capacity_slots();
   return ComputeVerifyReference(problem, num_threads_);
+}
+
+absl::StatusOr<int64_t> CpuBackend::AvailableMemoryBytes() const {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_bytes <= 0) {
+    return absl::UnavailableError("sysconf cannot tell this host's physical memory");
+  }
+  return int64_t{pages} * page_bytes;
 }
 
 }  // namespace verifyd

@@ -18,6 +18,8 @@ class CpuBackend : public ComputeBackend {
   using ComputeBackend::ComputeVerify;
   absl::Status ComputeVerify(int layer, VerifyProblem problem,
                              absl::Span<const VerifySlotList> slot_lists) override;
+  // Physical memory of the host.
+  absl::StatusOr<int64_t> AvailableMemoryBytes() const override;
 
  private:
   int num_threads_;

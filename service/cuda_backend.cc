@@ -53,6 +53,13 @@ CudaBackend::~CudaBackend() {
   if (stream_->MakeDeviceCurrent().ok()) stream_->Synchronize().IgnoreError();
 }
 
+absl::StatusOr<int64_t> CudaBackend::AvailableMemoryBytes() const {
+  VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
+  size_t free_bytes = 0, total_bytes = 0;
+  VERIFYD_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(free_bytes);
+}
+
 absl::StatusOr<std::unique_ptr<KvStorage>> CudaBackend::CreateStorage(int num_layers,
                                                                       int64_t capacity_slots) {
   if (storage_ != nullptr) return absl::FailedPreconditionError("CudaBackend storage exists");

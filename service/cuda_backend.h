@@ -72,6 +72,8 @@ class CudaBackend : public ComputeBackend {
   // host arrays in `problem`, uploaded whole every call (tests and tools).
   bool needs_host_slot_lists() const override { return false; }
   using ComputeBackend::ComputeVerify;
+  // Free device memory now (cudaMemGetInfo), before the pool is allocated.
+  absl::StatusOr<int64_t> AvailableMemoryBytes() const override;
   absl::Status ComputeVerify(int layer, VerifyProblem problem,
                              absl::Span<const VerifySlotList> slot_lists) override;
   void ForgetSequence(SequenceId sequence) override;

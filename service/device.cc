@@ -23,6 +23,7 @@ Device::Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> 
                        ? options.compaction_chunk_bytes
                        : CompactionManager::ChunkBytesFor(ops_->backend().name()),
                    metrics) {
+  capacity_slots_ = ops_->store().allocator().capacity();
   ExecutorHooks hooks;
   hooks.background_step = [this] { return compactions_.Step(ops_->store()); };
   hooks.tick = [this] {

@@ -32,12 +32,15 @@ class Device {
   void Drain();
 
   const char* backend_name() const { return ops_->backend().name(); }
+  // The pool's slots (--kv-capacity-tokens or resolved from --kv-memory-fraction); fixed.
+  int64_t capacity_slots() const { return capacity_slots_; }
 
  private:
   Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> ops,
          ServiceMetrics* metrics);
 
   std::unique_ptr<DeviceOperations> ops_;
+  int64_t capacity_slots_ = 0;
   CompactionManager compactions_;
   std::unique_ptr<DeviceExecutor> executor_;
 };

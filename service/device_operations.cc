@@ -1,5 +1,7 @@
 #include "service/device_operations.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "kernels/mla_dims.h"
@@ -26,6 +28,22 @@ absl::Status RenameFields(
 
 }  // namespace
 
+absl::StatusOr<int64_t> PoolCapacitySlots(const ServiceOptions& options,
+                                          const ComputeBackend& backend) {
+  if (options.kv_memory_fraction <= 0) return options.kv_capacity_tokens;
+  VERIFYD_ASSIGN_OR_RETURN(const int64_t memory, backend.AvailableMemoryBytes());
+  const int64_t slot_bytes = int64_t{options.layers} * kKvRowBytes;
+  const auto slots = static_cast<int64_t>(options.kv_memory_fraction * static_cast<double>(memory) /
+                                          static_cast<double>(slot_bytes));
+  if (slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-memory-fraction = ", options.kv_memory_fraction, " of ", memory,
+        " bytes holds no slot of ", options.layers, " layers x ", kKvRowBytes, " bytes"));
+  }
+  // Slots are int32 in the slot tables.
+  return std::min<int64_t>(slots, (int64_t{1} << 31) - 1);
+}
+
 void FillFragmentation(const FragmentationStats& stats, v1::Fragmentation* out) {
   out->set_sequences(static_cast<uint64_t>(stats.sequences));
   out->set_tokens(static_cast<uint64_t>(stats.tokens));
@@ -51,9 +69,9 @@ absl::StatusOr<std::unique_ptr<DeviceOperations>> DeviceOperations::Create(
         break;
     }
   });
-  VERIFYD_ASSIGN_OR_RETURN(
-      std::unique_ptr<KvStorage> storage,
-      ops->backend_->CreateStorage(options.layers, options.kv_capacity_tokens));
+  VERIFYD_ASSIGN_OR_RETURN(const int64_t capacity, PoolCapacitySlots(options, *ops->backend_));
+  VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<KvStorage> storage,
+                           ops->backend_->CreateStorage(options.layers, capacity));
   KvStoreOptions store_options;
   store_options.num_layers = options.layers;
   store_options.max_tree_nodes = options.max_tree_nodes;

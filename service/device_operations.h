@@ -54,6 +54,10 @@ class DeviceOperations {
   std::vector<uint64_t> mask_bits_;
 };
 
+// The pool's capacity in slots: --kv-capacity-tokens, or --kv-memory-fraction of what the backend
+// reports (AvailableMemoryBytes) divided by one slot's bytes over all layers, at most 2^31 - 1.
+absl::StatusOr<int64_t> PoolCapacitySlots(const ServiceOptions& options,
+                                          const ComputeBackend& backend);
 void FillFragmentation(const FragmentationStats& stats, v1::Fragmentation* out);
 
 }  // namespace verifyd

@@ -31,6 +31,9 @@ ABSL_FLAG(int, layers, 4, "model layers whose KV this daemon keeps");
 ABSL_FLAG(int, heads, 16, "attention heads on this GPU");
 ABSL_FLAG(int, max_tree_nodes, 1024, "most draft-tree nodes per sequence (<= 1024)");
 ABSL_FLAG(int64_t, kv_capacity_tokens, 65536, "KV pool capacity in token slots");
+ABSL_FLAG(double, kv_memory_fraction, 0,
+          "> 0: size the KV pool to this fraction of free device memory (cuda) or physical memory "
+          "(cpu), in [0, 0.95], instead of --kv-capacity-tokens");
 ABSL_FLAG(double, softmax_scale, 1.0 / std::sqrt(192.0), "default attention scale");
 ABSL_FLAG(double, lease_seconds, 300, "a sequence untouched this long is released");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "gRPC receive and send limit");
@@ -84,6 +87,7 @@ absl::StatusOr<verifyd::ServiceOptions> OptionsFromFlags() {
   o.heads = absl::GetFlag(FLAGS_heads);
   o.max_tree_nodes = absl::GetFlag(FLAGS_max_tree_nodes);
   o.kv_capacity_tokens = absl::GetFlag(FLAGS_kv_capacity_tokens);
+  o.kv_memory_fraction = absl::GetFlag(FLAGS_kv_memory_fraction);
   o.softmax_scale = static_cast<float>(absl::GetFlag(FLAGS_softmax_scale));
   o.lease_seconds = absl::GetFlag(FLAGS_lease_seconds);
   const std::string graphs = absl::GetFlag(FLAGS_cuda_graphs);

@@ -83,6 +83,9 @@ absl::Status CheckPositiveFinite(const char* flag, double value) {
   return absl::OkStatus();
 }
 
+// The rest of the device serves the kernels' workspace, staging and the CUDA context.
+constexpr double kMaxKvMemoryFraction = 0.95;
+
 }  // namespace
 
 absl::Status ValidateServiceOptions(const ServiceOptions& o) {
@@ -94,6 +97,11 @@ absl::Status ValidateServiceOptions(const ServiceOptions& o) {
   // Slots are int32 in the slot tables.
   VERIFYD_RETURN_IF_ERROR(
       CheckRange("--kv-capacity-tokens", o.kv_capacity_tokens, 1, (int64_t{1} << 31) - 1));
+  if (!std::isfinite(o.kv_memory_fraction) || o.kv_memory_fraction < 0 ||
+      o.kv_memory_fraction > kMaxKvMemoryFraction) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-memory-fraction = ", o.kv_memory_fraction,
+                                                   " must be in [0, ", kMaxKvMemoryFraction, "]"));
+  }
   VERIFYD_RETURN_IF_ERROR(CheckPositiveFinite("--softmax-scale", o.softmax_scale));
   VERIFYD_RETURN_IF_ERROR(CheckPositiveFinite("--lease-seconds", o.lease_seconds));
   // gRPC takes the limit as an int; 64 KiB keeps one Append row plus framing possible.

@@ -32,6 +32,9 @@ struct ServiceOptions {
   int heads = 16;
   int max_tree_nodes = 1024;
   int64_t kv_capacity_tokens = 65536;
+  // > 0: the pool takes this fraction of the backend's memory (free device memory at start for
+  // cuda, physical memory for cpu) and kv_capacity_tokens is ignored; 0: kv_capacity_tokens.
+  double kv_memory_fraction = 0;
   float softmax_scale = 0.07216878364870322f;  // 1/sqrt(192)
   double lease_seconds = 300;
   int64_t max_message_bytes = 64ll << 20;

@@ -190,14 +190,14 @@ std::string VerifydServer::StartupLine() const {
   if (!options_.tcp.empty()) absl::StrAppend(&line, " tcp=", tcp_address());
   absl::StrAppend(&line, " metrics=",
                   exposer_ ? absl::StrCat("http://", metrics_address(), "/metrics") : "off");
-  absl::StrAppendFormat(&line,
-                        " backend=%s device=%d layers=%d heads=%d max_tree_nodes=%d "
-                        "kv_capacity_tokens=%d softmax_scale=%g lease_seconds=%g shm_max_bytes=%d "
-                        "version=%s",
-                        backend_name_, options_.device, options_.layers, options_.heads,
-                        options_.max_tree_nodes, options_.kv_capacity_tokens,
-                        options_.softmax_scale, options_.lease_seconds, options_.shm_max_bytes,
-                        VERIFYD_VERSION);
+  absl::StrAppendFormat(
+      &line,
+      " backend=%s device=%d layers=%d heads=%d max_tree_nodes=%d "
+      "kv_capacity_tokens=%d softmax_scale=%g lease_seconds=%g shm_max_bytes=%d "
+      "version=%s",
+      backend_name_, options_.device, options_.layers, options_.heads, options_.max_tree_nodes,
+      device_ != nullptr ? device_->capacity_slots() : options_.kv_capacity_tokens,
+      options_.softmax_scale, options_.lease_seconds, options_.shm_max_bytes, VERIFYD_VERSION);
   return line;
 }
 

@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/mla_dims.h"
 #include "prometheus/text_serializer.h"
 #include "service/cpu_backend.h"
 #include "service/request_validation.h"
@@ -206,6 +207,61 @@ TEST(DeviceOperationsLeases, ExpiredSequencesAreForgotten) {
   absl::SleepFor(absl::Milliseconds(2));
   EXPECT_EQ((*ops)->ExpireLeases(), 2);
   EXPECT_EQ(seen->forgotten, (std::vector<SequenceId>{4, 9}));
+}
+
+// A CPU backend that reports a chosen amount of memory (or cannot tell).
+class MemoryReportingBackend : public CpuBackend {
+ public:
+  explicit MemoryReportingBackend(absl::StatusOr<int64_t> memory)
+      : CpuBackend(1), memory_(std::move(memory)) {}
+  absl::StatusOr<int64_t> AvailableMemoryBytes() const override { return memory_; }
+
+ private:
+  absl::StatusOr<int64_t> memory_;
+};
+
+TEST(PoolCapacity, FromTokensOrFromAFractionOfTheBackendsMemory) {
+  ServiceOptions options;
+  options.layers = 61;
+  options.kv_capacity_tokens = 777;
+  const int64_t slot_bytes = 61 * kKvRowBytes;  // 70272 B
+  const MemoryReportingBackend h200(int64_t{141} << 30);
+  EXPECT_EQ(*PoolCapacitySlots(options, h200), 777) << "fraction 0: the token flag";
+  options.kv_memory_fraction = 0.9;
+  EXPECT_EQ(*PoolCapacitySlots(options, h200),
+            static_cast<int64_t>(0.9 * static_cast<double>(int64_t{141} << 30) / slot_bytes));
+  // A tiny fraction of a small memory holds no slot: the flag and the sizes are named.
+  const MemoryReportingBackend small(100000);
+  options.kv_memory_fraction = 0.5;
+  const absl::Status none = PoolCapacitySlots(options, small).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(none.message()),
+              HasSubstr("--kv-memory-fraction = 0.5 of 100000 bytes holds no slot of 61 layers"));
+  // Slots are int32: a pool of more slots than that is cut to 2^31 - 1.
+  options.layers = 1;
+  const MemoryReportingBackend huge(int64_t{1} << 50);
+  EXPECT_EQ(*PoolCapacitySlots(options, huge), (int64_t{1} << 31) - 1);
+  // A backend that cannot tell refuses the flag rather than guessing.
+  const MemoryReportingBackend unknown(absl::UnimplementedError("cannot tell"));
+  EXPECT_EQ(PoolCapacitySlots(options, unknown).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// The real CPU backend sizes the store from the host's physical memory.
+TEST(PoolCapacity, TheStoreGetsTheResolvedCapacity) {
+  ServiceOptions options;
+  options.layers = 2;
+  options.heads = 1;
+  options.kv_memory_fraction = 1e-6;
+  ServiceMetrics metrics;
+  CpuBackend reference(1);
+  const absl::StatusOr<int64_t> memory = reference.AvailableMemoryBytes();
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  const int64_t expected =
+      static_cast<int64_t>(1e-6 * static_cast<double>(*memory) / (2 * kKvRowBytes));
+  ASSERT_GE(expected, 1);
+  auto ops = DeviceOperations::Create(options, std::make_unique<CpuBackend>(1), &metrics);
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  EXPECT_EQ((*ops)->store().allocator().capacity(), expected);
 }
 
 INSTANTIATE_TEST_SUITE_P(HostListsOrNot, DeviceOperationsTest, ::testing::Bool());
