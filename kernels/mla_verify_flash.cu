@@ -451,9 +451,12 @@ const void* FlashKernelSymbol() {
 }
 
 void LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
-  // VERIFYD_FLASH_EPILOGUE=0: the accumulator-store epilogue (benchmark A/B only).
-  const char* e = std::getenv("VERIFYD_FLASH_EPILOGUE");
-  if (e != nullptr && std::atoi(e) == kEpilogueRegisters) {
+  // VERIFYD_FLASH_EPILOGUE=0: the accumulator-store epilogue (benchmark A/B only; read once).
+  static const bool registers_epilogue = [] {
+    const char* e = std::getenv("VERIFYD_FLASH_EPILOGUE");
+    return e != nullptr && std::atoi(e) == kEpilogueRegisters;
+  }();
+  if (registers_epilogue) {
     cudaFuncSetAttribute(&MlaVerifyFlashKernel<kEpilogueRegisters>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     MlaVerifyFlashKernel<kEpilogueRegisters>

@@ -445,17 +445,24 @@ const void* KernelFor(int epilogue) {
   }
 }
 
+// Read once: the launch path stays free of getenv.
 int EpilogueFromEnv() {
-  const char* e = std::getenv("VERIFYD_FLASH_EPILOGUE");
-  return e == nullptr ? kShippedEpilogue : std::atoi(e);
+  static const int epilogue = [] {
+    const char* e = std::getenv("VERIFYD_FLASH_EPILOGUE");
+    return e == nullptr ? kShippedEpilogue : std::atoi(e);
+  }();
+  return epilogue;
 }
 
 cudaError_t LaunchVariant(const void* kernel, const MlaVerifyParams& params, uint64_t* timeline,
                           cudaStream_t stream) {
-  // Setting the attribute is not a stream operation, so it is legal while a stream is capturing.
-  const cudaError_t set =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (set != cudaSuccess) return set;
+  // The launcher already set the shipped kernel's attribute; a diagnosis variant sets its own
+  // (not a stream operation, so legal while a stream is capturing).
+  if (kernel != KernelFor<false>(kShippedEpilogue)) {
+    const cudaError_t set =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (set != cudaSuccess) return set;
+  }
   MlaVerifyParams p = params;
   void* args[] = {&p, &timeline};
   return cudaLaunchKernel(kernel, dim3(params.num_work), dim3(kHopperFlashThreads), args,

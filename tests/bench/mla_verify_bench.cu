@@ -23,7 +23,6 @@
 #include "kernels/mla_dims.h"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_launch.h"
-#include "kernels/mla_verify_mma.cuh"
 #include "kernels/split_planner.h"
 #include "kernels/tree_mask.h"
 
@@ -281,77 +280,50 @@ struct Row {
   int ctas = 0;
 };
 
-// The combine kernel before v10 (one CTA per row, the splits walked serially), kept here only so
-// the breakdown can compare it with the shipped one in the same run.
-constexpr int kLegacyCombineThreads = kVDim / 4;
-__global__ void __launch_bounds__(kLegacyCombineThreads)
-    LegacyCombineKernel(MlaVerifyParams params) {
-  const CombineItem item = params.combine[blockIdx.x];
-  const int r = blockIdx.y;
-  const VerifyProblem& pr = params.problem;
-  const int q_begin = pr.qo_indptr[item.seq];
-  const int seq_rows = (pr.qo_indptr[item.seq + 1] - q_begin) * pr.num_heads;
-  if (item.row_begin + r >= seq_rows) return;
-  const float* lse =
-      params.partial_lse + static_cast<int64_t>(item.partial_begin) * kFlashBlockRows + r;
-  float max_lse = -INFINITY;
-  for (int s = 0; s < item.num_splits; ++s) max_lse = fmaxf(max_lse, lse[s * kFlashBlockRows]);
-  float total = 0.f;
-  for (int s = 0; s < item.num_splits; ++s) total += expf(lse[s * kFlashBlockRows] - max_lse);
-  const float inv_total = 1.f / total;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s = 0; s < item.num_splits; ++s) {
-    const float w = expf(lse[s * kFlashBlockRows] - max_lse) * inv_total;
-    const float4 x = reinterpret_cast<const float4*>(
-        params.partial_o +
-        (static_cast<int64_t>(item.partial_begin + s) * kFlashBlockRows + r) * kVDim)[threadIdx.x];
-    acc.x += w * x.x;
-    acc.y += w * x.y;
-    acc.z += w * x.z;
-    acc.w += w * x.w;
-  }
-  const int64_t row = static_cast<int64_t>(q_begin) * pr.num_heads + item.row_begin + r;
-  uint2 packed;
-  packed.x = mma::PackBf16x2(acc.x, acc.y);
-  packed.y = mma::PackBf16x2(acc.z, acc.w);
-  reinterpret_cast<uint2*>(pr.out + row * kVDim)[threadIdx.x] = packed;
-  if (threadIdx.x == 0 && pr.lse != nullptr) pr.lse[row] = max_lse + logf(total);
-}
+// A shape's split plan for this device, uploaded into a workspace of its own (cudaFree it).
+struct UploadedPlan {
+  SplitPlan plan;
+  WorkspaceLayout layout;
+  uint8_t* workspace = nullptr;
+};
 
-// Times the flash kernel alone, the combine alone (shipped and legacy) and both, for one shape:
-// where a shape's time goes, and what the fixed cost per CTA is (sweep L at a fixed split count).
-void Breakdown(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
-  ShapeData d = BuildShape(s, rng);
+UploadedPlan PlanAndUpload(const Shape& s, int sms) {
   std::vector<int32_t> prefix(s.batch, s.l), qlen(s.batch, s.q);
   auto plan = PlanSplits(prefix, qlen, s.heads, sms);
   BENCH_OK(plan.status());
-  const WorkspaceLayout layout = LayoutWorkspace(*plan);
-  auto* workspace = DeviceAlloc<uint8_t>(layout.total_bytes);
-  BENCH_OK(UploadPlan(*plan, layout, workspace, nullptr));
+  UploadedPlan up{*std::move(plan), {}, nullptr};
+  up.layout = LayoutWorkspace(up.plan);
+  up.workspace = DeviceAlloc<uint8_t>(up.layout.total_bytes);
+  BENCH_OK(UploadPlan(up.plan, up.layout, up.workspace, nullptr));
   BENCH_CUDA(cudaDeviceSynchronize());
+  return up;
+}
+
+// Times the flash kernel alone, the combine alone and both, for one shape:
+// where a shape's time goes, and what the fixed cost per CTA is (sweep L at a fixed split count).
+void Breakdown(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
+  ShapeData d = BuildShape(s, rng);
+  UploadedPlan up = PlanAndUpload(s, sms);
+  const SplitPlan* plan = &up.plan;
+  const WorkspaceLayout& layout = up.layout;
+  uint8_t* workspace = up.workspace;
   auto run = [&](int i, VerifyStages stages) {
     BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, true), *plan, layout, workspace, nullptr,
                              stages));
   };
   const double all = MedianMs(5, iters, [&](int i) { run(i, VerifyStages::kFlashAndCombine); });
   const double flash = MedianMs(5, iters, [&](int i) { run(i, VerifyStages::kFlashOnly); });
-  double combine = 0, legacy = 0;
+  double combine = 0;
   if (!plan->combine.empty()) {
     combine = MedianMs(5, iters, [&](int i) { run(i, VerifyStages::kCombineOnly); });
-    const MlaVerifyParams params =
-        MakeMlaVerifyParams(ProblemFor(d, 0, true), *plan, layout, workspace);
-    legacy = MedianMs(5, iters, [&](int) {
-      LegacyCombineKernel<<<dim3(params.num_combine, kFlashBlockRows), kLegacyCombineThreads>>>(
-          params);
-    });
   }
   int max_cols = 0;
   for (const FlashWorkItem& w : plan->work) max_cols = std::max(max_cols, w.col_end - w.col_begin);
   std::printf(
       "breakdown %s [%s] B=%d H=%d Q=%d L=%d: %zu CTAs, <=%d cols each, %zu combine items: "
-      "flash+combine %.1f us, flash %.1f us, combine %.1f us (legacy combine %.1f us)\n",
+      "flash+combine %.1f us, flash %.1f us, combine %.1f us\n",
       s.name, FlashKernelPath(), s.batch, s.heads, s.q, s.l, plan->work.size(), max_cols,
-      plan->combine.size(), all * 1e3, flash * 1e3, combine * 1e3, legacy * 1e3);
+      plan->combine.size(), all * 1e3, flash * 1e3, combine * 1e3);
   std::fflush(stdout);
   cudaFree(workspace);
   FreeShape(d);
@@ -363,12 +335,10 @@ void Breakdown(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
 void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
   if (std::string(FlashKernelPath()) != "sm90a-wgmma") return;
   ShapeData d = BuildShape(s, rng);
-  std::vector<int32_t> prefix(s.batch, s.l), qlen(s.batch, s.q);
-  auto plan = PlanSplits(prefix, qlen, s.heads, sms);
-  BENCH_OK(plan.status());
-  const WorkspaceLayout layout = LayoutWorkspace(*plan);
-  auto* workspace = DeviceAlloc<uint8_t>(layout.total_bytes);
-  BENCH_OK(UploadPlan(*plan, layout, workspace, nullptr));
+  UploadedPlan up = PlanAndUpload(s, sms);
+  const SplitPlan* plan = &up.plan;
+  const WorkspaceLayout& layout = up.layout;
+  uint8_t* workspace = up.workspace;
   const int n = static_cast<int>(plan->work.size());
   auto* timeline = DeviceAlloc<uint64_t>(size_t(n) * kFlashTimelineStride);
   for (int i = 0; i < 10; ++i) {
@@ -482,13 +452,10 @@ int Main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     if (!only.empty() && only.find(s.name) == std::string::npos) continue;
     ShapeData d = BuildShape(s, rng);
-    std::vector<int32_t> prefix(s.batch, s.l), qlen(s.batch, s.q);
-    auto plan = PlanSplits(prefix, qlen, s.heads, sms);
-    BENCH_OK(plan.status());
-    const WorkspaceLayout layout = LayoutWorkspace(*plan);
-    auto* workspace = DeviceAlloc<uint8_t>(layout.total_bytes);
-    BENCH_OK(UploadPlan(*plan, layout, workspace, nullptr));
-    BENCH_CUDA(cudaDeviceSynchronize());
+    UploadedPlan up = PlanAndUpload(s, sms);
+    const SplitPlan* plan = &up.plan;
+    const WorkspaceLayout& layout = up.layout;
+    uint8_t* workspace = up.workspace;
 
     auto launch = [&](int i, bool scattered, cudaStream_t stream) {
       BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, scattered), *plan, layout, workspace,

@@ -28,13 +28,6 @@ namespace {
 constexpr double kTolerance = 1e-2;
 constexpr float kScale = 0.07216878f;
 
-std::vector<bf16_bits> RandomValues(std::mt19937_64& rng, size_t count, float amplitude) {
-  std::uniform_real_distribution<float> u(-amplitude, amplitude);
-  std::vector<bf16_bits> v(count);
-  for (bf16_bits& x : v) x = FloatToBf16(u(rng));
-  return v;
-}
-
 // One store's view of a Verify batch: the index arrays, the slot lists (spans into the store) and,
 // for the reference, the concatenated lists.
 struct Gathered {
@@ -121,7 +114,8 @@ void VerifyLayer(Stores& stores, std::vector<CudaBackend*> backends, int layer,
                  const std::vector<VerifyItem>& items, int heads, std::mt19937_64& rng,
                  bool check_reference = true) {
   for (const VerifyItem& item : items) {
-    const std::vector<bf16_bits> tree_kv = RandomValues(rng, item.parents.size() * kKvDim, 1.f);
+    const std::vector<bf16_bits> tree_kv =
+        test::RandomValues(rng, item.parents.size() * kKvDim, 1.f);
     ASSERT_TRUE(stores
                     .Each([&](KvStore& s) {
                       return s.WriteTreeLayer(item.sequence, layer, tree_kv.data());
@@ -130,7 +124,7 @@ void VerifyLayer(Stores& stores, std::vector<CudaBackend*> backends, int layer,
   }
   const Gathered reference = Gather(stores.host(), items);
   const int total_q = reference.qo_indptr.back();
-  const std::vector<bf16_bits> q = RandomValues(rng, size_t(total_q) * heads * kKvDim, 3.f);
+  const std::vector<bf16_bits> q = test::RandomValues(rng, size_t(total_q) * heads * kKvDim, 3.f);
   const size_t rows = size_t(total_q) * heads;
   std::vector<std::vector<bf16_bits>> outs;
   std::vector<std::vector<float>> lses;
@@ -179,7 +173,8 @@ TEST(CudaDecodeMirror, DecodeStepsReplayTheGraphAndUploadOnlyTails) {
   const std::vector<SequenceId> ids = {11, 12};
   for (SequenceId id : ids) {
     const int tokens = 9000 + static_cast<int>(rng() % 3000);
-    const std::vector<bf16_bits> kv = RandomValues(rng, size_t(kLayers) * tokens * kKvDim, 1.f);
+    const std::vector<bf16_bits> kv =
+        test::RandomValues(rng, size_t(kLayers) * tokens * kKvDim, 1.f);
     ASSERT_TRUE(
         stores.Each([&](KvStore& s) { return s.Append(id, 0, kLayers, tokens, kv.data()); }).ok());
   }
@@ -249,7 +244,8 @@ TEST(CudaDecodeMirror, RandomStoreOperationsWithCompactionMatchTheOracle) {
       const SequenceId seq =
           (live.empty() || rng() % 3 == 0) ? next_id++ : live[rng() % live.size()];
       const int tokens = 1 + static_cast<int>(rng() % 80);
-      const std::vector<bf16_bits> kv = RandomValues(rng, size_t(kLayers) * tokens * kKvDim, 1.f);
+      const std::vector<bf16_bits> kv =
+          test::RandomValues(rng, size_t(kLayers) * tokens * kKvDim, 1.f);
       stores.Each([&](KvStore& s) { return s.Append(seq, 0, kLayers, tokens, kv.data()); })
           .IgnoreError();  // RESOURCE_EXHAUSTED is fine: every store agrees
     } else if (kind <= 6) {

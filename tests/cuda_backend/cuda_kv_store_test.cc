@@ -26,13 +26,6 @@ constexpr int kHeads = 4;
 constexpr int64_t kCapacity = 2500;
 constexpr double kTolerance = 1e-2;
 
-std::vector<bf16_bits> RandomValues(std::mt19937_64& rng, size_t count, float amplitude) {
-  std::uniform_real_distribution<float> u(-amplitude, amplitude);
-  std::vector<bf16_bits> v(count);
-  for (bf16_bits& x : v) x = FloatToBf16(u(rng));
-  return v;
-}
-
 class TwinStores {
  public:
   TwinStores(std::unique_ptr<KvStorage> cuda_storage, std::mt19937_64* rng) : rng_(*rng) {
@@ -95,7 +88,7 @@ TEST(CudaKvStore, RandomLifeCycleMatchesHostTwinAndTheOracle) {
           (live.empty() || rng() % 3 == 0) ? next_id++ : live[rng() % live.size()];
       const int tokens = 1 + static_cast<int>(rng() % 60);
       const std::vector<bf16_bits> kv =
-          RandomValues(rng, static_cast<size_t>(kLayers) * tokens * kKvDim, 1.f);
+          test::RandomValues(rng, static_cast<size_t>(kLayers) * tokens * kKvDim, 1.f);
       const absl::Status a = twins.cuda().Append(seq, 0, kLayers, tokens, kv.data());
       const absl::Status b = twins.host().Append(seq, 0, kLayers, tokens, kv.data());
       ASSERT_EQ(a.code(), b.code()) << a << " vs " << b;
@@ -125,7 +118,7 @@ TEST(CudaKvStore, RandomLifeCycleMatchesHostTwinAndTheOracle) {
         reference.mask_indptr = {0};
         for (const VerifyItem& item : items) {
           const int q = static_cast<int>(item.parents.size());
-          const std::vector<bf16_bits> tree_kv = RandomValues(rng, size_t(q) * kKvDim, 1.f);
+          const std::vector<bf16_bits> tree_kv = test::RandomValues(rng, size_t(q) * kKvDim, 1.f);
           ASSERT_TRUE(twins.cuda().WriteTreeLayer(item.sequence, layer, tree_kv.data()).ok());
           ASSERT_TRUE(twins.host().WriteTreeLayer(item.sequence, layer, tree_kv.data()).ok());
           const VerifyView cv = *twins.cuda().GetVerifyView(item.sequence);
@@ -144,7 +137,7 @@ TEST(CudaKvStore, RandomLifeCycleMatchesHostTwinAndTheOracle) {
           reference.mask_indptr.push_back(static_cast<int32_t>(reference.mask_bits.size()));
         }
         const int total_q = reference.qo_indptr.back();
-        reference.q = RandomValues(rng, size_t(total_q) * kHeads * kKvDim, 3.f);
+        reference.q = test::RandomValues(rng, size_t(total_q) * kHeads * kKvDim, 3.f);
         reference.out.assign(size_t(total_q) * kHeads * kVDim, 0);
         reference.lse.assign(size_t(total_q) * kHeads, 0.f);
         reference.Poison();

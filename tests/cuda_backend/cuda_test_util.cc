@@ -57,6 +57,13 @@ std::vector<int32_t> Iota(int64_t n) {
   return v;
 }
 
+std::vector<bf16_bits> RandomValues(std::mt19937_64& rng, size_t count, float amplitude) {
+  std::uniform_real_distribution<float> u(-amplitude, amplitude);
+  std::vector<bf16_bits> v(count);
+  for (bf16_bits& x : v) x = FloatToBf16(u(rng));
+  return v;
+}
+
 std::vector<int32_t> RandomPath(const std::vector<int32_t>& parents, std::mt19937_64& rng) {
   std::vector<int32_t> path;
   for (int32_t node = static_cast<int32_t>(rng() % parents.size()); node >= 0;

@@ -46,6 +46,9 @@ Accuracy Compare(const ReferenceF64& reference, const std::vector<bf16_bits>& ou
 // Sequential 0..n-1.
 std::vector<int32_t> Iota(int64_t n);
 
+// count bf16 values uniform in [-amplitude, amplitude).
+std::vector<bf16_bits> RandomValues(std::mt19937_64& rng, size_t count, float amplitude);
+
 // A random accepted path of a tree: the ancestors of a random node, root first, cut to a random
 // length (possibly empty: the whole tree rejected).
 std::vector<int32_t> RandomPath(const std::vector<int32_t>& parents, std::mt19937_64& rng);
