@@ -11,8 +11,9 @@
 #include "client/health_codec.h"
 #include "client/tensor.h"
 #include "grpcpp/create_channel.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/client_unary_call.h"
+#include "grpcpp/impl/rpc_method.h"
 
 namespace verifyd {
 namespace {
@@ -88,8 +89,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::FromChannel(std::shared_ptr<grpc
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
     : options_(std::move(options)),
       channel_(std::move(channel)),
-      stub_(v1::Verifyd::NewStub(channel_)),
-      generic_stub_(std::make_unique<grpc::GenericStub>(channel_)) {}
+      stub_(v1::Verifyd::NewStub(channel_)) {}
 
 Client::~Client() = default;
 
@@ -161,7 +161,22 @@ absl::StatusOr<v1::VerifyResponse> Client::Verify(const v1::VerifyRequest& reque
                                                   const CallOptions& call) {
   v1::VerifyResponse response;
   absl::Status status = Call("Verify", false, call, [&](grpc::ClientContext& context) {
-    return FromGrpc(stub_->Verify(&context, request, &response));
+    if (!options_.spin_wait) return FromGrpc(stub_->Verify(&context, request, &response));
+    // The call on a completion queue of its own, polled with a zero timeout until it finishes:
+    // each poll reads whatever the socket holds, so no thread ever sleeps waiting for the reply.
+    grpc::CompletionQueue cq;
+    grpc::Status rpc;
+    auto reader = stub_->AsyncVerify(&context, request, &cq);
+    reader->Finish(&response, &rpc, &cq);
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq.AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) !=
+           grpc::CompletionQueue::GOT_EVENT) {
+    }
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+    return FromGrpc(rpc);
   });
   if (!status.ok()) return status;
   return response;
@@ -281,10 +296,12 @@ absl::StatusOr<HealthStatus> Client::Health(const std::string& service, const Ca
     grpc::Slice slice(request_bytes);
     grpc::ByteBuffer request(&slice, 1);
     grpc::ByteBuffer response;
-    std::promise<grpc::Status> done;
-    generic_stub_->UnaryCall(&context, kHealthCheckMethod, grpc::StubOptions(), &request, &response,
-                             [&done](grpc::Status s) { done.set_value(std::move(s)); });
-    absl::Status rpc = FromGrpc(done.get_future().get());
+    // A blocking call, as the generated stubs make: the caller's thread polls for the reply
+    // (a callback would add a hop to a gRPC thread and back; ping timings rely on its absence).
+    const grpc::internal::RpcMethod method(kHealthCheckMethod,
+                                           grpc::internal::RpcMethod::NORMAL_RPC, channel_);
+    absl::Status rpc = FromGrpc(
+        grpc::internal::BlockingUnaryCall(channel_.get(), method, &context, request, &response));
     if (!rpc.ok()) return rpc;
     auto decoded = DecodeHealthCheckResponse(SliceBytes(response));
     if (!decoded.ok()) return decoded.status();

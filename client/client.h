@@ -18,7 +18,6 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/shared_memory_region.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "verifyd/v1/verifyd.grpc.pb.h"
 
 namespace verifyd {
@@ -35,6 +34,10 @@ struct ClientOptions {
   absl::Duration retry_backoff = absl::Milliseconds(50);
   // Sent as metadata "x-verifyd-admin-token" with Compact (needed over TCP only).
   std::string admin_token;
+  // Verify waits for its reply by polling gRPC without sleeping, so the reply is read as soon as
+  // it arrives instead of after a thread wake-up (tens of µs on a VM, plans/0012). The calling
+  // thread keeps a core busy for the call's duration.
+  bool spin_wait = false;
 };
 
 struct CallOptions {
@@ -51,6 +54,18 @@ struct SharedVerifyResult {
 
 // Region bytes VerifyShared needs: q | tree_kv | out | lse, each at a multiple of 64.
 uint64_t SharedVerifyBytes(int64_t total_q, int64_t heads, bool return_lse);
+
+// Where one Verify's tensors sit in a region, from `base` (a multiple of 64): q [sum Q, H, 576]
+// bf16, tree_kv [sum Q, 576] bf16, out [sum Q, H, 512] bf16, lse [sum Q, H] fp32; `end` is the
+// first byte after them. A caller that produces q and tree_kv itself (e.g. copies them from its
+// GPU) writes them at q / tree_kv and calls VerifySharedInPlace: no copy on the client's path.
+struct SharedVerifyLayout {
+  int64_t total_q = 0, heads = 0;
+  bool return_lse = false;
+  uint64_t q = 0, tree_kv = 0, out = 0, lse = 0, end = 0;
+};
+SharedVerifyLayout SharedVerifyLayoutAt(uint64_t base, int64_t total_q, int64_t heads,
+                                        bool return_lse);
 
 // grpc.health.v1 serving status.
 enum class HealthStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
@@ -121,6 +136,12 @@ class Client {
                                                   absl::Span<const uint16_t> tree_kv,
                                                   SharedMemoryRegion& region,
                                                   const CallOptions& call = {});
+  // Verify with q and tree_kv already written in `region` at `layout` (SharedVerifyLayoutAt with
+  // this request's sum Q and return_lse); out/lse come back into the region there.
+  absl::StatusOr<SharedVerifyResult> VerifySharedInPlace(v1::VerifyRequest request,
+                                                         const SharedVerifyLayout& layout,
+                                                         SharedMemoryRegion& region,
+                                                         const CallOptions& call = {});
   // grpc.health.v1.Health/Check; service "" is the whole daemon.
   absl::StatusOr<HealthStatus> Health(const std::string& service = "",
                                       const CallOptions& call = {});
@@ -137,7 +158,6 @@ class Client {
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Verifyd::Stub> stub_;
-  std::unique_ptr<grpc::GenericStub> generic_stub_;  // grpc.health.v1 (no generated health proto)
 };
 
 }  // namespace verifyd

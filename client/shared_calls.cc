@@ -10,15 +10,20 @@ namespace {
 constexpr int64_t kRow = 576;  // the KV row / query width
 constexpr int64_t kVDimension = 512;
 
-// Offsets of VerifyShared's tensors in the region.
-struct SharedVerifyLayout {
-  uint64_t q = 0, tree_kv = 0, out = 0, lse = 0, end = 0;
-};
+absl::Status Prefixed(const char* method, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(method, ": ", status.message()));
+}
 
-SharedVerifyLayout LayoutFor(int64_t total_q, int64_t heads, bool return_lse) {
+}  // namespace
+
+SharedVerifyLayout SharedVerifyLayoutAt(uint64_t base, int64_t total_q, int64_t heads,
+                                        bool return_lse) {
   const uint64_t rows = static_cast<uint64_t>(total_q) * static_cast<uint64_t>(heads);
   SharedVerifyLayout l;
-  l.q = 0;
+  l.total_q = total_q;
+  l.heads = heads;
+  l.return_lse = return_lse;
+  l.q = AlignSharedOffset(base);
   l.tree_kv = AlignSharedOffset(l.q + rows * kRow * 2);
   l.out = AlignSharedOffset(l.tree_kv + static_cast<uint64_t>(total_q) * kRow * 2);
   l.lse = AlignSharedOffset(l.out + rows * kVDimension * 2);
@@ -26,14 +31,8 @@ SharedVerifyLayout LayoutFor(int64_t total_q, int64_t heads, bool return_lse) {
   return l;
 }
 
-absl::Status Prefixed(const char* method, const absl::Status& status) {
-  return absl::Status(status.code(), absl::StrCat(method, ": ", status.message()));
-}
-
-}  // namespace
-
 uint64_t SharedVerifyBytes(int64_t total_q, int64_t heads, bool return_lse) {
-  return LayoutFor(total_q, heads, return_lse).end;
+  return SharedVerifyLayoutAt(0, total_q, heads, return_lse).end;
 }
 
 absl::StatusOr<v1::AppendResponse> Client::AppendKvShared(
@@ -62,7 +61,7 @@ absl::StatusOr<SharedVerifyResult> Client::VerifyShared(v1::VerifyRequest reques
                      total_q, ") x ", kRow));
   }
   const int64_t heads = static_cast<int64_t>(q.size()) / (total_q * kRow);
-  const SharedVerifyLayout layout = LayoutFor(total_q, heads, request.return_lse());
+  const SharedVerifyLayout layout = SharedVerifyLayoutAt(0, total_q, heads, request.return_lse());
   if (layout.end > region.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Verify: sum Q = ", total_q, ", H = ", heads, " needs ", layout.end,
@@ -73,6 +72,32 @@ absl::StatusOr<SharedVerifyResult> Client::VerifyShared(v1::VerifyRequest reques
   auto q_tensor = tensor::PlaceBf16(region, layout.q, q_shape, q);
   if (!q_tensor.ok()) return Prefixed("Verify: q", q_tensor.status());
   auto kv_tensor = tensor::PlaceBf16(region, layout.tree_kv, kv_shape, tree_kv);
+  if (!kv_tensor.ok()) return Prefixed("Verify: tree_kv", kv_tensor.status());
+  return VerifySharedInPlace(std::move(request), layout, region, call);
+}
+
+absl::StatusOr<SharedVerifyResult> Client::VerifySharedInPlace(v1::VerifyRequest request,
+                                                               const SharedVerifyLayout& layout,
+                                                               SharedMemoryRegion& region,
+                                                               const CallOptions& call) {
+  int64_t total_q = 0;
+  for (const v1::VerifySequence& s : request.sequences()) total_q += s.parents_size();
+  if (total_q != layout.total_q || request.return_lse() != layout.return_lse || layout.heads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Verify: the layout is for sum Q = ", layout.total_q, ", H = ", layout.heads,
+                     ", return_lse = ", layout.return_lse, "; the request has sum Q = ", total_q,
+                     ", return_lse = ", request.return_lse()));
+  }
+  if (layout.end > region.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("Verify: the layout ends at byte ", layout.end,
+                                                   ", past the region's ", region.size()));
+  }
+  const int64_t heads = layout.heads;
+  const int64_t q_shape[] = {total_q, heads, kRow};
+  const int64_t kv_shape[] = {total_q, kRow};
+  auto q_tensor = tensor::SharedBf16(region, layout.q, q_shape);
+  if (!q_tensor.ok()) return Prefixed("Verify: q", q_tensor.status());
+  auto kv_tensor = tensor::SharedBf16(region, layout.tree_kv, kv_shape);
   if (!kv_tensor.ok()) return Prefixed("Verify: tree_kv", kv_tensor.status());
   *request.mutable_q() = *std::move(q_tensor);
   *request.mutable_tree_kv() = *std::move(kv_tensor);

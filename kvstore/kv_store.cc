@@ -124,6 +124,8 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
     }
   }
   for (int l = layer_begin; l < layer_begin + layer_count; ++l) sequence->fill[l] += num_tokens;
+  if (existing == nullptr) fragmentation_.Add(seq);
+  if (need > 0) fragmentation_.Extend(seq, sequence->slots, length);
   Renew(*sequence);
   return absl::OkStatus();
 }
@@ -171,11 +173,14 @@ absl::Status KvStore::ValidateCommit(const Sequence& sequence, const CommitPath&
 
 absl::Status KvStore::ApplyCommit(Sequence& sequence, const CommitPath& path) {
   PendingTree& tree = *sequence.pending;
+  const int64_t old_length = static_cast<int64_t>(sequence.slots.size());
   std::vector<bool> accepted(tree.num_nodes(), false);
   for (int32_t node : path.accepted_path) {
     sequence.slots.push_back(tree.slots[node]);
     accepted[node] = true;
   }
+  fragmentation_.Extend(sequence.id, sequence.slots, old_length);
+  pending_slots_ -= tree.num_nodes();
   std::vector<int32_t> rejected;
   for (int32_t i = 0; i < tree.num_nodes(); ++i) {
     if (!accepted[i]) rejected.push_back(tree.slots[i]);
@@ -263,6 +268,7 @@ absl::Status KvStore::PrepareVerify(int layer, absl::Span<const VerifyItem> item
       tree.mask = *std::move(planned[b].new_tree);
       tree.slots = SlotsOf(runs);
       tree.layer_written.assign(options_.num_layers, false);
+      pending_slots_ += tree.num_nodes();
       sequence.pending = std::move(tree);
     }
     Renew(sequence);
@@ -316,8 +322,10 @@ absl::Status KvStore::Release(SequenceId seq) {
   std::vector<int32_t> slots = std::move(sequence->slots);
   if (sequence->pending) {
     slots.insert(slots.end(), sequence->pending->slots.begin(), sequence->pending->slots.end());
+    pending_slots_ -= sequence->pending->num_nodes();
   }
   sequences_.erase(seq);
+  fragmentation_.Remove(seq);
   return allocator_.Free(slots);
 }
 

@@ -18,6 +18,7 @@
 #include "absl/types/span.h"
 #include "kernels/bf16.h"
 #include "kernels/tree_mask.h"
+#include "kvstore/fragmentation_tracker.h"
 #include "kvstore/kv_storage.h"
 #include "kvstore/slot_allocator.h"
 
@@ -66,15 +67,7 @@ struct VerifyView {
   }
 };
 
-struct FragmentationStats {
-  int64_t sequences = 0;
-  int64_t tokens = 0;  // slots held by committed positions
-  int64_t runs = 0;    // maximal runs of consecutive slots, summed over sequences
-  int64_t tokens_outside_first_run = 0;
-  double fragmented_ratio() const {
-    return tokens == 0 ? 0.0 : static_cast<double>(tokens_outside_first_run) / tokens;
-  }
-};
+// FragmentationStats: kvstore/fragmentation_tracker.h.
 
 struct StoreStats {
   int64_t capacity_slots = 0;
@@ -160,11 +153,13 @@ class KvStore {
   std::vector<SequenceId> Sequences() const;
   bool Contains(SequenceId seq) const;
 
+  // O(1): the fragmentation figures are kept up to date by every call that changes a slot list.
   StoreStats Stats() const;
 
   // Plans moves of at most budget_bytes that make sequences contiguous in position order
   // (strategy in plans/0001-core.md, run form in plans/0011-run-compaction.md). Cost
-  // O(sequences log + slots of fragmented sequences) + O(runs log runs).
+  // O(sequences + fragmented log fragmented + positions past their first runs that it walks) +
+  // O(runs log runs).
   CompactionPlan PlanCompaction(int64_t budget_bytes) const;
   // Copies, rewrites slot tables, frees sources. A plan is valid only until the next mutating call;
   // a stale or malformed plan is rejected (FAILED_PRECONDITION / INVALID_ARGUMENT naming runs[k])
@@ -193,6 +188,9 @@ class KvStore {
   std::unique_ptr<KvStorage> storage_;
   SlotAllocator allocator_;
   absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
+  // Updated by every change of a slot list (Append, commits, Release, compaction).
+  FragmentationTracker fragmentation_;
+  int64_t pending_slots_ = 0;  // slots of pending trees, summed over sequences
   uint64_t next_slot_generation_ = 1;
 };
 

@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/mla_dims.h"
 #include "kernels/status_macros.h"
@@ -18,22 +19,35 @@ namespace {
 
 constexpr int64_t kNoSlot = std::numeric_limits<int64_t>::max();
 
-// Length of the maximal run of consecutive slots that starts at position 0.
-size_t FirstRunLength(const std::vector<int32_t>& slots) {
-  size_t r = slots.empty() ? 0 : 1;
-  while (r < slots.size() && slots[r] == slots[r - 1] + 1) ++r;
-  return r;
-}
-
 // Destinations a plan has taken so far, as disjoint ranges: an overlay on the allocator's free
 // set, so planning never copies the allocator. Pass 1 takes ranges in increasing order (a
 // sequence only grows below the next sequence's first slot), kept in a vector; pass 2's few
 // relocations go to a map.
 class ReservedRanges {
  public:
+  // Touching ranges are merged: relocations pack upwards from the bottom of one free extent, and
+  // LowestRunAvoiding then steps over all of them at once instead of one per earlier relocation
+  // (which made a plan of many relocations quadratic in their number).
   // begin must be >= the end of every range added so far by AddIncreasing.
-  void AddIncreasing(int64_t begin, int64_t end) { increasing_.emplace_back(begin, end); }
-  void Add(int64_t begin, int64_t end) { others_.emplace(begin, end); }
+  void AddIncreasing(int64_t begin, int64_t end) {
+    if (!increasing_.empty() && increasing_.back().second == begin) {
+      increasing_.back().second = end;
+    } else {
+      increasing_.emplace_back(begin, end);
+    }
+  }
+  void Add(int64_t begin, int64_t end) {
+    auto next = others_.lower_bound(begin);
+    if (next != others_.end() && next->first == end) {
+      end = next->second;
+      next = others_.erase(next);
+    }
+    if (next != others_.begin() && std::prev(next)->second == begin) {
+      std::prev(next)->second = end;
+      return;
+    }
+    others_.emplace_hint(next, begin, end);
+  }
   // The first reserved range that ends after `slot` ([b, e) with b possibly <= slot), or
   // {kNoSlot, kNoSlot}.
   std::pair<int64_t, int64_t> NextRange(int64_t slot) const {
@@ -81,19 +95,28 @@ std::optional<int32_t> LowestRunAvoiding(const SlotAllocator& allocator,
   return std::nullopt;
 }
 
-// Adds one slot move to the plan, extending the last run when the position, source and
-// destination all continue it (so runs come out maximal).
-void AddMove(CompactionPlan& plan, SequenceId sequence, int64_t position, int32_t src,
-             int32_t dst) {
+// Adds a run of `length` slot moves to the plan, extending the last run when the position, source
+// and destination all continue it (so runs come out maximal).
+void AddRun(CompactionPlan& plan, SequenceId sequence, int64_t position, int32_t src, int64_t dst,
+            int64_t length) {
   if (!plan.runs.empty()) {
     CompactionRun& last = plan.runs.back();
     if (last.sequence == sequence && int64_t{last.position} + last.length == position &&
-        last.src_begin + last.length == src && last.dst_begin + last.length == dst) {
-      ++last.length;
+        last.src_begin + last.length == src && int64_t{last.dst_begin} + last.length == dst) {
+      last.length += static_cast<int32_t>(length);
       return;
     }
   }
-  plan.runs.push_back({sequence, static_cast<int32_t>(position), src, dst, 1});
+  plan.runs.push_back({sequence, static_cast<int32_t>(position), src, static_cast<int32_t>(dst),
+                       static_cast<int32_t>(length)});
+}
+
+// How many slots from position p on hold consecutive slots (at most limit >= 1): a tight compare
+// loop, so a plan costs per run plus well under a nanosecond per slot.
+int64_t ConsecutiveFrom(const std::vector<int32_t>& slots, int64_t p, int64_t limit) {
+  int64_t length = 1;
+  while (length < limit && slots[p + length] == slots[p] + length) ++length;
+  return length;
 }
 
 void ReserveRunsFrom(const CompactionPlan& plan, size_t first_run, ReservedRanges& reserved) {
@@ -127,6 +150,48 @@ std::optional<std::pair<size_t, size_t>> FirstOverlap(const std::vector<Compacti
   return std::nullopt;
 }
 
+// The boundaries (kvstore/fragmentation_tracker.h) that rewriting the positions of `runs` can
+// change, as sorted, distinct keys (owner ordinal << 32 | position): each run's first position
+// and the one after its last; inside a run consecutive sources go to consecutive destinations, so
+// those boundaries keep their state. owner_by_ordinal[o] is ordinal o's owner. Plans list each
+// owner's runs together in position order, so ordinals are simply the groups of equal owners and
+// the keys come sorted: O(runs). first_sight(owner), called once per group, says whether the
+// owner starts its first group; when one has two, a group takes its owner's first ordinal and the
+// keys are sorted. (A template only to name the store's private Sequence type by deduction.)
+template <typename Owner, typename FirstSight>
+std::vector<uint64_t> ChangeableBoundaries(const std::vector<CompactionRun>& runs,
+                                           const std::vector<Owner*>& owners,
+                                           FirstSight first_sight,
+                                           std::vector<Owner*>& owner_by_ordinal) {
+  std::vector<uint64_t> keys;
+  keys.reserve(2 * runs.size());
+  bool owner_repeats = false;
+  for (size_t k = 0; k < runs.size(); ++k) {
+    if (k == 0 || owners[k] != owners[k - 1]) {
+      owner_by_ordinal.push_back(owners[k]);
+      owner_repeats |= !first_sight(owners[k]);
+    }
+    const uint64_t ordinal = owner_by_ordinal.size() - 1;
+    const int64_t held = static_cast<int64_t>(owners[k]->slots.size());
+    const int64_t begin = runs[k].position;
+    const int64_t end = begin + runs[k].length;
+    if (begin >= 1) keys.push_back(ordinal << 32 | static_cast<uint64_t>(begin));
+    if (end < held) keys.push_back(ordinal << 32 | static_cast<uint64_t>(end));
+  }
+  if (owner_repeats) {
+    absl::flat_hash_map<const Owner*, uint64_t> first_ordinal;
+    for (size_t o = 0; o < owner_by_ordinal.size(); ++o) {
+      first_ordinal.emplace(owner_by_ordinal[o], o);
+    }
+    for (uint64_t& key : keys) {
+      key = first_ordinal[owner_by_ordinal[key >> 32]] << 32 | (key & 0xffffffffu);
+    }
+  }
+  if (!std::is_sorted(keys.begin(), keys.end())) std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return keys;
+}
+
 }  // namespace
 
 StoreStats KvStore::Stats() const {
@@ -135,18 +200,8 @@ StoreStats KvStore::Stats() const {
   stats.free_slots = allocator_.free_slots();
   stats.used_slots = stats.capacity_slots - stats.free_slots;
   stats.largest_free_run = allocator_.largest_free_run();
-  FragmentationStats& frag = stats.fragmentation;
-  for (const auto& [id, sequence] : sequences_) {
-    ++frag.sequences;
-    if (sequence->pending) stats.pending_slots += sequence->pending->num_nodes();
-    const std::vector<int32_t>& slots = sequence->slots;
-    if (slots.empty()) continue;
-    frag.tokens += static_cast<int64_t>(slots.size());
-    frag.tokens_outside_first_run += static_cast<int64_t>(slots.size() - FirstRunLength(slots));
-    int64_t runs = 1;
-    for (size_t p = 1; p < slots.size(); ++p) runs += slots[p] != slots[p - 1] + 1;
-    frag.runs += runs;
-  }
+  stats.pending_slots = pending_slots_;
+  stats.fragmentation = fragmentation_.totals();
   return stats;
 }
 
@@ -157,38 +212,50 @@ CompactionPlan KvStore::PlanCompaction(int64_t budget_bytes) const {
   if (moves_left == 0) return plan;
 
   // Fragmented sequences, lowest first slot first, so the bottom of the pool settles first
-  // (sorted by the first slot held next to the pointer: no pointer chase per comparison).
-  std::vector<std::pair<int32_t, const Sequence*>> by_first_slot;
-  for (const auto& [id, sequence] : sequences_) {
-    if (FirstRunLength(sequence->slots) < sequence->slots.size()) {
-      by_first_slot.emplace_back(sequence->slots[0], sequence.get());
-    }
-  }
-  if (by_first_slot.empty()) return plan;
-  std::sort(by_first_slot.begin(), by_first_slot.end());
-  std::vector<const Sequence*> order(by_first_slot.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = by_first_slot[i].second;
+  // (sorted by the first slot held next to the pointer: no pointer chase per comparison). The
+  // tracker names them with their first runs: no walk of any slot list.
+  struct Fragmented {
+    int32_t first_slot;
+    const Sequence* sequence;
+    int64_t first_run;
+  };
+  std::vector<Fragmented> order;
+  fragmentation_.ForEachFragmented([&](SequenceId id, int64_t first_run) {
+    const Sequence* sequence = sequences_.find(id)->second.get();
+    order.push_back({sequence->slots[0], sequence, first_run});
+  });
+  if (order.empty()) return plan;
+  std::sort(order.begin(), order.end(),
+            [](const Fragmented& a, const Fragmented& b) { return a.first_slot < b.first_slot; });
   ReservedRanges reserved;
   // Pass 1, (1): grow each first run in place (position p belongs at slots[0] + p). It runs for
   // every sequence before any relocation, so a relocation begun by an earlier call finishes before
   // pass 2 could hand the free slots after it to somebody else.
   std::vector<const Sequence*> blocked;
-  for (const Sequence* sequence : order) {
+  for (const auto& [first_slot, sequence, first_run] : order) {
     const std::vector<int32_t>& slots = sequence->slots;
     const int64_t n = static_cast<int64_t>(slots.size());
     const size_t first_new_run = plan.runs.size();
     // Targets in [window_begin, window_end) are available; the window is looked up once per
     // stretch of free slots, not per slot.
     int64_t window_end = 0;
-    for (int64_t p = static_cast<int64_t>(FirstRunLength(slots)); p < n && moves_left > 0; ++p) {
+    for (int64_t p = first_run; p < n && moves_left > 0;) {
       const int64_t target = int64_t{slots[0]} + p;
-      if (slots[p] == target) continue;  // already in place (so not free: outside any window)
+      if (slots[p] == target) {  // already in place (so not free: outside any window)
+        ++p;
+        continue;
+      }
       if (target >= window_end) {
         window_end = FreeEnd(allocator_, target);
         if (window_end <= target) break;
       }
-      AddMove(plan, sequence->id, p, slots[p], static_cast<int32_t>(target));
-      --moves_left;
+      // A stretch of consecutive sources moves as one run, within the window and the budget
+      // (none of it is in place: its sources continue slots[p], which is not).
+      const int64_t length =
+          ConsecutiveFrom(slots, p, std::min({n - p, window_end - target, moves_left}));
+      AddRun(plan, sequence->id, p, slots[p], target, length);
+      p += length;
+      moves_left -= length;
     }
     if (plan.runs.size() == first_new_run) blocked.push_back(sequence);
     ReserveRunsFrom(plan, first_new_run, reserved);
@@ -202,8 +269,10 @@ CompactionPlan KvStore::PlanCompaction(int64_t budget_bytes) const {
     std::optional<int32_t> begin = LowestRunAvoiding(allocator_, reserved, n);
     if (!begin) continue;
     const int64_t count = std::min(n, moves_left);
-    for (int64_t p = 0; p < count; ++p) {
-      AddMove(plan, sequence->id, p, slots[p], static_cast<int32_t>(*begin + p));
+    for (int64_t p = 0; p < count;) {
+      const int64_t length = ConsecutiveFrom(slots, p, count - p);
+      AddRun(plan, sequence->id, p, slots[p], int64_t{*begin} + p, length);
+      p += length;
     }
     reserved.Add(*begin, *begin + count);
     moves_left -= count;
@@ -282,10 +351,39 @@ absl::Status KvStore::ExecuteCompaction(const CompactionPlan& plan) {
   }
 
   VERIFYD_RETURN_IF_ERROR(storage_->CopyRuns(copies));
+  // The fragmentation figures follow the rewrite: the state of every boundary it can change,
+  // before and after.
+  std::vector<Sequence*> owner_by_ordinal;
+  std::vector<FragmentationTracker::Handle> handles;  // by ordinal
+  const uint64_t batch = fragmentation_.BeginBatch();
+  const std::vector<uint64_t> boundaries = ChangeableBoundaries(
+      runs, owners,
+      [&](const Sequence* owner) {
+        handles.push_back(fragmentation_.Find(owner->id));
+        return FragmentationTracker::MarkInBatch(handles.back(), batch);
+      },
+      owner_by_ordinal);
+  std::vector<FragmentationTracker::BoundaryChange> changes(boundaries.size());
+  for (size_t i = 0; i < boundaries.size(); ++i) {
+    const int64_t position = static_cast<uint32_t>(boundaries[i]);
+    changes[i].position = position;
+    changes[i].was_break =
+        FragmentationTracker::IsBreak(owner_by_ordinal[boundaries[i] >> 32]->slots, position);
+  }
   for (size_t k = 0; k < runs.size(); ++k) {
     int32_t* slots = owners[k]->slots.data() + runs[k].position;
     for (int32_t i = 0; i < runs[k].length; ++i) slots[i] = runs[k].dst_begin + i;
     if (k == 0 || owners[k] != owners[k - 1]) owners[k]->slot_generation = next_slot_generation_++;
+  }
+  for (size_t i = 0; i < boundaries.size();) {
+    const Sequence& owner = *owner_by_ordinal[boundaries[i] >> 32];
+    const FragmentationTracker::Handle handle = handles[boundaries[i] >> 32];
+    size_t end = i;
+    for (; end < boundaries.size() && boundaries[end] >> 32 == boundaries[i] >> 32; ++end) {
+      changes[end].is_break = FragmentationTracker::IsBreak(owner.slots, changes[end].position);
+    }
+    fragmentation_.Rewrite(handle, owner.slots, absl::MakeConstSpan(changes).subspan(i, end - i));
+    i = end;
   }
   // Destinations that touch (a relocation split by its sources) are reserved as one range.
   for (size_t i = 0; i < by_dst.size();) {

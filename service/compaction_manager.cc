@@ -54,14 +54,43 @@ void CompactionManager::FinishLocked(CompactionOperation& op, KvStore& store, bo
   const absl::Status waited = store.storage().WaitForCopies();
   const absl::Duration took = absl::Now() - start;
   op.copy_time += took;
+  op.final_wait_time += took;
   metrics_->RecordCompactionChunk(0, took);
   if (!waited.ok()) {
     done = false;
     if (op.error.empty()) op.error = std::string(waited.message());
   }
   op.state = done ? CompactionOperation::State::kDone : CompactionOperation::State::kFailed;
+  const absl::Time stats_start = absl::Now();
   op.after = store.Stats().fragmentation;
+  op.stats_time += absl::Now() - stats_start;
   metrics_->RecordCompactionFinished(done);
+}
+
+void CompactionManager::ReplanLocked(CompactionOperation& op, KvStore& store, bool whole) {
+  int64_t remaining = op.budget_bytes > 0 ? op.budget_bytes - op.bytes_moved
+                                          : std::numeric_limits<int64_t>::max() / 2;
+  // A plan costs about its slots (plus a pass over the fragmented sequences): bounded, it stays
+  // shorter than the copies queued on the device while it is made, and a Step never holds the
+  // executor for a whole store's plan. The planner resumes where a bounded plan stopped.
+  if (!whole) remaining = std::min(remaining, kPlanChunks * chunk_bytes_);
+  const absl::Time start = absl::Now();
+  plan_ = store.PlanCompaction(remaining);
+  op.plan_time += absl::Now() - start;
+  ++op.plans;
+  cursor_ = PlanCursor{};
+  plan_slots_left_ = plan_.slots();
+  plan_op_id_ = op.id;
+}
+
+int64_t CompactionManager::NextChunkSlotsLocked(const CompactionOperation& op,
+                                                int64_t move_bytes) const {
+  const int64_t max_slots = std::max<int64_t>(1, chunk_bytes_ / move_bytes);
+  // Equal chunks: a sliver at the end of a plan would leave the device almost nothing queued
+  // while the next plan is made.
+  const int64_t pieces = (plan_slots_left_ + max_slots - 1) / max_slots;
+  const int64_t slots = pieces > 0 ? (plan_slots_left_ + pieces - 1) / pieces : max_slots;
+  return std::min(slots, (op.budget_bytes - op.bytes_moved) / move_bytes);
 }
 
 namespace {
@@ -103,43 +132,43 @@ bool CompactionManager::Step(KvStore& store) {
   if (op == nullptr) return false;
   // One slot moved copies a row on every layer.
   const int64_t move_bytes = int64_t{kKvRowBytes} * store.storage().num_layers();
-  const auto replan = [&] {
-    const int64_t remaining = op->budget_bytes > 0 ? op->budget_bytes - op->bytes_moved
-                                                   : std::numeric_limits<int64_t>::max() / 2;
-    plan_ = store.PlanCompaction(remaining);
-    cursor_ = PlanCursor{};
-    plan_op_id_ = op->id;
-  };
+  // Only a plan made in this Step is known to be current: between Steps the executor runs traffic.
+  bool planned_now = false;
   if (op->state == CompactionOperation::State::kPending) {
     op->state = CompactionOperation::State::kRunning;
+    const absl::Time stats_start = absl::Now();
     op->before = store.Stats().fragmentation;
-    replan();
+    op->stats_time += absl::Now() - stats_start;
+    ReplanLocked(*op, store, /*whole=*/true);  // its size is the operation's budget and progress
+    planned_now = true;
     op->bytes_planned = plan_.bytes();
     // "Until converged" is bounded too: traffic between chunks may undo some moves, and a
     // plan that never converges must not run forever.
     if (op->budget_bytes == 0) op->budget_bytes = std::max(2 * op->bytes_planned, move_bytes);
   } else if (plan_op_id_ != op->id || cursor_.run >= plan_.runs.size()) {
-    replan();  // the plan is used up: traffic since may have left more to do
+    ReplanLocked(*op, store,
+                 /*whole=*/false);  // the plan is used up: traffic since may have left more to do
+    planned_now = true;
   }
   if (plan_.runs.empty() || op->bytes_moved + move_bytes > op->budget_bytes) {
     FinishLocked(*op, store, /*done=*/true);
     return OldestUnfinishedLocked() != nullptr;
   }
-  const int64_t budget_slots = (op->budget_bytes - op->bytes_moved) / move_bytes;
-  const int64_t chunk_slots =
-      std::min(std::max<int64_t>(1, chunk_bytes_ / move_bytes), budget_slots);
   PlanCursor next = cursor_;
-  CompactionPlan chunk = TakeChunk(plan_, next.run, next.offset, chunk_slots);
-  const absl::Time start = absl::Now();
+  CompactionPlan chunk =
+      TakeChunk(plan_, next.run, next.offset, NextChunkSlotsLocked(*op, move_bytes));
+  absl::Time start = absl::Now();
   absl::Status status = store.ExecuteCompaction(chunk);
-  if (!status.ok() && !cursor_.at_start()) {
+  absl::Duration took = absl::Now() - start;
+  if (!status.ok() && !planned_now) {
     // Stale: the store changed nothing. Plan afresh against the store as it is now.
-    replan();
+    ReplanLocked(*op, store, /*whole=*/false);
     next = cursor_;
-    chunk = TakeChunk(plan_, next.run, next.offset, chunk_slots);
+    chunk = TakeChunk(plan_, next.run, next.offset, NextChunkSlotsLocked(*op, move_bytes));
+    start = absl::Now();
     status = store.ExecuteCompaction(chunk);
+    took += absl::Now() - start;
   }
-  const absl::Duration took = absl::Now() - start;
   if (!status.ok()) {
     op->error = std::string(status.message());
     FinishLocked(*op, store, /*done=*/false);
@@ -147,15 +176,23 @@ bool CompactionManager::Step(KvStore& store) {
   }
   cursor_ = next;
   const int64_t chunk_slots_moved = chunk.slots();
+  plan_slots_left_ -= chunk_slots_moved;
   op->bytes_moved += chunk.bytes();
   // Traffic between chunks can add work the first plan did not see; progress never passes 100%.
   op->bytes_planned = std::max(op->bytes_planned, op->bytes_moved);
   op->tokens_moved += chunk_slots_moved;
   op->copy_time += took;
+  ++op->chunks;
   metrics_->RecordCompactionChunk(chunk.bytes(), took);
   metrics_->RecordKernel(KernelKind::kCompact, took);
   if (chunk_slots_moved == 0 || op->bytes_moved >= op->budget_bytes) {
     FinishLocked(*op, store, /*done=*/true);
+  } else if (cursor_.run >= plan_.runs.size()) {
+    // The plan is used up: make the next one now, while this chunk's copy (and the previous one's)
+    // still runs on the device, not at the start of the next Step, by which time the executor's
+    // other work may have let the device run dry (plans/0011). It may be stale by then: see above.
+    ReplanLocked(*op, store, /*whole=*/false);
+    if (plan_.runs.empty()) FinishLocked(*op, store, /*done=*/true);
   }
   return OldestUnfinishedLocked() != nullptr;
 }

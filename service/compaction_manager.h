@@ -30,6 +30,13 @@ struct CompactionOperation {
   // on the device when the operation ends (chunks overlap their copy with the next chunk's
   // bookkeeping), so bytes_moved / copy_time is the operation's real throughput.
   absl::Duration copy_time;
+  // Host time by kind (for attributing the end-to-end figure): PlanCompaction calls, Stats()
+  // before and after, and the final wait (also counted in copy_time); plans made and chunks run.
+  absl::Duration plan_time;
+  absl::Duration stats_time;
+  absl::Duration final_wait_time;
+  int64_t plans = 0;
+  int64_t chunks = 0;
   std::string error;
   double bytes_per_second() const {
     const double s = absl::ToDoubleSeconds(copy_time);
@@ -61,20 +68,29 @@ class CompactionManager {
   CompactionOperation* OldestUnfinishedLocked();
   // Waits for the copies still in flight (their time joins op.copy_time), then records the end.
   void FinishLocked(CompactionOperation& op, KvStore& store, bool done);
+  // Plans afresh for `op`: its remaining budget, and unless `whole` at most kPlanChunks chunks.
+  // Counts the time in op.plan_time.
+  void ReplanLocked(CompactionOperation& op, KvStore& store, bool whole);
+  static constexpr int64_t kPlanChunks = 4;
+  // The slots of the next chunk: the plan's remainder cut into equal chunks of at most the chunk
+  // size, and within the budget.
+  int64_t NextChunkSlotsLocked(const CompactionOperation& op, int64_t move_bytes) const;
 
   const int history_;
   const int64_t chunk_bytes_;
   // Executor thread only. Planning walks every fragmented sequence, so one plan serves many
   // chunks; a chunk the store rejects as stale (traffic moved a slot since) changes nothing and
   // forces a fresh plan. A chunk may end inside a run: the cursor is a run and an offset in it.
+  // When a chunk uses the plan up, the next plan is made in the same Step, while that chunk's
+  // copy still runs on the device (plans/0011); it may be stale by the next Step.
   struct PlanCursor {
     size_t run = 0;
     int32_t offset = 0;
-    bool at_start() const { return run == 0 && offset == 0; }
   };
   std::string plan_op_id_;
   CompactionPlan plan_;
   PlanCursor cursor_;
+  int64_t plan_slots_left_ = 0;  // slots of plan_ past the cursor
   ServiceMetrics* metrics_;
   mutable std::mutex mu_;
   std::deque<CompactionOperation> operations_;  // oldest first

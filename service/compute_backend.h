@@ -2,6 +2,7 @@
 // computes on host memory; the CUDA backend supplies device storage and its kernels.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -69,6 +70,23 @@ class ComputeBackend {
 
   // Called once before any ComputeVerify; the observer runs on the executor thread.
   virtual void SetGraphObserver(std::function<void(GraphEvent)> observer) { (void)observer; }
+
+  // Host memory the daemon maps for clients' tensors (shared-memory regions). A backend that
+  // answers true registers [data, data + bytes) with its device once, and from then on copies a
+  // q / out / lse lying wholly inside one registered range straight from / into it (DMA) instead
+  // of through its host staging. Both calls run on gRPC threads while ComputeVerify may run on the
+  // executor. The caller unregisters a range before unmapping it and never while a ComputeVerify
+  // uses it (a call pins the regions it names until it has finished).
+  virtual bool can_register_host_memory() const { return false; }
+  // An error leaves the range unregistered: calls using it take the staging path.
+  virtual absl::Status RegisterHostMemory(void* data, size_t bytes) {
+    (void)data;
+    (void)bytes;
+    return absl::UnimplementedError(
+        absl::StrCat("the ", name(), " backend does not register host memory"));
+  }
+  // `data` as given to a successful RegisterHostMemory; anything else is ignored.
+  virtual void UnregisterHostMemory(void* data) { (void)data; }
 };
 
 }  // namespace verifyd

@@ -77,6 +77,33 @@ absl::StatusOr<std::unique_ptr<KvStorage>> CudaBackend::CreateStorage(int num_la
   return std::unique_ptr<KvStorage>(std::move(storage));
 }
 
+absl::Status CudaBackend::RegisterHostMemory(void* data, size_t bytes) {
+  if (data == nullptr || bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host memory to register (", bytes, " bytes) must be non-null and non-empty"));
+  }
+  // The calling thread (a gRPC handler) has no current device of its own choosing.
+  VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
+  const cudaError_t registered = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
+  if (registered != cudaSuccess) {
+    cudaGetLastError();  // not sticky; keep this thread's later checks truthful
+    return absl::UnavailableError(absl::StrCat("cudaHostRegister of ", bytes,
+                                               " bytes failed: ", cudaGetErrorString(registered)));
+  }
+  if (absl::Status added = host_ranges_.Add(data, bytes); !added.ok()) {
+    cudaHostUnregister(data);
+    cudaGetLastError();
+    return added;
+  }
+  return absl::OkStatus();
+}
+
+void CudaBackend::UnregisterHostMemory(void* data) {
+  if (!host_ranges_.Remove(data)) return;
+  if (!stream_->MakeDeviceCurrent().ok()) return;
+  if (cudaHostUnregister(data) != cudaSuccess) cudaGetLastError();
+}
+
 void CudaBackend::ForgetSequence(SequenceId sequence) {
   if (mirror_) mirror_->Forget(sequence);
 }
@@ -154,8 +181,12 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
   VERIFYD_RETURN_IF_ERROR(inputs_.Reserve(layout.input_bytes, *stream_).status());
   VERIFYD_RETURN_IF_ERROR(outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
   VERIFYD_RETURN_IF_ERROR(host_outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
+  const DirectCopies direct = ChooseDirectCopies(layout, problem, host_ranges_);
+  const StagedCopy upload = StagedUpload(layout, direct);
+  const StagedCopy readback = StagedOutputs(layout, direct);
   // The previous call synchronized the stream before returning, so the staging buffer is free.
-  FillVerifyStaging(layout, problem, slots.list_offset, plan.packed, staging_.get(), &copier_);
+  FillVerifyStaging(layout, problem, slots.list_offset, plan.packed, staging_.get(), &copier_,
+                    /*stage_q=*/!direct.q);
   WriteSlotUploads(lists, slots, staging_.as<SlotScatterHeader>(layout.slot_header),
                    staging_.as<SlotScatterRun>(layout.slot_runs),
                    staging_.as<int32_t>(layout.slot_values));
@@ -166,7 +197,8 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
   Lap(&clock, &phase_times_.stage_ns);
 
   auto enqueue = [&](cudaStream_t stream) -> absl::Status {
-    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), staging_.get(), layout.upload_copy_bytes,
+    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(upload.offset),
+                                       staging_.as<void>(upload.offset), upload.bytes,
                                        cudaMemcpyHostToDevice, stream));
     VERIFYD_RETURN_IF_ERROR(LaunchSlotScatter(inputs_.as<SlotScatterHeader>(layout.slot_header),
                                               inputs_.as<SlotScatterRun>(layout.slot_runs),
@@ -174,13 +206,38 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
                                               stream));
     VERIFYD_RETURN_IF_ERROR(
         LaunchMlaVerify(device_problem, plan.plan, plan.layout, workspace, stream));
-    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host_outputs_.get(), outputs_.get(),
-                                       layout.output_copy_bytes, cudaMemcpyDeviceToHost, stream));
+    if (readback.bytes > 0) {
+      VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host_outputs_.as<void>(readback.offset),
+                                         outputs_.as<void>(readback.offset), readback.bytes,
+                                         cudaMemcpyDeviceToHost, stream));
+    }
+    return absl::OkStatus();
+  };
+  // Outside any graph (the header says why), in stream order around it; exact sizes, so nothing
+  // of the caller's memory beyond its tensors is written.
+  auto enqueue_direct_input = [&]() -> absl::Status {
+    if (direct.q) {
+      VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(layout.q), problem.q, layout.q_bytes,
+                                         cudaMemcpyHostToDevice, stream_->get()));
+    }
+    return absl::OkStatus();
+  };
+  auto enqueue_direct_outputs = [&]() -> absl::Status {
+    if (direct.out) {
+      VERIFYD_CUDA_CHECK(cudaMemcpyAsync(problem.out, outputs_.as<void>(layout.out),
+                                         layout.out_bytes, cudaMemcpyDeviceToHost, stream_->get()));
+    }
+    if (direct.lse) {
+      VERIFYD_CUDA_CHECK(cudaMemcpyAsync(problem.lse, outputs_.as<void>(layout.lse),
+                                         layout.lse_bytes, cudaMemcpyDeviceToHost, stream_->get()));
+    }
     return absl::OkStatus();
   };
 
   absl::StatusOr<GraphOutcome> outcome = GraphOutcome::kEager;
-  if (options_.cuda_graphs) {
+  if (absl::Status input = enqueue_direct_input(); !input.ok()) {
+    outcome = input;
+  } else if (options_.cuda_graphs) {
     VerifyGraphBucket bucket;
     bucket.layer = layer;
     bucket.batch = problem.batch;
@@ -188,6 +245,7 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
     bucket.num_heads = problem.num_heads;
     bucket.lse = problem.lse != nullptr;
     bucket.combine = !plan.plan.combine.empty();
+    bucket.direct = direct;
     VerifyGraphParams params;
     params.staging = staging_.get();
     params.device_inputs = inputs_.get();
@@ -206,6 +264,9 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
   } else if (absl::Status enqueued = enqueue(stream_->get()); !enqueued.ok()) {
     outcome = enqueued;
   }
+  if (outcome.ok()) {
+    if (absl::Status output = enqueue_direct_outputs(); !output.ok()) outcome = output;
+  }
   if (!outcome.ok()) {
     // Part of the sequence may be queued: let it finish before the next call refills the staging.
     stream_->Synchronize().IgnoreError();
@@ -216,10 +277,13 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
   // The one wait of a Verify: the host needs the outputs.
   VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
   Lap(&clock, &phase_times_.wait_ns);
-  copier_.Copy(problem.out, host_outputs_.as<void>(layout.out), layout.out_bytes);
-  if (problem.lse != nullptr) {
+  if (!direct.out) copier_.Copy(problem.out, host_outputs_.as<void>(layout.out), layout.out_bytes);
+  if (problem.lse != nullptr && !direct.lse) {
     std::memcpy(problem.lse, host_outputs_.as<void>(layout.lse), layout.lse_bytes);
   }
+  direct_copies_.q += direct.q;
+  direct_copies_.out += direct.out;
+  direct_copies_.lse += direct.lse;
   Lap(&clock, &phase_times_.copy_out_ns);
   if (graph_observer_ && options_.cuda_graphs) {
     switch (*outcome) {

@@ -8,6 +8,20 @@
 // graph per shape bucket (service/cuda_graph_cache.h), replayed as is while only data changes.
 // Buffers grow geometrically and are reused; nothing is allocated per call once the largest shape
 // has been seen.
+//
+// Host memory registered through RegisterHostMemory (the daemon's shared-memory regions) is
+// page-locked by the driver: a q / out / lse wholly inside one registered range is copied by DMA
+// straight from / into it, with no host copy through the staging. Those copies are enqueued
+// eagerly around the graph launch (or the eager sequence), never captured: a graph's memcpy nodes
+// would bake in the caller's address, which differs per region and offset (a daemon serving
+// several clients alternates between them), so nearly every call would re-capture and update the
+// graph; eager, the graph depends only on which tensors go directly (part of the bucket), and the
+// cost is one cudaMemcpyAsync call per direct tensor. Stream order puts the q copy before the
+// graph's kernels and the output copies after them, as the graph's own copies are.
+// Unregistration cannot race a copy: ComputeVerify synchronizes its stream before returning (also
+// on failure), and a range is unregistered only when its mapping's last holder lets it go, while
+// the call that uses it holds a pin on it until after ComputeVerify returned
+// (service/verifyd_service.cc: RegionPins live in the task or the waiting handler's frame).
 #pragma once
 
 #include <chrono>
@@ -56,6 +70,13 @@ struct CudaBackendPhaseTimes {
   int64_t copy_out_ns = 0;  // pinned outputs into the caller's out / lse
 };
 
+// Calls whose tensors went straight between registered host memory and the device.
+struct DirectCopyCounters {
+  int64_t q = 0;
+  int64_t out = 0;
+  int64_t lse = 0;
+};
+
 class CudaBackend : public ComputeBackend {
  public:
   // Selects the device, creates its stream, reads its SM count. FAILED_PRECONDITION when the device
@@ -83,6 +104,12 @@ class CudaBackend : public ComputeBackend {
   void SetGraphObserver(std::function<void(GraphEvent)> observer) override {
     graph_observer_ = std::move(observer);
   }
+  bool can_register_host_memory() const override { return true; }
+  // cudaHostRegister (portable: pinned for every context of the process). UNAVAILABLE with the
+  // driver's reason when it refuses (then the range is used through the staging).
+  absl::Status RegisterHostMemory(void* data, size_t bytes) override;
+  // cudaHostUnregister; the range is forgotten first, so no later call copies from it directly.
+  void UnregisterHostMemory(void* data) override;
 
   const GraphCounters& graph_counters() const { return graphs_.counters(); }
   int64_t eager_runs() const { return eager_runs_; }
@@ -93,6 +120,8 @@ class CudaBackend : public ComputeBackend {
   }
   size_t mirrored_sequences() const { return mirror_ ? mirror_->mirrored_sequences() : 0; }
   const CudaBackendPhaseTimes& phase_times() const { return phase_times_; }
+  const DirectCopyCounters& direct_copies() const { return direct_copies_; }
+  size_t registered_host_ranges() const { return host_ranges_.size(); }
   const CudaStream& stream() const { return *stream_; }
 
  private:
@@ -123,8 +152,11 @@ class CudaBackend : public ComputeBackend {
   PinnedBuffer host_outputs_;               // [out | lse]
   std::vector<int32_t> q_len_;              // scratch
   std::vector<VerifySlotList> host_lists_;  // scratch: the concatenated form as lists
+  // Registered on gRPC threads, read by ComputeVerify on the executor (the set locks).
+  RegisteredHostRanges host_ranges_;
   int64_t eager_runs_ = 0;
   CudaBackendPhaseTimes phase_times_;
+  DirectCopyCounters direct_copies_;
   std::function<void(GraphEvent)> graph_observer_;
 };
 

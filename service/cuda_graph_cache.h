@@ -33,12 +33,15 @@ struct VerifyGraphBucket {
   int num_heads = 0;
   bool lse = false;
   bool combine = false;  // the plan has split partials to merge (one more kernel node)
+  // Tensors copied straight from / into registered host memory, outside the graph: the graph's
+  // own copies then cover only the staged rest (other copy nodes, or none).
+  DirectCopies direct;
 
   bool operator==(const VerifyGraphBucket&) const = default;
   template <typename H>
   friend H AbslHashValue(H h, const VerifyGraphBucket& b) {
     return H::combine(std::move(h), b.layer, b.batch, b.total_q_bucket, b.num_heads, b.lse,
-                      b.combine);
+                      b.combine, b.direct.q, b.direct.out, b.direct.lse);
   }
 };
 

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
 
 #include "kernels/mla_dims.h"
 #include "service/cuda_slot_scatter.h"
@@ -35,7 +38,8 @@ VerifyStagingLayout LayoutVerifyStaging(const VerifyProblem& p, size_t slot_valu
     at = Align(at + bytes);
     return offset;
   };
-  l.q = take(rows * kKvDim * sizeof(bf16_bits));
+  l.q_bytes = rows * kKvDim * sizeof(bf16_bits);
+  l.q = take(l.q_bytes);
   l.qo_indptr = take(index_bytes);
   l.prefix_len = take(static_cast<size_t>(p.batch) * sizeof(int32_t));
   l.slot_indptr = take(index_bytes);
@@ -61,15 +65,13 @@ VerifyStagingLayout LayoutVerifyStaging(const VerifyProblem& p, size_t slot_valu
 
 void FillVerifyStaging(const VerifyStagingLayout& l, const VerifyProblem& p,
                        absl::Span<const int32_t> list_offset,
-                       const std::vector<uint8_t>& packed_plan, void* staging,
-                       HostCopyPool* copier) {
-  const size_t rows = static_cast<size_t>(p.total_q) * p.num_heads;
+                       const std::vector<uint8_t>& packed_plan, void* staging, HostCopyPool* copier,
+                       bool stage_q) {
   const size_t index_bytes = static_cast<size_t>(p.batch + 1) * sizeof(int32_t);
-  const size_t q_bytes = rows * kKvDim * sizeof(bf16_bits);
-  if (copier != nullptr) {
-    copier->Copy(At(staging, l.q), p.q, q_bytes);
-  } else {
-    std::memcpy(At(staging, l.q), p.q, q_bytes);
+  if (stage_q && copier != nullptr) {
+    copier->Copy(At(staging, l.q), p.q, l.q_bytes);
+  } else if (stage_q) {
+    std::memcpy(At(staging, l.q), p.q, l.q_bytes);
   }
   std::memcpy(At(staging, l.qo_indptr), p.qo_indptr, index_bytes);
   std::memcpy(At(staging, l.prefix_len), p.prefix_len, static_cast<size_t>(p.batch) * 4);
@@ -100,6 +102,71 @@ VerifyProblem PlaceVerifyProblem(const VerifyStagingLayout& l, const VerifyProbl
   d.out = reinterpret_cast<bf16_bits*>(At(device_outputs, l.out));
   d.lse = p.lse != nullptr ? reinterpret_cast<float*>(At(device_outputs, l.lse)) : nullptr;
   return d;
+}
+
+absl::Status RegisteredHostRanges::Add(const void* data, size_t bytes) {
+  if (data == nullptr || bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host range [", absl::Hex(reinterpret_cast<uintptr_t>(data)), ", +", bytes,
+                     ") must be non-null and non-empty"));
+  }
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto next = ranges_.lower_bound(begin);
+  const bool overlaps_next = next != ranges_.end() && next->first < begin + bytes;
+  const bool overlaps_previous =
+      next != ranges_.begin() && std::prev(next)->first + std::prev(next)->second > begin;
+  if (overlaps_next || overlaps_previous) {
+    return absl::AlreadyExistsError(absl::StrCat("host range [", absl::Hex(begin), ", +", bytes,
+                                                 ") overlaps a registered range"));
+  }
+  ranges_.emplace(begin, bytes);
+  return absl::OkStatus();
+}
+
+bool RegisteredHostRanges::Remove(const void* data) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ranges_.erase(reinterpret_cast<uintptr_t>(data)) > 0;
+}
+
+bool RegisteredHostRanges::Contains(const void* data, size_t bytes) const {
+  if (data == nullptr || bytes == 0) return false;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto after = ranges_.upper_bound(begin);
+  if (after == ranges_.begin()) return false;
+  const auto& [first, size] = *std::prev(after);
+  // begin >= first here; written so that no sum can overflow.
+  return begin - first < size && bytes <= size - (begin - first);
+}
+
+size_t RegisteredHostRanges::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ranges_.size();
+}
+
+DirectCopies ChooseDirectCopies(const VerifyStagingLayout& l, const VerifyProblem& p,
+                                const RegisteredHostRanges& ranges) {
+  DirectCopies d;
+  if (ranges.size() == 0) return d;
+  d.q = ranges.Contains(p.q, l.q_bytes);
+  d.out = ranges.Contains(p.out, l.out_bytes);
+  d.lse = p.lse != nullptr && ranges.Contains(p.lse, l.lse_bytes);
+  return d;
+}
+
+StagedCopy StagedUpload(const VerifyStagingLayout& l, const DirectCopies& d) {
+  // The copy keeps its banded end; only its start moves past q.
+  if (!d.q) return {0, l.upload_copy_bytes};
+  return {l.qo_indptr, l.upload_copy_bytes - l.qo_indptr};
+}
+
+StagedCopy StagedOutputs(const VerifyStagingLayout& l, const DirectCopies& d) {
+  const bool lse_staged = l.lse_bytes > 0 && !d.lse;
+  if (!d.out)
+    return lse_staged || l.lse_bytes == 0 ? StagedCopy{0, l.output_copy_bytes}
+                                          : StagedCopy{l.out, l.out_bytes};
+  return lse_staged ? StagedCopy{l.lse, l.lse_bytes} : StagedCopy{0, 0};
 }
 
 }  // namespace verifyd

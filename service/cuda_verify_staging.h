@@ -16,12 +16,21 @@
 // batch; the rest depends on total_q, batch, heads and the plan's item counts only. The two copies
 // also move a little more than the bytes in use (CopyBytesFor); the excess lands in the partials
 // region (written by the kernels later in stream order) and in unused output bytes, never read.
+//
+// q, out and lse that lie in host memory registered with the device (a client's shared-memory
+// region: RegisteredHostRanges) skip the staging: q is copied straight from the caller's memory
+// into its place in the device inputs, out and lse straight from the device outputs into the
+// caller's memory (DirectCopies); the staged copies then cover only the rest (StagedUpload,
+// StagedOutputs).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "kernels/verify_problem.h"
 #include "service/host_copy_pool.h"
@@ -30,6 +39,7 @@ namespace verifyd {
 
 struct VerifyStagingLayout {
   size_t q = 0, qo_indptr = 0, prefix_len = 0, slot_indptr = 0;
+  size_t q_bytes = 0;  // the q region starts at 0 and ends before qo_indptr
   size_t slot_header = 0, slot_runs = 0, slot_values = 0;  // the slot upload
   size_t mask_indptr = 0, mask_bits = 0;
   size_t slot_value_capacity = 0;  // int32 values the upload region holds (a band)
@@ -59,15 +69,58 @@ VerifyStagingLayout LayoutVerifyStaging(const VerifyProblem& problem, size_t slo
 // lists (list_offset[batch], as slot_indptr) and the packed plan into `staging`. The slot upload
 // region is the slot mirror's to fill (WriteSlotUploads at SlotHeader/SlotRuns/SlotValues).
 // q, the one large array, goes through `copier` when given (several threads).
+// stage_q = false leaves the q region alone (q is copied to the device straight from the caller).
 void FillVerifyStaging(const VerifyStagingLayout& layout, const VerifyProblem& problem,
                        absl::Span<const int32_t> list_offset,
                        const std::vector<uint8_t>& packed_plan, void* staging,
-                       HostCopyPool* copier = nullptr);
+                       HostCopyPool* copier = nullptr, bool stage_q = true);
 
 // The problem with every pointer moved into the device buffers: slots = the arena base, and
 // slot_indptr[b] = sequence b's offset in it (kv and num_slots are kept).
 VerifyProblem PlaceVerifyProblem(const VerifyStagingLayout& layout, const VerifyProblem& problem,
                                  void* device_inputs, void* device_outputs,
                                  const int32_t* slot_arena);
+
+// Host memory ranges registered with the device (cudaHostRegister): the device can DMA from and to
+// any byte inside one. Thread-safe: ranges come and go on gRPC threads (a region is mapped or
+// unmapped) while the executor asks about a call's tensors.
+class RegisteredHostRanges {
+ public:
+  // INVALID_ARGUMENT for a null or empty range; ALREADY_EXISTS when it overlaps a registered one.
+  absl::Status Add(const void* data, size_t bytes);
+  // Whether a range began at `data`.
+  bool Remove(const void* data);
+  // Whether [data, data + bytes) lies wholly inside one registered range (bytes > 0).
+  bool Contains(const void* data, size_t bytes) const;
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uintptr_t, size_t> ranges_;  // first byte -> bytes
+};
+
+// Which of a call's tensors move between the caller's memory and the device without staging.
+struct DirectCopies {
+  bool q = false;
+  bool out = false;
+  bool lse = false;  // only when lse is asked
+
+  bool any() const { return q || out || lse; }
+  bool operator==(const DirectCopies&) const = default;
+};
+DirectCopies ChooseDirectCopies(const VerifyStagingLayout& layout, const VerifyProblem& problem,
+                                const RegisteredHostRanges& ranges);
+
+// A byte range of the staging / device inputs (H2D) or of the device / host outputs (D2H).
+struct StagedCopy {
+  size_t offset = 0;
+  size_t bytes = 0;
+  bool operator==(const StagedCopy&) const = default;
+};
+// The H2D copy through the staging: the whole upload, or all after q when q goes directly.
+StagedCopy StagedUpload(const VerifyStagingLayout& layout, const DirectCopies& direct);
+// The D2H copy into the pinned host outputs: the banded [out | lse] when both are staged, exactly
+// the one staged output when the other goes directly, nothing (bytes 0) when none is staged.
+StagedCopy StagedOutputs(const VerifyStagingLayout& layout, const DirectCopies& direct);
 
 }  // namespace verifyd

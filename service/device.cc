@@ -2,10 +2,17 @@
 
 #include <algorithm>
 #include <string_view>
+#include <thread>
 
 #include "kernels/status_macros.h"
 
 namespace verifyd {
+
+int64_t ExecutorSpinMicros(int64_t requested) {
+  if (requested >= 0) return requested;
+  // A busy core is cheap on a GPU host and fatal to a 2-core CI machine running its tests.
+  return std::thread::hardware_concurrency() >= 8 ? 2000 : 0;
+}
 
 absl::StatusOr<std::unique_ptr<Device>> Device::Create(const ServiceOptions& options,
                                                        std::unique_ptr<ComputeBackend> backend,
@@ -34,6 +41,7 @@ Device::Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> 
   hooks.tick_period = std::clamp(absl::Seconds(options.lease_seconds) / 4, absl::Milliseconds(20),
                                  absl::Milliseconds(250));
   hooks.max_queued = options.max_queued_requests;
+  hooks.spin = absl::Microseconds(ExecutorSpinMicros(options.executor_spin_us));
   executor_ = std::make_unique<DeviceExecutor>(std::move(hooks));
   executor_->Start();
 }
@@ -42,6 +50,10 @@ Device::~Device() { Drain(); }
 
 absl::Status Device::Submit(std::function<void(DeviceOperations&)> task) {
   return executor_->Submit([this, task = std::move(task)] { task(*ops_); });
+}
+
+absl::Status Device::RunOrSubmit(std::function<void(DeviceOperations&)> task) {
+  return executor_->RunOrSubmit([this, task = std::move(task)] { task(*ops_); });
 }
 
 std::string Device::StartCompaction(int64_t budget_bytes) {

@@ -15,6 +15,10 @@
 
 namespace verifyd {
 
+// --executor-spin-us resolved: `requested` when >= 0, else 2000 µs on hosts with >= 8 cores, 0 on
+// smaller ones.
+int64_t ExecutorSpinMicros(int64_t requested);
+
 class Device {
  public:
   // Builds the backend's storage and the store, and starts the executor.
@@ -25,6 +29,9 @@ class Device {
 
   // Runs `task` on the executor thread; see DeviceExecutor::Submit for refusals.
   absl::Status Submit(std::function<void(DeviceOperations&)> task);
+  // Runs `task` on the calling thread when the device is idle, else queues it (see
+  // DeviceExecutor::RunOrSubmit).
+  absl::Status RunOrSubmit(std::function<void(DeviceOperations&)> task);
   // Queues a Compact operation and returns its id at once.
   std::string StartCompaction(int64_t budget_bytes);
   std::optional<CompactionOperation> GetCompaction(const std::string& id) const;

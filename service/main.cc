@@ -49,6 +49,14 @@ ABSL_FLAG(int64_t, shm_max_bytes, int64_t{1} << 30,
           "shared memory for tensors: most bytes over all regions (0 disables it)");
 ABSL_FLAG(int64_t, shm_max_region_bytes, int64_t{256} << 20,
           "shared memory for tensors: most bytes of one region");
+ABSL_FLAG(bool, run_idle_inline, false,
+          "a request that finds the device idle runs on the receiving gRPC thread (no queue hop)");
+ABSL_FLAG(int64_t, executor_spin_us, -1,
+          "after each request the device thread polls this long for the next before sleeping "
+          "(0: sleep at once; -1: 2000 on hosts with >= 8 cores, else 0)");
+ABSL_FLAG(std::string, verify_handler, "callback",
+          "callback|polled|sync: Verify's gRPC handler (polled: a thread of ours polls a "
+          "completion queue; plans/0012)");
 ABSL_FLAG(std::string, cuda_graphs, "on",
           "on|off: replay the per-step work as CUDA graphs per shape bucket (cuda backend)");
 
@@ -97,6 +105,23 @@ absl::StatusOr<verifyd::ServiceOptions> OptionsFromFlags() {
   }
   o.cuda_graphs = graphs == "on";
   o.compaction_chunk_bytes = absl::GetFlag(FLAGS_compaction_chunk_bytes);
+  o.run_idle_inline = absl::GetFlag(FLAGS_run_idle_inline);
+  o.executor_spin_us = absl::GetFlag(FLAGS_executor_spin_us);
+  if (o.executor_spin_us < -1 || o.executor_spin_us > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat("--executor-spin-us = ", o.executor_spin_us,
+                                                   " must be -1 (auto) or in [0, 1000000]"));
+  }
+  const std::string verify_handler = absl::GetFlag(FLAGS_verify_handler);
+  if (verify_handler == "polled") {
+    o.verify_handler = verifyd::VerifyHandler::kPolled;
+  } else if (verify_handler == "callback") {
+    o.verify_handler = verifyd::VerifyHandler::kCallback;
+  } else if (verify_handler == "sync") {
+    o.verify_handler = verifyd::VerifyHandler::kSync;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--verify-handler = '", verify_handler, "' must be polled, callback or sync"));
+  }
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.compute_threads = absl::GetFlag(FLAGS_compute_threads);
   o.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);

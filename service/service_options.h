@@ -15,6 +15,8 @@ enum class BackendKind { kAuto, kCpu, kCuda };
 absl::StatusOr<BackendKind> ParseBackendKind(const std::string& name);
 const char* BackendName(BackendKind kind);
 
+enum class VerifyHandler { kPolled, kCallback, kSync };
+
 struct ServiceOptions {
   // gRPC address of the Unix socket (or any gRPC URI); "" picks unix:///tmp/verifyd-<device>.sock.
   std::string listen;
@@ -41,6 +43,18 @@ struct ServiceOptions {
   int compute_threads = 0;  // cpu backend; 0 = all cores
   // cuda backend: replay each shape bucket's step as a CUDA graph (false: always eager).
   bool cuda_graphs = true;
+  // A request that finds the device idle runs on the gRPC thread that received it instead of
+  // hopping to the executor thread (plans/0012); false: every request goes through the queue.
+  bool run_idle_inline = false;
+  // After each request the executor thread polls this long for the next one before it sleeps
+  // (0: it sleeps at once; < 0: auto, 2000 on hosts with >= 8 cores, else 0). Saves a thread
+  // wake-up per request in a decode loop; costs a busy core while traffic flows, which a small
+  // host cannot spare.
+  int64_t executor_spin_us = -1;
+  // Verify's gRPC handler (plans/0012): callback (the device thread finishes the call), polled
+  // (a thread of ours polls a completion queue, service/verify_poller.h) or synchronous (gRPC's
+  // thread pool).
+  VerifyHandler verify_handler = VerifyHandler::kCallback;
   // Requests waiting for the device beyond this get RESOURCE_EXHAUSTED (bounds queued memory).
   int max_queued_requests = 1024;
   // After SIGTERM: seconds health reports NOT_SERVING while still serving, so that probes and load

@@ -71,10 +71,113 @@ absl::StatusOr<uint8_t*> CreateMapping(const std::string& path, uint64_t bytes) 
 
 }  // namespace
 
-MappedSharedMemory::~MappedSharedMemory() { munmap(data_, bytes_); }
+// The hooks run with mu_ released (registering a large region with a device takes milliseconds;
+// the executor may be the thread unmapping a region a call had pinned, and must not wait behind
+// someone else's registration), and counted in in_flight_ so that Clear can wait for them.
+class MappingHookTable {
+ public:
+  void Set(SharedMemoryMappingHooks hooks) {
+    std::lock_guard<std::mutex> lock(mu_);
+    hooks_ = std::make_shared<const SharedMemoryMappingHooks>(std::move(hooks));
+  }
+
+  // Registers `data` unless it is registered (or being registered) already. The caller holds the
+  // mapping, so no Unmap of `data` can run meanwhile.
+  void Map(void* data, uint64_t bytes) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (hooks_ == nullptr || !hooks_->on_map || mapped_.contains(data)) return;
+    const Hooks hooks = hooks_;
+    mapped_[data] = nullptr;  // being registered
+    absl::Status status;
+    Unlocked(lock, [&] { status = hooks->on_map(data, bytes); });
+    if (!status.ok()) {
+      mapped_.erase(data);
+      ++counters_.failed;
+      return;
+    }
+    ++counters_.registered;
+    if (hooks_ == hooks) {
+      mapped_[data] = hooks;
+      ++counters_.live;
+      return;
+    }
+    // Cleared while registering: nothing would unregister it later.
+    mapped_.erase(data);
+    ++counters_.unregistered;
+    Unlocked(lock, [&] { CallUnmap(*hooks, data); });
+  }
+
+  void Unmap(void* data) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto it = mapped_.find(data);
+    if (it == mapped_.end() || it->second == nullptr) return;
+    const Hooks hooks = std::move(it->second);
+    mapped_.erase(it);
+    --counters_.live;
+    ++counters_.unregistered;
+    Unlocked(lock, [&] { CallUnmap(*hooks, data); });
+  }
+
+  void Clear() {
+    std::unique_lock<std::mutex> lock(mu_);
+    hooks_ = nullptr;
+    std::vector<std::pair<void*, Hooks>> registered;
+    for (auto it = mapped_.begin(); it != mapped_.end();) {
+      if (it->second == nullptr) {  // its Map sees the hooks gone and undoes it
+        ++it;
+        continue;
+      }
+      registered.emplace_back(it->first, std::move(it->second));
+      mapped_.erase(it++);
+    }
+    counters_.live -= static_cast<int64_t>(registered.size());
+    counters_.unregistered += static_cast<int64_t>(registered.size());
+    Unlocked(lock, [&] {
+      for (const auto& [data, hooks] : registered) CallUnmap(*hooks, data);
+    });
+    idle_.wait(lock, [this] { return in_flight_ == 0; });
+  }
+
+  HostRegistrationCounters counters() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counters_;
+  }
+
+ private:
+  using Hooks = std::shared_ptr<const SharedMemoryMappingHooks>;
+
+  static void CallUnmap(const SharedMemoryMappingHooks& hooks, void* data) {
+    if (hooks.on_unmap) hooks.on_unmap(data);
+  }
+
+  template <typename Call>
+  void Unlocked(std::unique_lock<std::mutex>& lock, Call call) {
+    ++in_flight_;
+    lock.unlock();
+    call();
+    lock.lock();
+    if (--in_flight_ == 0) idle_.notify_all();
+  }
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_;
+  Hooks hooks_;
+  // Mapping address -> the hooks that registered it; null while its on_map runs.
+  absl::flat_hash_map<void*, Hooks> mapped_;
+  int in_flight_ = 0;
+  HostRegistrationCounters counters_;
+};
+
+MappedSharedMemory::~MappedSharedMemory() {
+  // The device must let go of the pages before they disappear.
+  if (hooks_ != nullptr) hooks_->Unmap(data_);
+  munmap(data_, bytes_);
+}
 
 SharedMemoryRegistry::SharedMemoryRegistry(SharedMemoryLimits limits, Clock clock)
-    : limits_(std::move(limits)), clock_(std::move(clock)) {}
+    : limits_(std::move(limits)),
+      clock_(std::move(clock)),
+      hooks_(std::make_shared<MappingHookTable>()) {}
 
 SharedMemoryRegistry::~SharedMemoryRegistry() { UnlinkAll(); }
 
@@ -113,22 +216,28 @@ absl::StatusOr<SharedMemoryInfo> SharedMemoryRegistry::Create(uint64_t bytes) {
     unreserve();
     return data.status();
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  entries_.emplace(
-      info.region,
-      Entry{info.path, std::make_shared<MappedSharedMemory>(info.region, *data, bytes), clock_()});
+  auto mapping = std::make_shared<MappedSharedMemory>(info.region, *data, bytes, hooks_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    entries_.emplace(info.region, Entry{info.path, mapping, clock_()});
+  }
+  // After the entry is in: a SetMappingHooks running now either sees the entry or has set the
+  // hooks this Map reads (Map ignores a second registration). Before returning: the client cannot
+  // name the region earlier, so its first call finds it registered.
+  hooks_->Map(mapping->data(), bytes);
   return info;
 }
 
 absl::StatusOr<std::shared_ptr<MappedSharedMemory>> SharedMemoryRegistry::Find(
     const std::string& region, const std::string& field) {
+  std::vector<std::shared_ptr<MappedSharedMemory>> unmapped;  // after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(region);
   const absl::Time now = clock_();
   // An expired region the sweeper has not reached yet is gone already: renewing it here would
   // make expiry depend on the sweep's timing.
   if (it != entries_.end() && now - it->second.last_used > limits_.lease) {
-    RemoveLocked(it);
+    RemoveLocked(it, &unmapped);
     it = entries_.end();
   }
   if (it == entries_.end()) {
@@ -142,6 +251,7 @@ absl::StatusOr<std::shared_ptr<MappedSharedMemory>> SharedMemoryRegistry::Find(
 }
 
 absl::StatusOr<uint64_t> SharedMemoryRegistry::Release(const std::string& region) {
+  std::vector<std::shared_ptr<MappedSharedMemory>> unmapped;  // after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(region);
   if (it == entries_.end()) {
@@ -149,32 +259,54 @@ absl::StatusOr<uint64_t> SharedMemoryRegistry::Release(const std::string& region
                                             "' is not a live shared-memory region (never created, "
                                             "already released, or its lease passed)"));
   }
-  return RemoveLocked(it);
+  return RemoveLocked(it, &unmapped);
 }
 
-uint64_t SharedMemoryRegistry::RemoveLocked(absl::flat_hash_map<std::string, Entry>::iterator it) {
+uint64_t SharedMemoryRegistry::RemoveLocked(
+    absl::flat_hash_map<std::string, Entry>::iterator it,
+    std::vector<std::shared_ptr<MappedSharedMemory>>* unmapped) {
   const uint64_t bytes = it->second.mapping->bytes();
   shm_unlink(it->second.path.c_str());
   total_bytes_ -= static_cast<int64_t>(bytes);
+  unmapped->push_back(std::move(it->second.mapping));
   entries_.erase(it);
   return bytes;
 }
 
 int SharedMemoryRegistry::ExpireIdle() {
+  std::vector<std::shared_ptr<MappedSharedMemory>> unmapped;  // after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
   const absl::Time now = clock_();
   std::vector<std::string> expired;
   for (const auto& [region, entry] : entries_) {
     if (now - entry.last_used > limits_.lease) expired.push_back(region);
   }
-  for (const std::string& region : expired) RemoveLocked(entries_.find(region));
+  for (const std::string& region : expired) RemoveLocked(entries_.find(region), &unmapped);
   return static_cast<int>(expired.size());
 }
 
 void SharedMemoryRegistry::UnlinkAll() {
   StopSweeper();
+  std::vector<std::shared_ptr<MappedSharedMemory>> unmapped;  // after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
-  while (!entries_.empty()) RemoveLocked(entries_.begin());
+  while (!entries_.empty()) RemoveLocked(entries_.begin(), &unmapped);
+}
+
+void SharedMemoryRegistry::SetMappingHooks(SharedMemoryMappingHooks hooks) {
+  hooks_->Set(std::move(hooks));
+  std::vector<std::shared_ptr<MappedSharedMemory>> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [region, entry] : entries_) live.push_back(entry.mapping);
+  }
+  // Held here, none of them can be unmapped while it is registered.
+  for (const auto& mapping : live) hooks_->Map(mapping->data(), mapping->bytes());
+}
+
+void SharedMemoryRegistry::ClearMappingHooks() { hooks_->Clear(); }
+
+HostRegistrationCounters SharedMemoryRegistry::host_registration() const {
+  return hooks_->counters();
 }
 
 void SharedMemoryRegistry::StartLeaseSweeper(absl::Duration period) {

@@ -4,6 +4,11 @@
 // region on release, lease expiry and shutdown. Thread-safe: gRPC handler threads look regions up
 // while validating; a call pins the regions it uses (shared_ptr), so a region released or expired
 // during the call stays mapped until the call finishes.
+//
+// Mapping hooks (SetMappingHooks) let the compute backend register each mapping with its device
+// (cudaHostRegister) right after mmap and unregister it right before munmap, so that Verify copies
+// q / out / lse by DMA straight from and into the region. A registration that fails only costs
+// speed: the region works through the backend's host staging, and the failure is counted.
 #pragma once
 
 #include <condition_variable>
@@ -13,6 +18,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -22,11 +28,33 @@
 
 namespace verifyd {
 
-// One region mapped read-write in the daemon; unmapped when its last holder lets go.
+// What the daemon does with a region's pages after mapping them and before unmapping them.
+// on_map runs on the thread that creates the region (a gRPC handler) or calls SetMappingHooks;
+// on_unmap on whichever thread drops the mapping's last holder (a handler, the lease sweeper, or
+// the executor when a call's pin was the last). Neither runs twice for one mapping.
+struct SharedMemoryMappingHooks {
+  std::function<absl::Status(void* data, uint64_t bytes)> on_map;
+  std::function<void(void* data)> on_unmap;
+};
+
+struct HostRegistrationCounters {
+  int64_t registered = 0;    // on_map succeeded (ever)
+  int64_t failed = 0;        // on_map failed: that region goes through host staging
+  int64_t unregistered = 0;  // on_unmap calls (ever)
+  int64_t live = 0;          // registered now
+};
+
+// Which mappings the hooks registered; shared by the registry and its mappings (a mapping pinned
+// by a call may outlive the registry's entry for it). Defined in the .cc.
+class MappingHookTable;
+
+// One region mapped read-write in the daemon; unmapped when its last holder lets go (after the
+// mapping hooks' on_unmap, when on_map registered it).
 class MappedSharedMemory {
  public:
-  MappedSharedMemory(std::string region, uint8_t* data, uint64_t bytes)
-      : region_(std::move(region)), data_(data), bytes_(bytes) {}
+  MappedSharedMemory(std::string region, uint8_t* data, uint64_t bytes,
+                     std::shared_ptr<MappingHookTable> hooks = nullptr)
+      : region_(std::move(region)), data_(data), bytes_(bytes), hooks_(std::move(hooks)) {}
   ~MappedSharedMemory();
   MappedSharedMemory(const MappedSharedMemory&) = delete;
   MappedSharedMemory& operator=(const MappedSharedMemory&) = delete;
@@ -39,6 +67,7 @@ class MappedSharedMemory {
   std::string region_;
   uint8_t* data_;
   uint64_t bytes_;
+  std::shared_ptr<MappingHookTable> hooks_;
 };
 
 struct SharedMemoryLimits {
@@ -81,6 +110,16 @@ class SharedMemoryRegistry {
   // Runs ExpireIdle every `period` on a thread of its own until destruction or UnlinkAll.
   void StartLeaseSweeper(absl::Duration period);
 
+  // Set once at startup, when the backend exists: every live region is registered now, every
+  // later one right after its mmap. A failed on_map is counted and the region used as it is.
+  void SetMappingHooks(SharedMemoryMappingHooks hooks);
+  // Calls on_unmap for every mapping still registered (live regions and those pinned by calls),
+  // waits for hook calls in progress on other threads, and forgets the hooks: later unmaps call
+  // nothing. Call it before whatever the hooks use is destroyed, once no call can be copying
+  // from or to a region (after the executor drained): those copies rely on the registration.
+  void ClearMappingHooks();
+  HostRegistrationCounters host_registration() const;
+
   int64_t total_bytes() const;
   int regions() const;
   const SharedMemoryLimits& limits() const { return limits_; }
@@ -91,12 +130,16 @@ class SharedMemoryRegistry {
     std::shared_ptr<MappedSharedMemory> mapping;
     absl::Time last_used;
   };
-  // Caller holds mu_. Removes the entry, unlinks its name, returns its bytes.
-  uint64_t RemoveLocked(absl::flat_hash_map<std::string, Entry>::iterator it);
+  // Caller holds mu_. Removes the entry, unlinks its name, returns its bytes. The mapping goes to
+  // `unmapped`, which the caller destroys after releasing mu_: unmapping may run the on_unmap hook
+  // (slow), which must not hold up lookups.
+  uint64_t RemoveLocked(absl::flat_hash_map<std::string, Entry>::iterator it,
+                        std::vector<std::shared_ptr<MappedSharedMemory>>* unmapped);
   void StopSweeper();
 
   const SharedMemoryLimits limits_;
   const Clock clock_;
+  const std::shared_ptr<MappingHookTable> hooks_;
   mutable std::mutex mu_;
   absl::flat_hash_map<std::string, Entry> entries_;
   int64_t total_bytes_ = 0;  // live regions plus reservations of Creates in progress

@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iostream>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -108,6 +111,9 @@ absl::Status VerifydServer::Start() {
     builder.AddListeningPort(options_.tcp, grpc::InsecureServerCredentials(), &tcp_port_);
   }
   builder.RegisterService(service_.get());
+  std::unique_ptr<grpc::ServerCompletionQueue> verify_queue;
+  if (options_.verify_handler == VerifyHandler::kPolled)
+    verify_queue = builder.AddCompletionQueue();
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("could not listen on --listen = '", options_.listen,
@@ -121,6 +127,12 @@ absl::Status VerifydServer::Start() {
   if (!socket_path.empty() && chmod(socket_path.c_str(), 0660) != 0) {
     return absl::InternalError(absl::StrCat("chmod 0660 '", socket_path, "' failed"));
   }
+  if (verify_queue != nullptr) {
+    verify_poller_ = std::make_unique<VerifyPoller>(
+        service_.get(), std::move(verify_queue),
+        absl::Microseconds(ExecutorSpinMicros(options_.executor_spin_us)));
+    verify_poller_->Start();
+  }
   SetServing(false);
   return absl::OkStatus();
 }
@@ -130,7 +142,28 @@ absl::Status VerifydServer::BecomeReady() {
   VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend, CreateBackend(options_));
   backend_name_ = backend->name();
   metrics_->SetBuildInfo(VERIFYD_VERSION, backend_name_);
+  // The device owns the backend from here on; the hooks below stop using it (Shutdown clears
+  // them) before the device is destroyed.
+  ComputeBackend* compute = backend.get();
   VERIFYD_ASSIGN_OR_RETURN(device_, Device::Create(options_, std::move(backend), metrics_.get()));
+  if (compute->can_register_host_memory()) {
+    // Regions created since Start are registered now, later ones as they are mapped. A refusal
+    // (no support, a pinned-memory limit) leaves the region on the staging path: slower, not
+    // wrong, so it is only reported, once.
+    regions_->SetMappingHooks(SharedMemoryMappingHooks{
+        [compute, reported = std::make_shared<std::once_flag>()](void* data, uint64_t bytes) {
+          absl::Status registered = compute->RegisterHostMemory(data, bytes);
+          if (!registered.ok()) {
+            std::call_once(*reported, [&] {
+              std::cerr << "verifyd: a shared-memory region was not registered with the device "
+                           "(its tensors go through host staging): "
+                        << registered.message() << "\n";
+            });
+          }
+          return registered;
+        },
+        [compute](void* data) { compute->UnregisterHostMemory(data); }});
+  }
   service_->AttachDevice(device_.get());
   SetServing(true);
   return absl::OkStatus();
@@ -162,8 +195,13 @@ void VerifydServer::Shutdown() {
                         std::chrono::duration<double>(options_.drain_seconds)));
   if (device_ != nullptr) device_->Drain();
   server_->Wait();
-  // Every call has finished: nothing maps a region for the daemon any more.
+  // Every polled Verify has been finished (the drain ran its task): the queue can go.
+  if (verify_poller_ != nullptr) verify_poller_->Stop();
+  // Every call has finished: nothing maps a region for the daemon any more, and no copy from or
+  // into a region is in flight, so the backend may let go of every registration (before the
+  // device, which owns it, is destroyed with this server).
   regions_->UnlinkAll();
+  regions_->ClearMappingHooks();
   const std::string socket_path = UnixSocketPath(options_.listen);
   if (!socket_path.empty()) unlink(socket_path.c_str());
 }

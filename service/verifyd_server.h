@@ -13,6 +13,7 @@
 #include "service/service_metrics.h"
 #include "service/service_options.h"
 #include "service/shared_memory_registry.h"
+#include "service/verify_poller.h"
 #include "service/verifyd_service.h"
 
 namespace verifyd {
@@ -49,6 +50,7 @@ class VerifydServer {
   std::unique_ptr<SharedMemoryRegistry> regions_;
   std::unique_ptr<VerifydService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<VerifyPoller> verify_poller_;  // --verify-handler=polled
   std::unique_ptr<Device> device_;
   int tcp_port_ = 0;
   bool shut_down_ = false;

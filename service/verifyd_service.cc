@@ -1,5 +1,10 @@
 #include "service/verifyd_service.h"
 
+#include <chrono>
+#include <future>
+
+#include "google/protobuf/descriptor.h"
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
@@ -38,8 +43,27 @@ VerifydService::VerifydService(const ServiceOptions& options, ServiceMetrics* me
                                SharedMemoryRegistry* regions)
     : limits_(LimitsFromOptions(options)),
       admin_token_(options.admin_token),
+      run_idle_inline_(options.run_idle_inline),
       metrics_(metrics),
-      regions_(regions) {}
+      regions_(regions) {
+  // Handlers are indexed by the method's position in the service definition.
+  verify_method_index_ = google::protobuf::DescriptorPool::generated_pool()
+                             ->FindServiceByName("verifyd.v1.Verifyd")
+                             ->FindMethodByName("Verify")
+                             ->index();
+  // What WithCallbackMethod_Verify / WithAsyncMethod_Verify do, chosen at run time.
+  if (options.verify_handler == VerifyHandler::kCallback) {
+    MarkMethodCallback(
+        verify_method_index_,
+        new grpc::internal::CallbackUnaryHandler<v1::VerifyRequest, v1::VerifyResponse>(
+            [this](grpc::CallbackServerContext* context, const v1::VerifyRequest* request,
+                   v1::VerifyResponse* response) {
+              return VerifyCallback(context, request, response);
+            }));
+  } else if (options.verify_handler == VerifyHandler::kPolled) {
+    MarkMethodAsync(verify_method_index_);
+  }
+}
 
 void VerifydService::FinishCall(grpc::ServerUnaryReactor* reactor, const char* method,
                                 absl::Time start, const absl::Status& status) {
@@ -63,19 +87,47 @@ grpc::ServerUnaryReactor* VerifydService::Enqueue(const char* method,
   Device* device = ReadyDevice();
   if (device == nullptr) return FinishNow(method, context, start, NotReady());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::Status queued = device->Submit(
-      [this, method, context, reactor, start, op = std::move(op)](DeviceOperations& ops) mutable {
-        metrics_->RecordQueue(method, absl::Now() - start);
-        // A call cancelled while queued (client gone, deadline passed, drain deadline) is not run,
-        // so it changes nothing.
-        if (context->IsCancelled()) {
-          FinishCall(reactor, method, start, absl::CancelledError("cancelled before it ran"));
-          return;
-        }
-        FinishCall(reactor, method, start, op(ops));
-      });
+  auto task = [this, method, context, reactor, start,
+               op = std::move(op)](DeviceOperations& ops) mutable {
+    metrics_->RecordQueue(method, absl::Now() - start);
+    // A call cancelled while queued (client gone, deadline passed, drain deadline) is not run,
+    // so it changes nothing.
+    if (context->IsCancelled()) {
+      FinishCall(reactor, method, start, absl::CancelledError("cancelled before it ran"));
+      return;
+    }
+    FinishCall(reactor, method, start, op(ops));
+  };
+  const absl::Status queued =
+      run_idle_inline_ ? device->RunOrSubmit(std::move(task)) : device->Submit(std::move(task));
   if (!queued.ok()) FinishCall(reactor, method, start, queued);
   return reactor;
+}
+
+template <typename Op>
+grpc::Status VerifydService::RunBlocking(const char* method, grpc::ServerContext* context,
+                                         absl::Time start, Op op) {
+  absl::Status result = NotReady();
+  if (Device* device = ReadyDevice(); device != nullptr) {
+    std::promise<void> ran;
+    // The task refers to this frame: when it is queued, this thread waits for it below.
+    auto task = [&](DeviceOperations& ops) {
+      metrics_->RecordQueue(method, absl::Now() - start);
+      // A call cancelled while queued (client gone, deadline passed, drain deadline) is not run,
+      // so it changes nothing.
+      result = context->IsCancelled() ? absl::CancelledError("cancelled before it ran") : op(ops);
+      ran.set_value();
+    };
+    const absl::Status queued = run_idle_inline_ ? device->RunOrSubmit(task) : device->Submit(task);
+    if (queued.ok()) {
+      ran.get_future().wait();
+    } else {
+      result = queued;
+    }
+  }
+  const grpc::Status status = ToGrpcStatus(result);
+  metrics_->RecordRpc(method, GrpcCodeName(status.error_code()), absl::Now() - start);
+  return status;
 }
 
 grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* context,
@@ -91,26 +143,86 @@ grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* co
                   response](DeviceOperations& ops) { return ops.Append(call, response); });
 }
 
-grpc::ServerUnaryReactor* VerifydService::Verify(grpc::CallbackServerContext* context,
-                                                 const v1::VerifyRequest* request,
-                                                 v1::VerifyResponse* response) {
+namespace {
+
+// Verify's work on the device, shared by the synchronous and the callback handler.
+absl::Status RunVerify(DeviceOperations& ops, const VerifyCall& call,
+                       const v1::VerifyRequest& request, v1::VerifyResponse* response) {
+  VERIFYD_RETURN_IF_ERROR(ops.Verify(call, response));
+  // The executor wrote the bytes there and left dtype + shape; name the range.
+  if (call.out_destination != nullptr) {
+    *response->mutable_out()->mutable_shared_memory() = request.out_shared_memory();
+  }
+  if (call.lse_destination != nullptr) {
+    *response->mutable_lse()->mutable_shared_memory() = request.lse_shared_memory();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Status VerifydService::Verify(grpc::ServerContext* context, const v1::VerifyRequest* request,
+                                    v1::VerifyResponse* response) {
+  const absl::Time start = absl::Now();
+  RegionPins pins;
+  absl::StatusOr<VerifyCall> call = ValidateVerify(*request, limits_, regions_, &pins);
+  if (!call.ok()) {
+    const grpc::Status status = ToGrpcStatus(call.status());
+    metrics_->RecordRpc("Verify", GrpcCodeName(status.error_code()), absl::Now() - start);
+    return status;
+  }
+  return RunBlocking("Verify", context, start, [&](DeviceOperations& ops) {
+    return RunVerify(ops, *call, *request, response);
+  });
+}
+
+void VerifydService::RequestPolledVerify(
+    grpc::ServerContext* context, v1::VerifyRequest* request,
+    grpc::ServerAsyncResponseWriter<v1::VerifyResponse>* responder, grpc::ServerCompletionQueue* cq,
+    void* tag) {
+  RequestAsyncUnary(verify_method_index_, context, request, responder, cq, cq, tag);
+}
+
+void VerifydService::VerifyPolled(grpc::ServerContext* context, const v1::VerifyRequest* request,
+                                  v1::VerifyResponse* response,
+                                  std::function<void(const grpc::Status&)> finish) {
+  const absl::Time start = absl::Now();
+  auto done = [this, start, finish = std::move(finish)](const absl::Status& result) {
+    const grpc::Status status = ToGrpcStatus(result);
+    metrics_->RecordRpc("Verify", GrpcCodeName(status.error_code()), absl::Now() - start);
+    finish(status);
+  };
+  RegionPins pins;
+  absl::StatusOr<VerifyCall> call = ValidateVerify(*request, limits_, regions_, &pins);
+  if (!call.ok()) return done(call.status());
+  Device* device = ReadyDevice();
+  if (device == nullptr) return done(NotReady());
+  auto task = [this, context, start, call = *std::move(call), pins = std::move(pins), request,
+               response, done](DeviceOperations& ops) {
+    metrics_->RecordQueue("Verify", absl::Now() - start);
+    // The completion-queue API cannot ask whether the client went away before the call ends
+    // (IsCancelled needs AsyncNotifyWhenDone's tag first); a call whose deadline passed while
+    // it was queued is not run, so it changes nothing.
+    if (context->deadline() < std::chrono::system_clock::now()) {
+      return done(absl::DeadlineExceededError("the deadline passed before the Verify ran"));
+    }
+    done(RunVerify(ops, call, *request, response));
+  };
+  const absl::Status queued =
+      run_idle_inline_ ? device->RunOrSubmit(std::move(task)) : device->Submit(std::move(task));
+  if (!queued.ok()) done(queued);
+}
+
+grpc::ServerUnaryReactor* VerifydService::VerifyCallback(grpc::CallbackServerContext* context,
+                                                         const v1::VerifyRequest* request,
+                                                         v1::VerifyResponse* response) {
   const absl::Time start = absl::Now();
   RegionPins pins;
   absl::StatusOr<VerifyCall> call = ValidateVerify(*request, limits_, regions_, &pins);
   if (!call.ok()) return FinishNow("Verify", context, start, call.status());
-  return Enqueue(
-      "Verify", context, start,
-      [call = *std::move(call), pins = std::move(pins), request, response](DeviceOperations& ops) {
-        VERIFYD_RETURN_IF_ERROR(ops.Verify(call, response));
-        // The executor wrote the bytes there and left dtype + shape; name the range.
-        if (call.out_destination != nullptr) {
-          *response->mutable_out()->mutable_shared_memory() = request->out_shared_memory();
-        }
-        if (call.lse_destination != nullptr) {
-          *response->mutable_lse()->mutable_shared_memory() = request->lse_shared_memory();
-        }
-        return absl::OkStatus();
-      });
+  return Enqueue("Verify", context, start,
+                 [call = *std::move(call), pins = std::move(pins), request, response](
+                     DeviceOperations& ops) { return RunVerify(ops, call, *request, response); });
 }
 
 grpc::ServerUnaryReactor* VerifydService::Commit(grpc::CallbackServerContext* context,

@@ -20,7 +20,21 @@ namespace verifyd {
 
 inline constexpr char kAdminTokenMetadata[] = "x-verifyd-admin-token";
 
-class VerifydService final : public v1::Verifyd::CallbackService {
+// Verify's gRPC handler is chosen at start (--verify-handler, plans/0012): callback (default; the
+// device thread finishes the reactor, so no thread waits for a wake-up on the way back), polled
+// (a thread of ours polls a completion queue, VerifyPoller) or synchronous (gRPC's thread pool
+// waits for the device). On the H200 the three measured within a few µs of each other at S1;
+// they stay selectable so that a host where thread wake-ups cost more can be measured each way.
+// The other methods are callback handlers.
+using VerifydServiceBase =
+    v1::Verifyd::WithCallbackMethod_Append<v1::Verifyd::WithCallbackMethod_Commit<
+        v1::Verifyd::WithCallbackMethod_Release<v1::Verifyd::WithCallbackMethod_Compact<
+            v1::Verifyd::WithCallbackMethod_GetCompaction<v1::Verifyd::WithCallbackMethod_Stats<
+                v1::Verifyd::WithCallbackMethod_CreateSharedMemory<
+                    v1::Verifyd::WithCallbackMethod_ReleaseSharedMemory<
+                        v1::Verifyd::Service>>>>>>>>;
+
+class VerifydService final : public VerifydServiceBase {
  public:
   // `regions` holds the shared-memory regions for tensors; it must outlive the server's calls.
   VerifydService(const ServiceOptions& options, ServiceMetrics* metrics,
@@ -33,9 +47,18 @@ class VerifydService final : public v1::Verifyd::CallbackService {
   grpc::ServerUnaryReactor* Append(grpc::CallbackServerContext* context,
                                    const v1::AppendRequest* request,
                                    v1::AppendResponse* response) override;
-  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
-                                   const v1::VerifyRequest* request,
-                                   v1::VerifyResponse* response) override;
+  grpc::Status Verify(grpc::ServerContext* context, const v1::VerifyRequest* request,
+                      v1::VerifyResponse* response) override;
+  // VerifyHandler::kPolled: posts a call slot for the next Verify on `cq` (its events carry
+  // `tag`), and handles one that arrived; `finish` sends the reply (called once, on any thread).
+  void RequestPolledVerify(grpc::ServerContext* context, v1::VerifyRequest* request,
+                           grpc::ServerAsyncResponseWriter<v1::VerifyResponse>* responder,
+                           grpc::ServerCompletionQueue* cq, void* tag);
+  void VerifyPolled(grpc::ServerContext* context, const v1::VerifyRequest* request,
+                    v1::VerifyResponse* response, std::function<void(const grpc::Status&)> finish);
+  grpc::ServerUnaryReactor* VerifyCallback(grpc::CallbackServerContext* context,
+                                           const v1::VerifyRequest* request,
+                                           v1::VerifyResponse* response);
   grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* context,
                                    const v1::CommitRequest* request,
                                    v1::CommitResponse* response) override;
@@ -64,6 +87,11 @@ class VerifydService final : public v1::Verifyd::CallbackService {
   template <typename Op>
   grpc::ServerUnaryReactor* Enqueue(const char* method, grpc::CallbackServerContext* context,
                                     absl::Time start, Op op);
+  // Runs `op` on the device (on this thread when it is idle, else queued and waited for) and
+  // returns its status, recording the RPC's metrics.
+  template <typename Op>
+  grpc::Status RunBlocking(const char* method, grpc::ServerContext* context, absl::Time start,
+                           Op op);
   grpc::ServerUnaryReactor* FinishNow(const char* method, grpc::CallbackServerContext* context,
                                       absl::Time start, const absl::Status& status);
   void FinishCall(grpc::ServerUnaryReactor* reactor, const char* method, absl::Time start,
@@ -74,6 +102,8 @@ class VerifydService final : public v1::Verifyd::CallbackService {
 
   const ValidationLimits limits_;
   const std::string admin_token_;
+  const bool run_idle_inline_;
+  int verify_method_index_ = 0;  // Verify's position in the service definition
   ServiceMetrics* metrics_;
   SharedMemoryRegistry* regions_;
   std::atomic<Device*> device_{nullptr};

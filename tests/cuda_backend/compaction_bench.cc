@@ -5,7 +5,9 @@
 // Per layer count: a KvStore over a CudaKvStorage is fragmented (sequences appended in interleaved
 // chunks, every other one released), then CompactionManager operations ("until converged", the
 // daemon's chunking, auto chunk size unless --chunk_bytes) run until no fragmentation is left.
-// Timed end to end: planning, host bookkeeping, uploads, copies and the final wait. Afterwards
+// Timed end to end: planning, host bookkeeping, uploads, copies and the final wait, each
+// operation's wall time split by the manager's own accounting (plan / execute / final wait /
+// stats / other; see HostSplit) so the host share can be attributed. Afterwards
 // every surviving sequence must read back exactly the KV it was given, on every layer.
 // Also: cudaMemcpy D2D (median of repeats), the run-copy kernel alone (CUDA events), and
 // CopyRuns back to back (host check + upload + launch, no bookkeeping).
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "kernels/bf16.h"
 #include "kernels/mla_dims.h"
@@ -296,6 +299,47 @@ double MeasureCopyRuns(KvStorage& storage, const std::vector<SlotRunCopy>& runs)
          SecondsSince(start);
 }
 
+// Where an operation's wall time went, by the manager's own accounting: planning, ExecuteCompaction
+// (host bookkeeping and the copy enqueue, which waits for the copy two chunks back, so on a GPU
+// this is mostly copy time), the final wait for the device, Stats(); "other" is the rest (chunk
+// slicing, the Step loop). Plan and stats time run while the device has at most two chunks queued
+// (re-plans) or nothing (the first plan, stats): that is the host share no copy overlaps.
+struct HostSplit {
+  double wall = 0, plan = 0, execute = 0, final_wait = 0, stats = 0;
+  int64_t plans = 0, chunks = 0, bytes = 0;
+
+  static HostSplit Of(const CompactionOperation& op, double wall_seconds) {
+    HostSplit s;
+    s.wall = wall_seconds;
+    s.plan = absl::ToDoubleSeconds(op.plan_time);
+    s.final_wait = absl::ToDoubleSeconds(op.final_wait_time);
+    s.execute = absl::ToDoubleSeconds(op.copy_time) - s.final_wait;
+    s.stats = absl::ToDoubleSeconds(op.stats_time);
+    s.plans = op.plans;
+    s.chunks = op.chunks;
+    s.bytes = op.bytes_moved;
+    return s;
+  }
+  void Add(const HostSplit& o) {
+    wall += o.wall;
+    plan += o.plan;
+    execute += o.execute;
+    final_wait += o.final_wait;
+    stats += o.stats;
+    plans += o.plans;
+    chunks += o.chunks;
+    bytes += o.bytes;
+  }
+  void Print(const char* label) const {
+    std::printf(
+        "%s: %.3f ms wall = plan %.3f (%lld plans) + execute %.3f (%lld chunks) + final wait "
+        "%.3f + stats %.3f + other %.3f ms; %.1f MB\n",
+        label, wall * 1e3, plan * 1e3, static_cast<long long>(plans), execute * 1e3,
+        static_cast<long long>(chunks), final_wait * 1e3, stats * 1e3,
+        (wall - plan - execute - final_wait - stats) * 1e3, bytes / 1e6);
+  }
+};
+
 int RunLayers(const Options& o, int layers, double d2d) {
   const KvPattern pattern;
   auto storage = MakeStorage(o, layers);
@@ -342,9 +386,12 @@ int RunLayers(const Options& o, int layers, double d2d) {
   start = Clock::now();
   // The operations' own before/after statistics decide when to stop (no extra store walks).
   int64_t outside_first_run = before.fragmentation.tokens_outside_first_run;
+  HostSplit total;
   while (outside_first_run > 0 && operations < 100) {
+    const auto op_start = Clock::now();
     const std::string id = manager.Create(0);
     while (manager.Step(store)) ++steps;
+    const double op_seconds = SecondsSince(op_start);
     ++steps;
     ++operations;
     const CompactionOperation op = *manager.Get(id);
@@ -352,6 +399,9 @@ int RunLayers(const Options& o, int layers, double d2d) {
       std::fprintf(stderr, "compaction failed: %s\n", op.error.c_str());
       return 1;
     }
+    const HostSplit split = HostSplit::Of(op, op_seconds);
+    total.Add(split);
+    if (operations <= 8) split.Print(absl::StrCat("  operation ", operations).c_str());
     outside_first_run = op.after.tokens_outside_first_run;
     bytes += op.bytes_moved;
     slots += op.tokens_moved;
@@ -359,6 +409,7 @@ int RunLayers(const Options& o, int layers, double d2d) {
     if (op.bytes_moved == 0) break;
   }
   const double seconds = SecondsSince(start);
+  total.Print(absl::StrCat("  all ", operations, " operations").c_str());
   const StoreStats after = store.Stats();
   std::printf(
       "compaction (CompactionManager, chunk %.1f MiB): %lld bytes (%lld slots) in %lld "

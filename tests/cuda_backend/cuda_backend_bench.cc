@@ -5,15 +5,20 @@
 //    with slot lists as the service passes them: cold (a new slot generation: whole lists
 //    uploaded), decode (L grows by 1..Q every call: the mirror uploads the tail, the graph should
 //    replay) and next layer (same step again: nothing uploaded); graph and mirror counters;
+//    — each with q / out / lse in the caller's ordinary memory (staged through the backend's
+//    pinned buffers) and in a registered shared mapping (RegisterHostMemory, as the daemon does
+//    with its shared-memory regions: straight DMA, no host copy), side by side;
 //  - compaction: CudaKvStorage::CopySlots bytes/s in 4 MB chunks ÷ cudaMemcpy device-to-device
 //    bytes/s measured in the same run (SPEC §5: must >= 0.5, goal >= 0.7).
-// Usage: cuda_backend_bench [iterations=50]
+// Usage: cuda_backend_bench [iterations=50] [--overhead-only]
+//   --overhead-only: only the S1 / S5 overhead tables (staged and registered), ~1 minute.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -135,13 +140,33 @@ int RunOverhead(const Shape& s, int iters) {
   test::HostProblem host = test::MakeRandomProblem(specs, s.heads, 99, /*scattered=*/false);
   std::printf("\n%s (B=%d H=%d Q=%d L=%d): backend overhead = ComputeVerify - kernel, us\n", s.name,
               s.batch, s.heads, s.nodes, s.prefix);
-  std::printf("%-7s %-28s %10s %10s %10s %10s\n", "graphs", "calls", "verify", "kernel", "overhead",
-              "p99 verify");
-  for (bool graphs : {false, true}) {
+  std::printf("%-11s %-7s %-28s %10s %10s %10s %10s\n", "tensors", "graphs", "calls", "verify",
+              "kernel", "overhead", "p99 verify");
+  // The client library's layout in a region: q | out | lse, 64-byte aligned.
+  const size_t q_bytes = host.q.size() * sizeof(bf16_bits);
+  const size_t out_bytes = host.out.size() * sizeof(bf16_bits);
+  const size_t out_at = (q_bytes + 63) / 64 * 64;
+  const size_t lse_at = (out_at + out_bytes + 63) / 64 * 64;
+  test::SharedMapping region(lse_at + host.lse.size() * sizeof(float));
+  if (region.data() == nullptr) {
+    std::fprintf(stderr, "could not map %zu bytes of shared memory\n", region.bytes());
+    return 1;
+  }
+  std::memcpy(region.data(), host.q.data(), q_bytes);
+  for (int run = 0; run < 4; ++run) {
+    const bool registered = run >= 2, graphs = run % 2 == 1;
     auto made = test::MakeBackend(graphs, 1, host.num_slots);
     if (!made.ok()) return 1;
     CudaBackend& backend = *made->backend;
     if (!made->storage->WriteRows(0, test::Iota(host.num_slots), host.kv.data()).ok()) return 1;
+    if (registered) {
+      const absl::Status r = backend.RegisterHostMemory(region.data(), region.bytes());
+      if (!r.ok()) {
+        std::fprintf(stderr, "RegisterHostMemory: %s\n", r.ToString().c_str());
+        return 1;
+      }
+    }
+    const char* tensors = registered ? "registered" : "staged";
     std::mt19937_64 rng(5);
     std::vector<int32_t> prefix_len(s.batch, s.prefix);
     std::vector<VerifySlotList> lists(s.batch);
@@ -160,6 +185,11 @@ int RunOverhead(const Shape& s, int iters) {
       p.prefix_len = prefix_len.data();
       p.slots = nullptr;
       p.slot_indptr = nullptr;
+      if (registered) {
+        p.q = reinterpret_cast<const bf16_bits*>(region.data());
+        p.out = reinterpret_cast<bf16_bits*>(region.data() + out_at);
+        p.lse = reinterpret_cast<float*>(region.data() + lse_at);
+      }
       const auto start = Clock::now();
       const absl::Status st = backend.ComputeVerify(0, p, lists);
       const auto stop = Clock::now();
@@ -191,12 +221,22 @@ int RunOverhead(const Shape& s, int iters) {
     const GraphCounters& g = backend.graph_counters();
     const SlotMirrorCounters m = backend.slot_mirror_counters();
     const char* on = graphs ? "on" : "off";
-    std::printf("%-7s %-28s %10.1f %10.1f %10.1f %10.1f\n", on, "cold (whole lists)", Median(cold),
-                *kernel, Median(cold) - *kernel, Percentile(cold, 0.99));
-    std::printf("%-7s %-28s %10.1f %10.1f %10.1f %10.1f\n", on, "decode (L grows, tail)",
-                Median(decode), *kernel, Median(decode) - *kernel, Percentile(decode, 0.99));
-    std::printf("%-7s %-28s %10.1f %10.1f %10.1f %10.1f\n", on, "next layer (nothing new)",
-                Median(layer), *kernel, Median(layer) - *kernel, Percentile(layer, 0.99));
+    std::printf("%-11s %-7s %-28s %10.1f %10.1f %10.1f %10.1f\n", tensors, on, "cold (whole lists)",
+                Median(cold), *kernel, Median(cold) - *kernel, Percentile(cold, 0.99));
+    std::printf("%-11s %-7s %-28s %10.1f %10.1f %10.1f %10.1f\n", tensors, on,
+                "decode (L grows, tail)", Median(decode), *kernel, Median(decode) - *kernel,
+                Percentile(decode, 0.99));
+    std::printf("%-11s %-7s %-28s %10.1f %10.1f %10.1f %10.1f\n", tensors, on,
+                "next layer (nothing new)", Median(layer), *kernel, Median(layer) - *kernel,
+                Percentile(layer, 0.99));
+    const DirectCopyCounters& direct = backend.direct_copies();
+    std::printf("        direct copies (calls): q %lld, out %lld, lse %lld\n",
+                static_cast<long long>(direct.q), static_cast<long long>(direct.out),
+                static_cast<long long>(direct.lse));
+    if (registered && direct.out == 0) {
+      std::fprintf(stderr, "registered run took the staged path\n");
+      return 1;
+    }
     std::printf(
         "        warm loop (%d calls): graph captures %lld updates %lld replays %lld fallbacks "
         "%lld; mirror uploads full %lld delta %lld none %lld, %.1f entries/call, resets %lld\n",
@@ -217,6 +257,7 @@ int RunOverhead(const Shape& s, int iters) {
         (t.check_ns - phases_before.check_ns) / n, (t.plan_ns - phases_before.plan_ns) / n,
         (t.stage_ns - phases_before.stage_ns) / n, (t.enqueue_ns - phases_before.enqueue_ns) / n,
         (t.wait_ns - phases_before.wait_ns) / n, (t.copy_out_ns - phases_before.copy_out_ns) / n);
+    if (registered) backend.UnregisterHostMemory(region.data());
   }
   std::printf(
       "(kernel measured at the loop's first L; SPEC §5 wants the RPC at S1 <= kernel + "
@@ -224,7 +265,7 @@ int RunOverhead(const Shape& s, int iters) {
   return 0;
 }
 
-int Run(int iters) {
+int Run(int iters, bool overhead_only) {
   if (!test::HaveCudaDevice()) {
     std::printf("no CUDA device\n");
     return 0;
@@ -233,6 +274,14 @@ int Run(int iters) {
                           {"S3", 1, 64, 33, 65536}, {"S4", 8, 16, 16, 8192},
                           {"S5", 32, 8, 8, 4096},   {"S6", 1, 128, 64, 131072},
                           {"S7", 1, 8, 16, 262144}};
+  if (overhead_only) {
+    for (const Shape& s : shapes) {
+      if (std::string(s.name) == "S1" || std::string(s.name) == "S5") {
+        if (RunOverhead(s, iters) != 0) return 1;
+      }
+    }
+    return 0;
+  }
   std::printf("ComputeVerify wall time, us (median / p99), %d iterations\n", iters);
   std::printf("%-4s %22s %22s %12s %s\n", "shape", "eager", "graph replay", "graph/eager",
               "graph counters (captures/updates/replays/fallbacks)");
@@ -359,6 +408,14 @@ int Run(int iters) {
 }  // namespace verifyd
 
 int main(int argc, char** argv) {
-  const int iters = argc > 1 ? std::max(1, std::atoi(argv[1])) : 50;
-  return verifyd::Run(iters);
+  int iters = 50;
+  bool overhead_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--overhead-only") {
+      overhead_only = true;
+    } else {
+      iters = std::max(1, std::atoi(argv[i]));
+    }
+  }
+  return verifyd::Run(iters, overhead_only);
 }

@@ -1,6 +1,8 @@
 #include "tests/cuda_backend/cuda_test_util.h"
 
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <numeric>
@@ -9,6 +11,20 @@
 #include "tests/kernels/testing/problem_builder.h"
 
 namespace verifyd::test {
+
+SharedMapping::SharedMapping(size_t bytes) : bytes_(bytes) {
+  const int fd = memfd_create("verifyd-test-region", 0);
+  if (fd < 0) return;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+    void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (data != MAP_FAILED) data_ = static_cast<uint8_t*>(data);
+  }
+  close(fd);
+}
+
+SharedMapping::~SharedMapping() {
+  if (data_ != nullptr) munmap(data_, bytes_);
+}
 
 bool HaveCudaDevice() {
   int count = 0;

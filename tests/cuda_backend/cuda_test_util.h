@@ -2,6 +2,7 @@
 // accuracy check against the float64 oracle.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -42,6 +43,22 @@ struct ReferenceF64 {
 ReferenceF64 ComputeReferenceF64(const VerifyProblem& reference);
 Accuracy Compare(const ReferenceF64& reference, const std::vector<bf16_bits>& out,
                  const std::vector<float>& lse);
+
+// A tmpfs-backed MAP_SHARED mapping (memfd), as the daemon's /dev/shm regions are: what
+// CudaBackend::RegisterHostMemory registers in the daemon. data() is null when mapping failed.
+class SharedMapping {
+ public:
+  explicit SharedMapping(size_t bytes);
+  ~SharedMapping();
+  SharedMapping(const SharedMapping&) = delete;
+  SharedMapping& operator=(const SharedMapping&) = delete;
+  uint8_t* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t bytes_;
+  uint8_t* data_ = nullptr;
+};
 
 // Sequential 0..n-1.
 std::vector<int32_t> Iota(int64_t n);

@@ -243,6 +243,189 @@ TEST(VerifyStaging, CopySizesCoverTheBytesWithAtMostAnEighthMore) {
   }
 }
 
+// RegisteredHostRanges against a brute-force model: a query is direct only when it lies wholly
+// inside one registered range (not across two adjacent ones, not past an end).
+TEST(RegisteredHostRanges, ContainsExactlyWhatLiesInsideOneRange) {
+  const uint64_t seed = test::TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> memory(1 << 16);
+  uint8_t* base = memory.data();
+  RegisteredHostRanges ranges;
+  std::vector<std::pair<size_t, size_t>> model;  // [begin, end) offsets
+  auto model_contains = [&](size_t begin, size_t bytes) {
+    for (const auto& [b, e] : model) {
+      if (bytes > 0 && begin >= b && begin + bytes <= e) return true;
+    }
+    return false;
+  };
+  auto model_overlaps = [&](size_t begin, size_t bytes) {
+    for (const auto& [b, e] : model) {
+      if (begin < e && b < begin + bytes) return true;
+    }
+    return false;
+  };
+  EXPECT_EQ(ranges.Add(nullptr, 10).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ranges.Add(base, 0).code(), absl::StatusCode::kInvalidArgument);
+  for (int step = 0; step < 4000; ++step) {
+    const size_t begin = rng() % memory.size();
+    const size_t bytes = 1 + rng() % std::min<size_t>(memory.size() - begin, 4096);
+    switch (rng() % 4) {
+      case 0: {  // add
+        const absl::Status added = ranges.Add(base + begin, bytes);
+        if (model_overlaps(begin, bytes)) {
+          EXPECT_EQ(added.code(), absl::StatusCode::kAlreadyExists) << begin << "+" << bytes;
+        } else {
+          ASSERT_TRUE(added.ok()) << added;
+          model.emplace_back(begin, begin + bytes);
+        }
+        break;
+      }
+      case 1: {  // remove one, or a pointer that starts none
+        if (!model.empty() && rng() % 2 == 0) {
+          const size_t i = rng() % model.size();
+          EXPECT_TRUE(ranges.Remove(base + model[i].first));
+          EXPECT_FALSE(ranges.Remove(base + model[i].first));
+          model.erase(model.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          const bool starts_one = std::any_of(model.begin(), model.end(),
+                                              [&](const auto& r) { return r.first == begin; });
+          EXPECT_EQ(ranges.Remove(base + begin), starts_one);
+          if (starts_one) {
+            model.erase(std::find_if(model.begin(), model.end(),
+                                     [&](const auto& r) { return r.first == begin; }));
+          }
+        }
+        break;
+      }
+      default: {  // queries, often at the edges of a range
+        size_t at = begin, len = bytes;
+        if (!model.empty() && rng() % 2 == 0) {
+          const auto& [b, e] = model[rng() % model.size()];
+          at = b + rng() % (e - b);
+          len = (e - at) + static_cast<size_t>(static_cast<int>(rng() % 3) - 1);  // to the end ±1
+          if (len == 0) len = 1;
+        }
+        EXPECT_EQ(ranges.Contains(base + at, len), model_contains(at, len)) << at << "+" << len;
+        EXPECT_FALSE(ranges.Contains(base + at, 0));
+      }
+    }
+    ASSERT_EQ(ranges.size(), model.size());
+  }
+  EXPECT_FALSE(ranges.Contains(nullptr, 1));
+}
+
+// The direct path on the host: q straight from the caller plus the staged rest of the upload puts
+// the same bytes in the device inputs as the all-staged upload; the staged readback plus the
+// direct output copies put every output byte where the caller wants it, and nothing else is
+// written into the caller's memory.
+TEST(VerifyStaging, DirectCopiesAndTheStagedRestMoveEveryByteOnce) {
+  const uint64_t seed = test::TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 48; ++trial) {
+    const int batch = 1 + static_cast<int>(rng() % 4);
+    std::vector<SequenceSpec> specs;
+    for (int b = 0; b < batch; ++b) {
+      specs.push_back({static_cast<int>(rng() % 200), 1 + static_cast<int>(rng() % 40),
+                       static_cast<TreeShape>(rng() % 4)});
+    }
+    HostProblem host = MakeRandomProblem(specs, 1 + static_cast<int>(rng() % 8), rng(), true, 5);
+    const int mode = trial % 8;  // bit 0: q registered, bit 1: out, bit 2: lse
+    const bool with_lse = trial % 16 < 8 || (mode & 4) != 0;
+    VerifyProblem p = host.problem();
+    if (!with_lse) p.lse = nullptr;
+    const VerifyStagingLayout layout = LayoutVerifyStaging(p, 0, 512, 4096);
+
+    // A "region": q, out and lse at random 64-byte-aligned places, with guard bytes around them.
+    const size_t guard = 64 * (1 + rng() % 4);
+    std::vector<uint8_t> region(layout.q_bytes + layout.out_bytes + layout.lse_bytes + 4 * guard);
+    for (uint8_t& byte : region) byte = static_cast<uint8_t>(rng());
+    const std::vector<uint8_t> region_before = region;
+    uint8_t* q_at = region.data() + guard;
+    uint8_t* out_at = q_at + layout.q_bytes + guard;
+    uint8_t* lse_at = out_at + layout.out_bytes + guard;
+    RegisteredHostRanges ranges;
+    ASSERT_TRUE(ranges.Add(region.data(), region.size()).ok());
+    std::vector<bf16_bits> out_vector(host.out.size());
+    std::vector<float> lse_vector(host.lse.size());
+    VerifyProblem caller = p;
+    if (mode & 1) {
+      std::memcpy(q_at, host.q.data(), layout.q_bytes);
+      caller.q = reinterpret_cast<const bf16_bits*>(q_at);
+    }
+    caller.out = (mode & 2) ? reinterpret_cast<bf16_bits*>(out_at) : out_vector.data();
+    if (with_lse) caller.lse = (mode & 4) ? reinterpret_cast<float*>(lse_at) : lse_vector.data();
+
+    const DirectCopies direct = ChooseDirectCopies(layout, caller, ranges);
+    EXPECT_EQ(direct.q, (mode & 1) != 0);
+    EXPECT_EQ(direct.out, (mode & 2) != 0);
+    EXPECT_EQ(direct.lse, with_lse && (mode & 4) != 0);
+    // One byte past the region is not inside it.
+    VerifyProblem shifted = caller;
+    shifted.q =
+        reinterpret_cast<const bf16_bits*>(region.data() + region.size() - layout.q_bytes + 2);
+    EXPECT_FALSE(ChooseDirectCopies(layout, shifted, ranges).q);
+
+    // Inputs: all-staged reference vs direct q + staged rest.
+    const std::vector<uint8_t> plan(512, static_cast<uint8_t>(rng()));
+    const std::vector<int32_t> offsets(batch, 7);
+    std::vector<uint8_t> staged(layout.upload_copy_bytes, 0xA5),
+        split(layout.upload_copy_bytes, 0xA5);
+    FillVerifyStaging(layout, p, offsets, plan, staged.data());
+    FillVerifyStaging(layout, caller, offsets, plan, split.data(), nullptr, !direct.q);
+    if (direct.q) {  // the q region of the staging is left alone
+      EXPECT_TRUE(std::all_of(split.begin(), split.begin() + layout.q_bytes,
+                              [](uint8_t v) { return v == 0xA5; }));
+    }
+    std::vector<uint8_t> inputs_reference(layout.upload_copy_bytes, 0x11);
+    std::vector<uint8_t> inputs(layout.upload_copy_bytes, 0x11);
+    std::memcpy(inputs_reference.data(), staged.data(), layout.upload_copy_bytes);
+    if (direct.q) std::memcpy(inputs.data() + layout.q, caller.q, layout.q_bytes);
+    const StagedCopy upload = StagedUpload(layout, direct);
+    ASSERT_LE(upload.offset + upload.bytes, layout.upload_copy_bytes);
+    EXPECT_EQ(upload.offset + upload.bytes, layout.upload_copy_bytes);
+    std::memcpy(inputs.data() + upload.offset, split.data() + upload.offset, upload.bytes);
+    // Everything but the alignment padding after q (never read) is the same.
+    EXPECT_EQ(std::memcmp(inputs.data(), inputs_reference.data(), layout.q_bytes), 0);
+    EXPECT_EQ(
+        std::memcmp(inputs.data() + layout.qo_indptr, inputs_reference.data() + layout.qo_indptr,
+                    layout.upload_bytes - layout.qo_indptr),
+        0);
+
+    // Outputs: random device bytes; the staged readback then the host copies of what was staged.
+    std::vector<uint8_t> device_outputs(layout.output_copy_bytes);
+    for (uint8_t& byte : device_outputs) byte = static_cast<uint8_t>(rng());
+    std::vector<uint8_t> host_outputs(layout.output_copy_bytes, 0x5A);
+    const StagedCopy readback = StagedOutputs(layout, direct);
+    ASSERT_LE(readback.offset + readback.bytes, layout.output_copy_bytes);
+    if (!direct.out && (!with_lse || !direct.lse)) {
+      EXPECT_EQ(readback.bytes, layout.output_copy_bytes) << "the banded size when all staged";
+    }
+    if (direct.out && (!with_lse || direct.lse)) EXPECT_EQ(readback.bytes, 0u);
+    std::memcpy(host_outputs.data() + readback.offset, device_outputs.data() + readback.offset,
+                readback.bytes);
+    const uint8_t* out_source = direct.out ? device_outputs.data() : host_outputs.data();
+    std::memcpy(caller.out, out_source + layout.out, layout.out_bytes);
+    if (with_lse) {
+      const uint8_t* lse_source = direct.lse ? device_outputs.data() : host_outputs.data();
+      std::memcpy(caller.lse, lse_source + layout.lse, layout.lse_bytes);
+    }
+    EXPECT_EQ(std::memcmp(caller.out, device_outputs.data() + layout.out, layout.out_bytes), 0);
+    if (with_lse) {
+      EXPECT_EQ(std::memcmp(caller.lse, device_outputs.data() + layout.lse, layout.lse_bytes), 0);
+    }
+    // The region outside the tensors this call owns there is as it was.
+    for (size_t i = 0; i < region.size(); ++i) {
+      const uint8_t* at = region.data() + i;
+      const bool in_out = (mode & 2) && at >= out_at && at < out_at + layout.out_bytes;
+      const bool in_lse = with_lse && (mode & 4) && at >= lse_at && at < lse_at + layout.lse_bytes;
+      const bool in_q = (mode & 1) && at >= q_at && at < q_at + layout.q_bytes;
+      if (!in_out && !in_lse && !in_q) ASSERT_EQ(region[i], region_before[i]) << "byte " << i;
+    }
+  }
+}
+
 TEST(VerifyGraphBucket, TotalQRoundsUpToAPowerOfTwo) {
   EXPECT_EQ(TotalQBucket(1), 8);
   EXPECT_EQ(TotalQBucket(8), 8);

@@ -4,7 +4,8 @@
 #   1. Verify latency p50/p99 at S1 (B=1 H=8 Q=16 L=65536) and S5 (B=32 H=8 Q=8 L=4096),
 #      CUDA graphs on and off (verifyd_load, concurrency 1, closed loop); each with tensors inline
 #      (shape "S1") and through shared memory (shape "S1-shm", verifyd_load --shared_memory,
-#      plans/0010);
+#      plans/0010: q and tree_kv written into the region once per layer; "S1-shmcopy" copies them
+#      in per call); the transport's own round trip ("ping", grpc.health.v1 Check) alongside;
 #   2. Verify p99 while operator compactions run ÷ without: the fake scheduler keeps committing
 #      trees (which fragments sequences) in both windows; in the second a loop of
 #      `verifyctl compact` runs alongside. Compaction bytes/s is read from the operations.
@@ -52,10 +53,12 @@ LAYERS=1
 for graphs in $([ "${RPC_LATENCY:-1}" = 1 ] && echo on off); do
   start --cuda_graphs=$graphs || continue
   load "S1,$graphs" --tree_nodes=16 --prefix_tokens=65536 --batch=1 >>"$OUT/rpc_latency.csv"
-  load "S1-shm,$graphs" --tree_nodes=16 --prefix_tokens=65536 --batch=1 --shared_memory \
-    >>"$OUT/rpc_latency.csv"
+  load "S1-shm,$graphs" --tree_nodes=16 --prefix_tokens=65536 --batch=1 --shared_memory --spin_wait \
+    --ping_seconds=2 >>"$OUT/rpc_latency.csv"
+  load "S1-shmcopy,$graphs" --tree_nodes=16 --prefix_tokens=65536 --batch=1 --shared_memory \
+    --shared_memory_copy --spin_wait >>"$OUT/rpc_latency.csv"
   load "S5,$graphs" --tree_nodes=8 --prefix_tokens=4096 --batch=32 >>"$OUT/rpc_latency.csv"
-  load "S5-shm,$graphs" --tree_nodes=8 --prefix_tokens=4096 --batch=32 --shared_memory \
+  load "S5-shm,$graphs" --tree_nodes=8 --prefix_tokens=4096 --batch=32 --shared_memory --spin_wait \
     >>"$OUT/rpc_latency.csv"
   # Correctness of the shared-memory path on this backend: every output against the reference.
   "$bin/fake_scheduler" --target="$sock" --sequences=4 --steps=10 --threads=2 --batch=2 \
@@ -113,6 +116,7 @@ fi
 
 echo "== rpc latency (µs)"
 column -s, -t "$OUT/rpc_latency.csv" 2>/dev/null || cat "$OUT/rpc_latency.csv"
+grep "# ping" "$OUT/rpc_load.log" 2>/dev/null
 grep -E "^(OK|FAILED|  MISMATCH)|exit" "$OUT/rpc_scheduler_shm.log" 2>/dev/null
 for s in S1 S5; do  # p50 inline / p50 shm, per graphs setting
   for g in on off; do

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# On the GPU machine: where a Verify RPC's time goes. Starts verifyd (cuda, metrics on), runs
-# verifyd_load at S1 with shared-memory tensors and at a tiny shape (the fixed path: gRPC, the
-# executor, the backend around a trivial kernel), then prints the daemon's own histograms (RPC
-# handler time and ComputeVerify time, means) next to the client's p50.
+# On the GPU machine: where a Verify RPC's time goes, and an A/B of the service's handler modes
+# (plans/0012). One daemon per case (cuda, metrics on) so its histograms hold that case alone;
+# verifyd_load at a tiny shape (the fixed path: gRPC, the executor, the backend around a trivial
+# kernel) and at S1 (shared-memory tensors written once per layer, or copied per call, or inline),
+# with the daemon's Verify handler synchronous or callback and idle requests run inline or queued.
+# Each case prints the client's percentiles and the daemon's own histograms (RPC handler time,
+# queue time, ComputeVerify time, means); the first case also times two pings: grpc.health.v1
+# (gRPC's synchronous server) and an immediate NOT_FOUND from a callback handler.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 B=${BUNDLE:-bundle}
@@ -30,20 +34,32 @@ for (name, labels), d in sorted(vals.items()):
         print(f"{label}: {name}{{{labels}}} mean {1e6*d['sum']/d['count']:.1f} us over {int(d['count'])}")
 PY
 }
-# One daemon per (shape, transport), so its histograms hold that case alone.
-for shape in "tiny --tree_nodes=1 --prefix_tokens=1 --batch=1" "S1 --tree_nodes=16 --prefix_tokens=65536 --batch=1"; do
-  set -- $shape
-  name=$1; shift
-  for mode in inline shm; do
-    flag=""; [ $mode = shm ] && flag=--shared_memory
-    "$bin/verifyd" --listen="$sock" --metrics=127.0.0.1:$port --backend=cuda --layers=1 --heads=8 \
-      --max_tree_nodes=257 --kv_capacity_tokens=1048576 --lease_seconds=600 >"$OUT/probe_daemon.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 200); do "$bin/verifyctl" --target="$sock" health >/dev/null 2>&1 && break; sleep 0.1; done
-    "$bin/verifyd_load" --target="$sock" --concurrency=1 --warmup_seconds=1 --measure_seconds=3 "$@" $flag \
-      2>>"$OUT/probe_load.log" | tail -1 | sed "s/^/$name-$mode client (rps,p50,p90,p99): /"
-    scrape "$name-$mode daemon"
-    kill -TERM $pid; wait $pid
-  done
-done
+run_case() {  # name, daemon flags (one word), then verifyd_load flags
+  local name=$1 daemon_flags=$2
+  shift 2
+  "$bin/verifyd" --listen="$sock" --metrics=127.0.0.1:$port --backend=cuda --layers=1 --heads=8 \
+    --max_tree_nodes=257 --kv_capacity_tokens=1048576 --lease_seconds=600 ${daemon_flags//,/ } \
+    >"$OUT/probe_daemon.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 200); do "$bin/verifyctl" --target="$sock" health >/dev/null 2>&1 && break; sleep 0.1; done
+  "$bin/verifyd_load" --target="$sock" --concurrency=1 --warmup_seconds=1 --measure_seconds=3 "$@" \
+    2>"$OUT/probe_load_$name.log" | tail -1 | sed "s/^/$name client (c,rps,p50,p90,p99): /"
+  grep "# ping" "$OUT/probe_load_$name.log" | sed "s/^/$name /"
+  scrape "$name daemon"
+  kill -TERM $pid; wait $pid
+}
+tiny="--tree_nodes=1 --prefix_tokens=1 --batch=1 --shared_memory"
+s1="--tree_nodes=16 --prefix_tokens=65536 --batch=1 --shared_memory"
+# Daemon defaults: callback Verify handler, queued to the device thread, device-thread spin auto
+# (2000 µs with >= 8 cores); the client polls for its reply (--spin_wait) unless said.
+run_case tiny-pinghealth "" $tiny --spin_wait --ping_seconds=2
+run_case tiny-pingcallback "" $tiny --spin_wait --ping_seconds=2 --ping_rpc=callback
+run_case S1-default "" $s1 --spin_wait
+run_case S1-clientsleeps "" $s1
+run_case S1-nospin --executor_spin_us=0 $s1 --spin_wait
+run_case S1-polled --verify_handler=polled $s1 --spin_wait
+run_case S1-sync --verify_handler=sync $s1 --spin_wait
+run_case S1-callback-inline --run_idle_inline=true $s1 --spin_wait
+run_case S1-default-again "" $s1 --spin_wait
+run_case S5-default "" --tree_nodes=8 --prefix_tokens=4096 --batch=32 --shared_memory --spin_wait
 rm -rf "$work"

@@ -85,6 +85,12 @@ if [ "${VERIFYD_SERVICE:-1}" = 1 ] && [ -x "$B/bin/verifyd" ]; then
     2>&1 | grep -E "D2D|compaction|ratio|mismatch|copy kernel|layers" | tail -20
   echo "== rpc_bench"
   BUNDLE=$B timeout 300 bash tests/gpu/rpc_bench.sh 2>&1 | tee "$OUT/rpc_bench.txt" | tail -30
+  # Where a Verify's time goes, and the handler modes side by side (plans/0012).
+  if [ "${VERIFYD_RPC_PROBE:-1}" = 1 ]; then
+    echo "== rpc_probe"
+    BUNDLE=$B timeout 150 bash tests/gpu/rpc_probe.sh 2>&1 | tee "$OUT/rpc_probe.txt" \
+      | grep -E "client|ping|rpc_duration"
+  fi
 fi
 
 echo "== bench"

@@ -4,13 +4,25 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/bf16.h"
 #include "kernels/mla_dims.h"
+#include "kvstore/kv_store.h"
 #include "kvstore/slot_copy_check.h"
+
+namespace verifyd {
+
+// gtest prints FragmentationStats field by field when a comparison fails.
+inline void PrintTo(const FragmentationStats& s, std::ostream* os) {
+  *os << "{sequences " << s.sequences << ", tokens " << s.tokens << ", runs " << s.runs
+      << ", outside first run " << s.tokens_outside_first_run << "}";
+}
+
+}  // namespace verifyd
 
 namespace verifyd::testing_kv {
 
@@ -41,6 +53,25 @@ inline std::vector<bf16_bits> HashedRows(uint64_t tag, int64_t count) {
     }
   }
   return rows;
+}
+
+// The store's fragmentation figures from scratch: a walk of every committed slot list (the
+// reference for the figures KvStore keeps incrementally).
+inline FragmentationStats WalkFragmentation(const KvStore& store) {
+  FragmentationStats stats;
+  for (SequenceId id : store.Sequences()) {
+    const std::vector<int32_t> slots = *store.CommittedSlots(id);
+    ++stats.sequences;
+    if (slots.empty()) continue;
+    size_t first_run = 1;
+    while (first_run < slots.size() && slots[first_run] == slots[first_run - 1] + 1) ++first_run;
+    int64_t runs = 1;
+    for (size_t p = 1; p < slots.size(); ++p) runs += slots[p] != slots[p - 1] + 1;
+    stats.tokens += static_cast<int64_t>(slots.size());
+    stats.runs += runs;
+    stats.tokens_outside_first_run += static_cast<int64_t>(slots.size() - first_run);
+  }
+  return stats;
 }
 
 // Runs for KvStorage::CopyRuns that obey its contract: [0, capacity) cut into pieces of

@@ -3,14 +3,18 @@
 // measures a fixed window, and prints one CSV row: concurrency, throughput, p50/p90/p99 latency.
 //
 // With --shared_memory every Append and Verify goes through a region the daemon created (one per
-// worker): q and tree_kv are copied into it per call (inside the measured time, as inline encoding
-// is) and out comes back in it.
+// worker) and out comes back in it. q and tree_kv are written into the region once per layer at
+// setup (as a scheduler would have its GPU write them there: Client::VerifySharedInPlace); with
+// --shared_memory_copy they are copied in per call instead (Client::VerifyShared), inside the
+// measured time. --ping first measures grpc.health.v1 Check on the same channel: the transport's
+// own round trip, the floor under any Verify.
 //
 // Each worker repeats real decode steps of a fixed shape: Verify on every layer in turn, the
 // first one rejecting the previous tree (commit length 0) so the prefix length stays constant.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <random>
 #include <string>
@@ -49,6 +53,18 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "match the daemon's --m
 ABSL_FLAG(bool, shared_memory, false,
           "tensors through shared memory the daemon creates (Append kv, Verify q/tree_kv/out) "
           "instead of inline bytes");
+ABSL_FLAG(bool, shared_memory_copy, false,
+          "with --shared_memory: copy q and tree_kv into the region per call (measured) instead "
+          "of writing them there once per layer at setup");
+ABSL_FLAG(bool, spin_wait, false,
+          "Verify polls for its reply without sleeping (ClientOptions::spin_wait)");
+ABSL_FLAG(double, ping_seconds, 0,
+          "> 0: first time grpc.health.v1 Check round trips for this long and print their "
+          "percentiles (the transport's floor) as a '# ping' line on stderr");
+ABSL_FLAG(std::string, ping_rpc, "health",
+          "what --ping_seconds times: health (grpc.health.v1 Check, gRPC's synchronous server) "
+          "or callback (ReleaseSharedMemory of an unknown region: verifyd's callback service "
+          "answering at once, without the device)");
 
 namespace {
 
@@ -68,8 +84,10 @@ struct Worker {
   std::vector<uint64_t> ids;
   std::vector<v1::VerifyRequest> requests;  // [layer]
   v1::VerifyRequest first_step_layer0;      // without commit_previous
-  // --shared_memory: the requests carry no tensors; these rows are copied into the region.
-  std::vector<std::vector<bf16_bits>> q, tree_kv;  // [layer]
+  // --shared_memory: the requests carry no tensors; these rows are copied into the region per call
+  // (--shared_memory_copy), or were placed there once at `layouts[layer]`.
+  std::vector<std::vector<bf16_bits>> q, tree_kv;    // [layer]
+  std::vector<verifyd::SharedVerifyLayout> layouts;  // [layer]
   verifyd::SharedMemoryRegion region;
   std::vector<double> latencies_us;
   absl::Status error;
@@ -147,9 +165,20 @@ absl::Status Prepare(Client& client, const Shape& s, uint64_t seed, uint64_t fir
     w.requests.push_back(std::move(r));
   }
   if (shared_memory) {
-    auto region = client.CreateSharedMemory(verifyd::SharedVerifyBytes(total_q, s.heads, false));
+    // One layout per layer, so each layer's q and tree_kv are written once, here.
+    uint64_t bytes = 0;
+    for (int l = 0; l < s.layers; ++l) {
+      w.layouts.push_back(verifyd::SharedVerifyLayoutAt(bytes, total_q, s.heads, false));
+      bytes = verifyd::AlignSharedOffset(w.layouts.back().end);
+    }
+    auto region = client.CreateSharedMemory(bytes);
     if (!region.ok()) return region.status();
     w.region = *std::move(region);
+    for (int l = 0; l < s.layers; ++l) {
+      std::memcpy(w.region.bytes().data() + w.layouts[l].q, w.q[l].data(), w.q[l].size() * 2);
+      std::memcpy(w.region.bytes().data() + w.layouts[l].tree_kv, w.tree_kv[l].data(),
+                  w.tree_kv[l].size() * 2);
+    }
   }
   w.first_step_layer0 = w.requests[0];
   for (auto& seq : *w.first_step_layer0.mutable_sequences()) seq.clear_commit_previous();
@@ -195,6 +224,7 @@ int main(int argc, char** argv) {
   }
   verifyd::ClientOptions options;
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.spin_wait = absl::GetFlag(FLAGS_spin_wait);
   auto client = Client::Connect(absl::GetFlag(FLAGS_target), options);
   if (!client.ok()) return std::cerr << client.status() << "\n", 1;
   auto stats = (*client)->Stats();
@@ -216,11 +246,32 @@ int main(int argc, char** argv) {
   const absl::Duration warmup = absl::Seconds(absl::GetFlag(FLAGS_warmup_seconds));
   const absl::Duration window = absl::Seconds(absl::GetFlag(FLAGS_measure_seconds));
   const bool shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  const bool copy_per_call = absl::GetFlag(FLAGS_shared_memory_copy);
+  if (const double ping = absl::GetFlag(FLAGS_ping_seconds); ping > 0) {
+    const bool health = absl::GetFlag(FLAGS_ping_rpc) == "health";
+    std::vector<double> pings;
+    const absl::Time until = absl::Now() + absl::Seconds(ping);
+    for (absl::Time t = absl::Now(); t < until; t = absl::Now()) {
+      const absl::Status status =
+          health ? (*client)->Health().status()
+                 : (*client)->ReleaseSharedMemory("verifyd-load-ping-no-such-region").status();
+      if (health ? !status.ok() : status.code() != absl::StatusCode::kNotFound) {
+        return std::cerr << "verifyd_load: ping: " << status << "\n", 1;
+      }
+      pings.push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
+    }
+    const auto p = verifyd::sched::Summarize(pings);
+    std::fprintf(stderr, "# ping (%s, %lld calls): p50 %.0f us, p90 %.0f, p99 %.0f\n",
+                 health ? "grpc.health.v1 Check" : "ReleaseSharedMemory NOT_FOUND",
+                 static_cast<long long>(p.count), p.p50_us, p.p90_us, p.p99_us);
+  }
   std::fprintf(stderr,
                "# %s backend, layers %d, heads %d, Q %d (%s), prefix %d, batch %d, tensors %s\n",
                stats->backend().c_str(), shape.layers, shape.heads, shape.nodes,
                absl::GetFlag(FLAGS_tree).c_str(), shape.prefix, shape.batch,
-               shared_memory ? "in shared memory" : "inline");
+               shared_memory ? (copy_per_call ? "in shared memory, copied per call"
+                                              : "in shared memory, written once per layer")
+                             : "inline");
   std::printf("concurrency,throughput_rps,p50_us,p90_us,p99_us\n");
 
   uint64_t next_id = (absl::GetFlag(FLAGS_seed) << 32) + 1;
@@ -242,8 +293,10 @@ int main(int argc, char** argv) {
           const absl::Time start = absl::Now();
           if (start >= measure_to) break;
           absl::Status status;
-          if (shared_memory) {
+          if (shared_memory && copy_per_call) {
             status = (*client)->VerifyShared(r, w.q[layer], w.tree_kv[layer], w.region).status();
+          } else if (shared_memory) {
+            status = (*client)->VerifySharedInPlace(r, w.layouts[layer], w.region).status();
           } else {
             status = (*client)->Verify(r).status();
           }

@@ -18,10 +18,35 @@ using testing::RpcDriver;
 using testing::ShadowModel;
 using testing::VerifyPart;
 
-class ServerTest : public ::testing::Test {
+// Verify's handler (synchronous or callback) and whether idle requests run on the gRPC thread or
+// always hop to the executor: every combination the daemon's flags allow must give the same bytes.
+struct HandlerMode {
+  VerifyHandler verify_handler;
+  bool run_idle_inline;
+};
+
+std::string HandlerModeName(const HandlerMode& mode) {
+  const VerifyHandler h = mode.verify_handler;
+  return std::string(h == VerifyHandler::kPolled     ? "Polled"
+                     : h == VerifyHandler::kCallback ? "Callback"
+                                                     : "Sync") +
+         (mode.run_idle_inline ? "Inline" : "Queued");
+}
+
+// For test listings (ctest names): the mode, not its bytes.
+void PrintTo(const HandlerMode& mode, std::ostream* os) { *os << HandlerModeName(mode); }
+
+ServiceOptions OptionsFor(const HandlerMode& mode) {
+  ServiceOptions options = testing::SmallOptions("server");
+  options.verify_handler = mode.verify_handler;
+  options.run_idle_inline = mode.run_idle_inline;
+  return options;
+}
+
+class ServerTest : public ::testing::TestWithParam<HandlerMode> {
  protected:
   ServerTest()
-      : options_(testing::SmallOptions("server")),
+      : options_(OptionsFor(GetParam())),
         server_(options_),
         model_(options_.layers, options_.heads, options_.softmax_scale, 20261129),
         rpc_(server_.stub(), model_) {}
@@ -46,7 +71,7 @@ class ServerTest : public ::testing::Test {
   RpcDriver rpc_;
 };
 
-TEST_F(ServerTest, AppendVerifyCommitReleaseStats) {
+TEST_P(ServerTest, AppendVerifyCommitReleaseStats) {
   // Sequence 1: a prefill in two chunks.
   v1::AppendResponse appended;
   ASSERT_TRUE(rpc_.Append(model_.MakeAppend(1, 25), &appended).ok());
@@ -113,7 +138,7 @@ TEST_F(ServerTest, AppendVerifyCommitReleaseStats) {
   EXPECT_EQ(rpc_.Release(2).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
-TEST_F(ServerTest, CompactionWhileVerifyingChangesNoResult) {
+TEST_P(ServerTest, CompactionWhileVerifyingChangesNoResult) {
   // Interleaved appends fragment both sequences; a released one leaves holes.
   ASSERT_TRUE(rpc_.Append(model_.MakeAppend(9, 30)).ok());
   for (int round = 0; round < 6; ++round) {
@@ -171,6 +196,17 @@ TEST_F(ServerTest, CompactionWhileVerifyingChangesNoResult) {
   EXPECT_EQ(missing.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_NE(missing.error_message().find("operation_id = 'compact-999'"), std::string::npos);
 }
+
+INSTANTIATE_TEST_SUITE_P(Handlers, ServerTest,
+                         ::testing::Values(HandlerMode{VerifyHandler::kPolled, false},
+                                           HandlerMode{VerifyHandler::kPolled, true},
+                                           HandlerMode{VerifyHandler::kCallback, false},
+                                           HandlerMode{VerifyHandler::kCallback, true},
+                                           HandlerMode{VerifyHandler::kSync, false},
+                                           HandlerMode{VerifyHandler::kSync, true}),
+                         [](const ::testing::TestParamInfo<HandlerMode>& info) {
+                           return HandlerModeName(info.param);
+                         });
 
 TEST(ServerLifecycleTest, HealthReportsReadinessAndDrain) {
   ServiceOptions options = testing::SmallOptions("health");

@@ -6,8 +6,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <random>
+#include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -164,6 +170,214 @@ TEST_F(RegistryTest, DestructionUnlinksEveryRegion) {
     for (const std::string& p : paths) EXPECT_TRUE(NameExists(p));
   }
   for (const std::string& p : paths) EXPECT_FALSE(NameExists(p)) << p;
+}
+
+// What the mapping hooks saw. on_map writes and reads the whole range (a range not mapped yet would
+// fault) and on_unmap reads it back (a range already unmapped would fault); `live` catches a
+// second registration of an address, or an unmap of one never registered: with munmap before
+// on_unmap, the kernel could hand the address to the next region while it still counts as live.
+class HookLog {
+ public:
+  // Registrations whose ordinal (from 0) `fail` answers true for are refused.
+  SharedMemoryMappingHooks Hooks(std::function<bool(int)> fail = [](int) { return false; }) {
+    return SharedMemoryMappingHooks{
+        [this, fail](void* data, uint64_t bytes) -> absl::Status {
+          auto* bytes_at = static_cast<uint8_t*>(data);
+          for (uint64_t i = 0; i < bytes; ++i) bytes_at[i] = static_cast<uint8_t>(i * 31 + 7);
+          std::lock_guard<std::mutex> lock(mu_);
+          const int ordinal = maps_++;
+          if (fail(ordinal)) return absl::ResourceExhaustedError("pinned-memory limit (test)");
+          EXPECT_TRUE(live_.emplace(data, bytes).second) << "registered twice";
+          ++registered_;
+          return absl::OkStatus();
+        },
+        [this](void* data) {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = live_.find(data);
+          ASSERT_NE(it, live_.end()) << "unregistered without a registration";
+          // Read for its fault, not its value.
+          for (uint64_t i = 0; i < it->second; ++i) checksum_ += static_cast<uint8_t*>(data)[i];
+          live_.erase(it);
+          ++unregistered_;
+        }};
+  }
+  int registered() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return registered_;
+  }
+  int unregistered() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return unregistered_;
+  }
+  int maps() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return maps_;
+  }
+  bool live(const void* data) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_.count(const_cast<void*>(data)) > 0;
+  }
+  size_t live_count() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_.size();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<void*, uint64_t> live_;
+  int maps_ = 0, registered_ = 0, unregistered_ = 0;
+  uint64_t checksum_ = 0;
+};
+
+TEST_F(RegistryTest, MappingHooksRunOnceAfterMapAndOnceBeforeUnmap) {
+  HookLog log;
+  std::vector<uint8_t*> data;
+  {
+    SharedMemoryRegistry registry(Limits(), clock_);
+    registry.SetMappingHooks(log.Hooks());
+    std::mt19937 rng(11);
+    std::vector<SharedMemoryInfo> infos;
+    for (int i = 0; i < 5; ++i) {
+      auto info = registry.Create(1 + rng() % 100000);
+      ASSERT_TRUE(info.ok()) << info.status();
+      infos.push_back(*info);
+      auto mapped = registry.Find(info->region, "f");
+      ASSERT_TRUE(mapped.ok());
+      data.push_back((*mapped)->data());
+      EXPECT_TRUE(log.live(data.back())) << "registered before Create returned";
+    }
+    EXPECT_EQ(log.registered(), 5);
+    EXPECT_EQ(log.unregistered(), 0);
+    // Released with nothing pinning it: unregistered at once.
+    ASSERT_TRUE(registry.Release(infos[0].region).ok());
+    EXPECT_FALSE(log.live(data[0]));
+    EXPECT_EQ(log.unregistered(), 1);
+    // Pinned by a call: registered (and mapped) until the pin goes.
+    auto pin = registry.Find(infos[1].region, "q.shared_memory.region");
+    ASSERT_TRUE(pin.ok());
+    ASSERT_TRUE(registry.Release(infos[1].region).ok());
+    EXPECT_TRUE(log.live(data[1]));
+    (*pin)->data()[0] ^= 1;  // still mapped
+    pin->reset();
+    EXPECT_FALSE(log.live(data[1]));
+    // Expired by its lease (region 2 idle; 3 and 4 renewed).
+    now_ += absl::Seconds(6);
+    ASSERT_TRUE(registry.Find(infos[3].region, "f").ok());
+    ASSERT_TRUE(registry.Find(infos[4].region, "f").ok());
+    now_ += absl::Seconds(6);
+    EXPECT_EQ(registry.ExpireIdle(), 1);
+    EXPECT_FALSE(log.live(data[2]));
+    EXPECT_EQ(log.unregistered(), 3);
+    const HostRegistrationCounters c = registry.host_registration();
+    EXPECT_EQ(c.registered, 5);
+    EXPECT_EQ(c.failed, 0);
+    EXPECT_EQ(c.unregistered, 3);
+    EXPECT_EQ(c.live, 2);
+  }
+  // Destruction unlinks and unmaps the rest, each unregistered first.
+  EXPECT_EQ(log.registered(), 5);
+  EXPECT_EQ(log.unregistered(), 5);
+  EXPECT_EQ(log.live_count(), 0u);
+}
+
+TEST_F(RegistryTest, RegistrationFailureIsCountedAndTheRegionWorks) {
+  HookLog log;
+  SharedMemoryRegistry registry(Limits(), clock_);
+  registry.SetMappingHooks(log.Hooks([](int ordinal) { return ordinal % 2 == 1; }));
+  std::vector<SharedMemoryInfo> infos;
+  for (int i = 0; i < 6; ++i) {
+    auto info = registry.Create(4096 * (i + 1));
+    ASSERT_TRUE(info.ok()) << "a refused registration must not fail Create: " << info.status();
+    infos.push_back(*info);
+    auto mapped = registry.Find(info->region, "f");
+    ASSERT_TRUE(mapped.ok());
+    EXPECT_EQ(log.live((*mapped)->data()), i % 2 == 0);
+    (*mapped)->data()[(*mapped)->bytes() - 1] = 0x42;  // usable either way
+  }
+  HostRegistrationCounters c = registry.host_registration();
+  EXPECT_EQ(c.registered, 3);
+  EXPECT_EQ(c.failed, 3);
+  EXPECT_EQ(c.live, 3);
+  // Releasing all: only the registered ones are unregistered.
+  for (const SharedMemoryInfo& info : infos) ASSERT_TRUE(registry.Release(info.region).ok());
+  EXPECT_EQ(log.unregistered(), 3);
+  EXPECT_EQ(log.live_count(), 0u);
+  c = registry.host_registration();
+  EXPECT_EQ(c.unregistered, 3);
+  EXPECT_EQ(c.live, 0);
+}
+
+TEST_F(RegistryTest, SetHooksRegistersLiveRegionsAndClearUnregistersEveryOne) {
+  HookLog log;
+  SharedMemoryRegistry registry(Limits(), clock_);
+  auto early = registry.Create(4096);
+  auto pinned_early = registry.Create(8192);
+  ASSERT_TRUE(early.ok() && pinned_early.ok());
+  EXPECT_EQ(registry.host_registration().registered, 0);  // no hooks yet: nothing registered
+  registry.SetMappingHooks(log.Hooks());
+  EXPECT_EQ(log.registered(), 2);
+  auto later = registry.Create(12288);
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ(log.registered(), 3);
+  // One released while a call pins it: still registered, out of the registry's table.
+  auto pin = registry.Find(pinned_early->region, "out_shared_memory.region");
+  ASSERT_TRUE(pin.ok());
+  ASSERT_TRUE(registry.Release(pinned_early->region).ok());
+  EXPECT_TRUE(log.live((*pin)->data()));
+
+  registry.ClearMappingHooks();
+  EXPECT_EQ(log.unregistered(), 3) << "live and pinned mappings alike";
+  EXPECT_EQ(log.live_count(), 0u);
+  pin->reset();  // unmapped now, without a second unregistration
+  auto after = registry.Create(4096);
+  ASSERT_TRUE(after.ok());
+  registry.UnlinkAll();
+  EXPECT_EQ(log.maps(), 3) << "no hooks after Clear";
+  EXPECT_EQ(log.unregistered(), 3);
+  const HostRegistrationCounters c = registry.host_registration();
+  EXPECT_EQ(c.registered, 3);
+  EXPECT_EQ(c.unregistered, 3);
+  EXPECT_EQ(c.live, 0);
+}
+
+// Creates, releases and pinned releases on four threads while the hooks are set midway: every
+// mapping is registered at most once and unregistered exactly once iff it was registered, always
+// before its munmap (HookLog fails otherwise when the kernel reuses the address).
+TEST_F(RegistryTest, HooksStayBalancedUnderConcurrentCreatesAndReleases) {
+  HookLog log;
+  {
+    SharedMemoryRegistry registry(Limits(), clock_);
+    std::atomic<int> created{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937 rng(100 + t);
+        std::vector<std::shared_ptr<MappedSharedMemory>> pins;
+        for (int i = 0; i < 60; ++i) {
+          auto info = registry.Create(4096 * (1 + rng() % 4));
+          if (!info.ok()) continue;  // the total limit under contention
+          ++created;
+          if (rng() % 2 == 0) {
+            auto pin = registry.Find(info->region, "f");
+            if (pin.ok()) pins.push_back(*pin);
+          }
+          // The last two stay for the registry's destruction to unmap.
+          if (i < 58) registry.Release(info->region).IgnoreError();
+          if (pins.size() > 3) pins.erase(pins.begin());
+        }
+      });
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+    registry.SetMappingHooks(log.Hooks());
+    for (std::thread& thread : threads) thread.join();
+    EXPECT_GT(created.load(), 100);
+    const HostRegistrationCounters c = registry.host_registration();
+    EXPECT_EQ(c.live, static_cast<int64_t>(log.live_count()));
+    EXPECT_EQ(c.registered, log.registered());
+    EXPECT_EQ(c.unregistered, log.unregistered());
+  }
+  EXPECT_EQ(log.live_count(), 0u);
+  EXPECT_EQ(log.registered(), log.unregistered());
 }
 
 }  // namespace

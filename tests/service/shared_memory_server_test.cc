@@ -165,6 +165,27 @@ TEST_F(SharedMemoryServerTest, RoundTripsEqualTheInlinePathByteForByte) {
                               inline_response.out().inline_data().size()),
                   0);
         EXPECT_EQ(result->lse.size() * 4, inline_response.lse().inline_data().size());
+      } else if (layer == 2) {  // the caller writes q and tree_kv in place itself
+        const int64_t total_q = one.q().shape(0), heads = one.q().shape(1);
+        const SharedVerifyLayout layout =
+            SharedVerifyLayoutAt(4096 + 64 * step, total_q, heads, lse);
+        std::memcpy(region->bytes().data() + layout.q, one.q().inline_data().data(),
+                    one.q().inline_data().size());
+        std::memcpy(region->bytes().data() + layout.tree_kv, one.tree_kv().inline_data().data(),
+                    one.tree_kv().inline_data().size());
+        v1::VerifyRequest bare = two;
+        bare.clear_q();
+        bare.clear_tree_kv();
+        auto result = client_->VerifySharedInPlace(bare, layout, *region);
+        ASSERT_TRUE(result.ok()) << result.status();
+        shared_response = result->response;
+        EXPECT_EQ(reinterpret_cast<const uint8_t*>(result->out.data()),
+                  region->bytes().data() + layout.out);
+        // A layout for another shape is refused before anything is sent.
+        SharedVerifyLayout wrong = layout;
+        wrong.total_q += 1;
+        EXPECT_EQ(client_->VerifySharedInPlace(bare, wrong, *region).status().code(),
+                  absl::StatusCode::kInvalidArgument);
       } else {
         ASSERT_TRUE(SendVerify(ToShared(two, *region, 128), &shared_response).ok());
       }
