@@ -26,12 +26,13 @@ struct CompactionOperation {
   int64_t tokens_moved = 0;  // slots moved (each one row on every layer)
   FragmentationStats before;
   FragmentationStats after;
-  // Executor time spent in ExecuteCompaction, plus the final wait for the copies still running
-  // on the device when the operation ends (chunks overlap their copy with the next chunk's
-  // bookkeeping), so bytes_moved / copy_time is the operation's real throughput.
+  // Executor time spent on the operation: plans, ExecuteCompaction, and the final wait for the
+  // copies still running on the device when it ends (chunks overlap their copy with the next
+  // chunk's bookkeeping), so bytes_moved / copy_time is the operation's real throughput. Only
+  // the fragmentation statistics before and after are left out.
   absl::Duration copy_time;
-  // Host time by kind (for attributing the end-to-end figure): PlanCompaction calls, Stats()
-  // before and after, and the final wait (also counted in copy_time); plans made and chunks run.
+  // Host time by kind (for attributing the end-to-end figure): PlanCompaction calls and the final
+  // wait (both also counted in copy_time), Stats() before and after; plans made and chunks run.
   absl::Duration plan_time;
   absl::Duration stats_time;
   absl::Duration final_wait_time;

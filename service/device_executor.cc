@@ -56,6 +56,7 @@ void DeviceExecutor::NotifyBackgroundWork() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     background_pending_ = true;
+    background_hint_.store(true, std::memory_order_release);
   }
   cv_.notify_one();
 }
@@ -64,6 +65,7 @@ void DeviceExecutor::Drain() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     draining_ = true;
+    draining_hint_.store(true, std::memory_order_release);
   }
   cv_.notify_one();
   if (thread_.joinable()) thread_.join();
@@ -72,7 +74,12 @@ void DeviceExecutor::Drain() {
 void DeviceExecutor::SpinForWork() const {
   if (hooks_.spin <= absl::ZeroDuration()) return;
   const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(hooks_.spin);
-  while (queued_.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < until) {
+  // Background work or a drain ends the spin as a task does: a compaction must not wait out the
+  // window between its chunks.
+  while (queued_.load(std::memory_order_acquire) == 0 &&
+         !background_hint_.load(std::memory_order_acquire) &&
+         !draining_hint_.load(std::memory_order_acquire) &&
+         std::chrono::steady_clock::now() < until) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
@@ -103,6 +110,7 @@ void DeviceExecutor::Loop() {
       }
       run_background = background_pending_;
       background_pending_ = false;
+      background_hint_.store(false, std::memory_order_relaxed);
       run_tick = absl::Now() >= next_tick;
       if (!task && !run_background && !run_tick) continue;
       busy_ = true;
@@ -116,7 +124,10 @@ void DeviceExecutor::Loop() {
       next_tick = absl::Now() + hooks_.tick_period;
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (more) background_pending_ = true;
+    if (more) {
+      background_pending_ = true;
+      background_hint_.store(true, std::memory_order_release);
+    }
     busy_ = false;
   }
   hooks_.tick();

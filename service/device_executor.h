@@ -55,7 +55,8 @@ class DeviceExecutor {
 
  private:
   void Loop();
-  // Polls queued_ until it is non-zero or `spin` has passed since now.
+  // Polls until a task is queued, background work is pending, a drain begins, or `spin` has
+  // passed since now.
   void SpinForWork() const;
 
   ExecutorHooks hooks_;
@@ -64,6 +65,9 @@ class DeviceExecutor {
   std::deque<std::function<void()>> queue_;
   // queue_.size(), readable without the lock (the spin polls it); written under mu_.
   std::atomic<int> queued_{0};
+  // background_pending_ and draining_, readable without the lock (the spin polls them).
+  std::atomic<bool> background_hint_{false};
+  std::atomic<bool> draining_hint_{false};
   bool draining_ = false;
   bool background_pending_ = false;
   bool busy_ = false;  // a task, background step or tick is running (on whichever thread)

@@ -54,8 +54,8 @@ ABSL_FLAG(bool, run_idle_inline, false,
 ABSL_FLAG(int64_t, executor_spin_us, -1,
           "after each request the device thread polls this long for the next before sleeping "
           "(0: sleep at once; -1: 2000 on hosts with >= 8 cores, else 0)");
-ABSL_FLAG(std::string, verify_handler, "callback",
-          "callback|polled|sync: Verify's gRPC handler (polled: a thread of ours polls a "
+ABSL_FLAG(std::string, verify_handler, "polled",
+          "polled|callback|sync: Verify's gRPC handler (polled: a thread of ours polls a "
           "completion queue; plans/0012)");
 ABSL_FLAG(std::string, cuda_graphs, "on",
           "on|off: replay the per-step work as CUDA graphs per shape bucket (cuda backend)");

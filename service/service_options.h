@@ -51,10 +51,10 @@ struct ServiceOptions {
   // wake-up per request in a decode loop; costs a busy core while traffic flows, which a small
   // host cannot spare.
   int64_t executor_spin_us = -1;
-  // Verify's gRPC handler (plans/0012): callback (the device thread finishes the call), polled
-  // (a thread of ours polls a completion queue, service/verify_poller.h) or synchronous (gRPC's
-  // thread pool).
-  VerifyHandler verify_handler = VerifyHandler::kCallback;
+  // Verify's gRPC handler (plans/0012): polled (a thread of ours polls a completion queue,
+  // service/verify_poller.h), callback (the device thread finishes the call) or synchronous
+  // (gRPC's thread pool).
+  VerifyHandler verify_handler = VerifyHandler::kPolled;
   // Requests waiting for the device beyond this get RESOURCE_EXHAUSTED (bounds queued memory).
   int max_queued_requests = 1024;
   // After SIGTERM: seconds health reports NOT_SERVING while still serving, so that probes and load

@@ -1,12 +1,13 @@
 // VerifyPoller: Verify served through gRPC's completion-queue API by one thread of ours that polls
-// the queue (--verify-handler=polled). While traffic flows the thread polls without
+// the queue (--verify-handler=polled, the default). While traffic flows the thread polls without
 // sleeping (the executor's spin window), so a request is read the moment it arrives and no thread
 // on Verify's path waits for a wake-up: the handler validates on this thread and queues the work,
 // the device thread runs it and writes the reply itself (Finish), and this thread only recycles
 // the call afterwards. Idle longer than the window, it blocks in the queue like any gRPC thread.
 // Why: on a VM a wake-up can cost tens of µs, and gRPC 1.51's callback handlers measured ~40-80
-// µs more per round trip than a plain synchronous call (plans/0012). On the H200 it measured even
-// with the callback handler (whose reply the device thread writes without a wake-up either).
+// µs more per round trip than a plain synchronous call (plans/0012). On the H200 it was the
+// fastest of the three handlers at S1 in one session's runs and level with the callback one in
+// another.
 #pragma once
 
 #include <memory>

@@ -20,12 +20,11 @@ namespace verifyd {
 
 inline constexpr char kAdminTokenMetadata[] = "x-verifyd-admin-token";
 
-// Verify's gRPC handler is chosen at start (--verify-handler, plans/0012): callback (default; the
-// device thread finishes the reactor, so no thread waits for a wake-up on the way back), polled
-// (a thread of ours polls a completion queue, VerifyPoller) or synchronous (gRPC's thread pool
-// waits for the device). On the H200 the three measured within a few µs of each other at S1;
-// they stay selectable so that a host where thread wake-ups cost more can be measured each way.
-// The other methods are callback handlers.
+// Verify's gRPC handler is chosen at start (--verify-handler, plans/0012): polled (default; a
+// thread of ours polls a completion queue, VerifyPoller, and the device thread writes the reply),
+// callback (the device thread finishes the reactor) or synchronous (gRPC's thread pool waits for
+// the device). They stay selectable so that each host can be measured all three ways; the other
+// methods are callback handlers.
 using VerifydServiceBase =
     v1::Verifyd::WithCallbackMethod_Append<v1::Verifyd::WithCallbackMethod_Commit<
         v1::Verifyd::WithCallbackMethod_Release<v1::Verifyd::WithCallbackMethod_Compact<

@@ -50,16 +50,16 @@ run_case() {  # name, daemon flags (one word), then verifyd_load flags
 }
 tiny="--tree_nodes=1 --prefix_tokens=1 --batch=1 --shared_memory"
 s1="--tree_nodes=16 --prefix_tokens=65536 --batch=1 --shared_memory"
-# Daemon defaults: callback Verify handler, queued to the device thread, device-thread spin auto
-# (2000 µs with >= 8 cores); the client polls for its reply (--spin_wait) unless said.
+# Daemon defaults: polled Verify handler, queued to the device thread, spin auto (2000 µs with
+# >= 8 cores); the client polls for its reply (--spin_wait) unless said.
 run_case tiny-pinghealth "" $tiny --spin_wait --ping_seconds=2
-run_case tiny-pingcallback "" $tiny --spin_wait --ping_seconds=2 --ping_rpc=callback
+run_case tiny-pingcallback --verify_handler=callback $tiny --spin_wait --ping_seconds=2 --ping_rpc=callback
 run_case S1-default "" $s1 --spin_wait
 run_case S1-clientsleeps "" $s1
 run_case S1-nospin --executor_spin_us=0 $s1 --spin_wait
-run_case S1-polled --verify_handler=polled $s1 --spin_wait
+run_case S1-callback --verify_handler=callback $s1 --spin_wait
 run_case S1-sync --verify_handler=sync $s1 --spin_wait
-run_case S1-callback-inline --run_idle_inline=true $s1 --spin_wait
+run_case S1-polled-inline --run_idle_inline=true $s1 --spin_wait
 run_case S1-default-again "" $s1 --spin_wait
 run_case S5-default "" --tree_nodes=8 --prefix_tokens=4096 --batch=32 --shared_memory --spin_wait
 rm -rf "$work"
