@@ -111,27 +111,26 @@ absl::Status VerifydServer::Start() {
     builder.AddListeningPort(options_.tcp, grpc::InsecureServerCredentials(), &tcp_port_);
   }
   builder.RegisterService(service_.get());
-  std::unique_ptr<grpc::ServerCompletionQueue> verify_queue;
-  if (options_.verify_handler == VerifyHandler::kPolled)
-    verify_queue = builder.AddCompletionQueue();
+  // The poller owns its queue from here on, so that every return below leaves it to Shutdown.
+  if (options_.verify_handler == VerifyHandler::kPolled) {
+    verify_poller_ = std::make_unique<VerifyPoller>(
+        service_.get(), builder.AddCompletionQueue(),
+        absl::Microseconds(ExecutorSpinMicros(options_.executor_spin_us)));
+  }
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
+    if (verify_poller_ != nullptr) verify_poller_->Stop();
     return absl::UnavailableError(absl::StrCat("could not listen on --listen = '", options_.listen,
                                                "'", options_.tcp.empty() ? "" : " or --tcp = '",
                                                options_.tcp, options_.tcp.empty() ? "" : "'"));
   }
+  if (verify_poller_ != nullptr) verify_poller_->Start();
   if (!options_.tcp.empty() && tcp_port_ == 0) {
     return absl::UnavailableError(absl::StrCat("could not listen on --tcp = '", options_.tcp, "'"));
   }
   // Only the owner and its group (the scheduler's) may reach the daemon through the socket.
   if (!socket_path.empty() && chmod(socket_path.c_str(), 0660) != 0) {
     return absl::InternalError(absl::StrCat("chmod 0660 '", socket_path, "' failed"));
-  }
-  if (verify_queue != nullptr) {
-    verify_poller_ = std::make_unique<VerifyPoller>(
-        service_.get(), std::move(verify_queue),
-        absl::Microseconds(ExecutorSpinMicros(options_.executor_spin_us)));
-    verify_poller_->Start();
   }
   SetServing(false);
   return absl::OkStatus();

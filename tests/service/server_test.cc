@@ -234,5 +234,38 @@ TEST(ServerLifecycleTest, HealthReportsReadinessAndDrain) {
   EXPECT_FALSE(ok) << "the socket must be closed after Shutdown";
 }
 
+TEST(ServerLifecycleTest, EveryHandlerModeStartsRefusesBeforeReadyAndShutsDown) {
+  for (VerifyHandler handler :
+       {VerifyHandler::kPolled, VerifyHandler::kCallback, VerifyHandler::kSync}) {
+    SCOPED_TRACE(HandlerModeName({handler, false}));
+    ServiceOptions options = testing::SmallOptions("modes");
+    options.verify_handler = handler;
+    VerifydServer server(options);
+    ASSERT_TRUE(server.Start().ok());
+    auto stub = v1::Verifyd::NewStub(testing::MakeChannel(options.listen));
+    grpc::ClientContext context;
+    v1::VerifyResponse response;
+    EXPECT_EQ(stub->Verify(&context, v1::VerifyRequest(), &response).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT)
+        << "validation answers before the device exists";
+    server.Shutdown();
+  }
+}
+
+TEST(ServerLifecycleTest, AFailedStartLeavesNothingRunning) {
+  // A port that cannot be bound fails the whole start; the polled handler's queue, made before
+  // the server, must be shut down with it (gRPC aborts on a live queue destroyed).
+  for (VerifyHandler handler : {VerifyHandler::kPolled, VerifyHandler::kCallback}) {
+    ServiceOptions options = testing::SmallOptions("badport");
+    options.verify_handler = handler;
+    options.tcp = "192.0.2.1:0";  // TEST-NET-1: never a local address
+    auto server = std::make_unique<VerifydServer>(options);
+    const absl::Status started = server->Start();
+    EXPECT_EQ(started.code(), absl::StatusCode::kUnavailable) << started;
+    EXPECT_THAT(std::string(started.message()), ::testing::HasSubstr("could not listen"));
+    server.reset();
+  }
+}
+
 }  // namespace
 }  // namespace verifyd
