@@ -19,6 +19,7 @@ LatencySummary Summarize(std::vector<double>& micros) {
   s.p50_us = rank(0.50);
   s.p90_us = rank(0.90);
   s.p99_us = rank(0.99);
+  s.p999_us = rank(0.999);
   s.max_us = micros.back();
   return s;
 }

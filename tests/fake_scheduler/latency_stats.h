@@ -8,7 +8,7 @@ namespace verifyd::sched {
 
 struct LatencySummary {
   size_t count = 0;
-  double mean_us = 0, p50_us = 0, p90_us = 0, p99_us = 0, max_us = 0;
+  double mean_us = 0, p50_us = 0, p90_us = 0, p99_us = 0, p999_us = 0, max_us = 0;
 };
 
 // Sorts `micros` in place.

@@ -116,7 +116,7 @@ fi
 
 echo "== rpc latency (µs)"
 column -s, -t "$OUT/rpc_latency.csv" 2>/dev/null || cat "$OUT/rpc_latency.csv"
-grep "# ping" "$OUT/rpc_load.log" 2>/dev/null
+grep -E "# ping|# concurrency 1 tail" "$OUT/rpc_load.log" 2>/dev/null
 grep -E "^(OK|FAILED|  MISMATCH)|exit" "$OUT/rpc_scheduler_shm.log" 2>/dev/null
 for s in S1 S5; do  # p50 inline / p50 shm, per graphs setting
   for g in on off; do

@@ -44,7 +44,7 @@ run_case() {  # name, daemon flags (one word), then verifyd_load flags
   for _ in $(seq 1 200); do "$bin/verifyctl" --target="$sock" health >/dev/null 2>&1 && break; sleep 0.1; done
   "$bin/verifyd_load" --target="$sock" --concurrency=1 --warmup_seconds=1 --measure_seconds=3 "$@" \
     2>"$OUT/probe_load_$name.log" | tail -1 | sed "s/^/$name client (c,rps,p50,p90,p99): /"
-  grep "# ping" "$OUT/probe_load_$name.log" | sed "s/^/$name /"
+  grep -E "# ping|tail:" "$OUT/probe_load_$name.log" | sed "s/^/$name /"
   scrape "$name daemon"
   kill -TERM $pid; wait $pid
 }

@@ -89,7 +89,7 @@ if [ "${VERIFYD_SERVICE:-1}" = 1 ] && [ -x "$B/bin/verifyd" ]; then
   if [ "${VERIFYD_RPC_PROBE:-1}" = 1 ]; then
     echo "== rpc_probe"
     BUNDLE=$B timeout 150 bash tests/gpu/rpc_probe.sh 2>&1 | tee "$OUT/rpc_probe.txt" \
-      | grep -E "client|ping|rpc_duration"
+      | grep -E "client|ping|tail:|rpc_duration"
   fi
 fi
 

@@ -34,6 +34,6 @@ if [ "${BACKEND_BENCH:-1}" = 1 ]; then
 fi
 echo "== rpc_probe"
 BUNDLE=$B timeout 150 bash tests/gpu/rpc_probe.sh 2>&1 | tee $OUT/rpc_probe.txt \
-  | grep -E "client|ping|rpc_duration|queue_duration|kernel=.verify"
+  | grep -E "client|ping|tail:|rpc_duration|queue_duration|kernel=.verify"
 echo "== rpc_bench"
 BUNDLE=$B RPC_COMPACTION61=${RPC_COMPACTION61:-0} timeout 240 bash tests/gpu/rpc_bench.sh 2>&1 | tail -42

@@ -90,6 +90,7 @@ struct Worker {
   std::vector<verifyd::SharedVerifyLayout> layouts;  // [layer]
   verifyd::SharedMemoryRegion region;
   std::vector<double> latencies_us;
+  std::vector<double> started_ms;  // each measured call's start, ms into the window
   absl::Status error;
 };
 
@@ -115,6 +116,31 @@ absl::StatusOr<v1::AppendResponse> AppendShared(Client& client, uint64_t id, int
     if (!appended.ok()) return appended.status();
   }
   return appended;
+}
+
+// The tail on stderr: p99.9 and max, and when the slow calls (> 2 x p50) happened. Gaps that
+// cluster at one period point at a periodic cause (a tick, a timer); scattered gaps at the host.
+void PrintTail(int level, const verifyd::sched::LatencySummary& summary,
+               const std::vector<Worker>& workers) {
+  std::vector<double> slow_at;
+  for (const Worker& w : workers) {
+    for (size_t i = 0; i < w.latencies_us.size(); ++i) {
+      if (w.latencies_us[i] > 2 * summary.p50_us) slow_at.push_back(w.started_ms[i]);
+    }
+  }
+  std::sort(slow_at.begin(), slow_at.end());
+  std::vector<double> gaps;
+  for (size_t i = 1; i < slow_at.size(); ++i) gaps.push_back(slow_at[i] - slow_at[i - 1]);
+  std::sort(gaps.begin(), gaps.end());
+  const double median_gap = gaps.empty() ? 0 : gaps[gaps.size() / 2];
+  std::fprintf(stderr,
+               "# concurrency %d tail: mean %.0f us, p99.9 %.0f, max %.0f; %zu calls over 2 x p50 "
+               "(%.2f%%), median gap between them %.1f ms\n",
+               level, summary.mean_us, summary.p999_us, summary.max_us, slow_at.size(),
+               summary.count > 0 ? 100.0 * static_cast<double>(slow_at.size()) /
+                                       static_cast<double>(summary.count)
+                                 : 0.0,
+               median_gap);
 }
 
 absl::Status Prepare(Client& client, const Shape& s, uint64_t seed, uint64_t first_id,
@@ -307,6 +333,7 @@ int main(int argc, char** argv) {
           }
           if (start >= measure_from && end <= measure_to) {
             w.latencies_us.push_back(absl::ToDoubleMicroseconds(end - start));
+            w.started_ms.push_back(absl::ToDoubleMilliseconds(start - measure_from));
           }
         }
       });
@@ -319,6 +346,7 @@ int main(int argc, char** argv) {
       for (uint64_t id : w.ids) (void)(*client)->Release(id);
     }
     const auto summary = verifyd::sched::Summarize(all);
+    PrintTail(level, summary, workers);
     std::printf("%d,%.1f,%.0f,%.0f,%.0f\n", level, summary.count / absl::ToDoubleSeconds(window),
                 summary.p50_us, summary.p90_us, summary.p99_us);
     std::fflush(stdout);
