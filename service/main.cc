@@ -55,7 +55,7 @@ ABSL_FLAG(int64_t, executor_spin_us, -1,
           "after each request the device thread polls this long for the next before sleeping "
           "(0: sleep at once; -1: 2000 on hosts with >= 8 cores, else 0)");
 ABSL_FLAG(std::string, verify_handler, "polled",
-          "polled|callback|sync: Verify's gRPC handler (polled: a thread of ours polls a "
+          "polled|callback: Verify's gRPC handler (polled: a thread of ours polls a "
           "completion queue; plans/0012)");
 ABSL_FLAG(std::string, cuda_graphs, "on",
           "on|off: replay the per-step work as CUDA graphs per shape bucket (cuda backend)");
@@ -116,11 +116,9 @@ absl::StatusOr<verifyd::ServiceOptions> OptionsFromFlags() {
     o.verify_handler = verifyd::VerifyHandler::kPolled;
   } else if (verify_handler == "callback") {
     o.verify_handler = verifyd::VerifyHandler::kCallback;
-  } else if (verify_handler == "sync") {
-    o.verify_handler = verifyd::VerifyHandler::kSync;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("--verify-handler = '", verify_handler, "' must be polled, callback or sync"));
+        absl::StrCat("--verify-handler = '", verify_handler, "' must be polled or callback"));
   }
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.compute_threads = absl::GetFlag(FLAGS_compute_threads);

@@ -15,7 +15,7 @@ enum class BackendKind { kAuto, kCpu, kCuda };
 absl::StatusOr<BackendKind> ParseBackendKind(const std::string& name);
 const char* BackendName(BackendKind kind);
 
-enum class VerifyHandler { kPolled, kCallback, kSync };
+enum class VerifyHandler { kPolled, kCallback };
 
 struct ServiceOptions {
   // gRPC address of the Unix socket (or any gRPC URI); "" picks unix:///tmp/verifyd-<device>.sock.
@@ -52,8 +52,7 @@ struct ServiceOptions {
   // host cannot spare.
   int64_t executor_spin_us = -1;
   // Verify's gRPC handler (plans/0012): polled (a thread of ours polls a completion queue,
-  // service/verify_poller.h), callback (the device thread finishes the call) or synchronous
-  // (gRPC's thread pool).
+  // service/verify_poller.h) or callback (the device thread finishes the call).
   VerifyHandler verify_handler = VerifyHandler::kPolled;
   // Requests waiting for the device beyond this get RESOURCE_EXHAUSTED (bounds queued memory).
   int max_queued_requests = 1024;

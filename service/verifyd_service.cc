@@ -1,7 +1,6 @@
 #include "service/verifyd_service.h"
 
 #include <chrono>
-#include <future>
 
 #include "google/protobuf/descriptor.h"
 
@@ -104,32 +103,6 @@ grpc::ServerUnaryReactor* VerifydService::Enqueue(const char* method,
   return reactor;
 }
 
-template <typename Op>
-grpc::Status VerifydService::RunBlocking(const char* method, grpc::ServerContext* context,
-                                         absl::Time start, Op op) {
-  absl::Status result = NotReady();
-  if (Device* device = ReadyDevice(); device != nullptr) {
-    std::promise<void> ran;
-    // The task refers to this frame: when it is queued, this thread waits for it below.
-    auto task = [&](DeviceOperations& ops) {
-      metrics_->RecordQueue(method, absl::Now() - start);
-      // A call cancelled while queued (client gone, deadline passed, drain deadline) is not run,
-      // so it changes nothing.
-      result = context->IsCancelled() ? absl::CancelledError("cancelled before it ran") : op(ops);
-      ran.set_value();
-    };
-    const absl::Status queued = run_idle_inline_ ? device->RunOrSubmit(task) : device->Submit(task);
-    if (queued.ok()) {
-      ran.get_future().wait();
-    } else {
-      result = queued;
-    }
-  }
-  const grpc::Status status = ToGrpcStatus(result);
-  metrics_->RecordRpc(method, GrpcCodeName(status.error_code()), absl::Now() - start);
-  return status;
-}
-
 grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* context,
                                                  const v1::AppendRequest* request,
                                                  v1::AppendResponse* response) {
@@ -145,7 +118,7 @@ grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* co
 
 namespace {
 
-// Verify's work on the device, shared by the synchronous and the callback handler.
+// Verify's work on the device, shared by the polled and the callback handler.
 absl::Status RunVerify(DeviceOperations& ops, const VerifyCall& call,
                        const v1::VerifyRequest& request, v1::VerifyResponse* response) {
   VERIFYD_RETURN_IF_ERROR(ops.Verify(call, response));
@@ -160,21 +133,6 @@ absl::Status RunVerify(DeviceOperations& ops, const VerifyCall& call,
 }
 
 }  // namespace
-
-grpc::Status VerifydService::Verify(grpc::ServerContext* context, const v1::VerifyRequest* request,
-                                    v1::VerifyResponse* response) {
-  const absl::Time start = absl::Now();
-  RegionPins pins;
-  absl::StatusOr<VerifyCall> call = ValidateVerify(*request, limits_, regions_, &pins);
-  if (!call.ok()) {
-    const grpc::Status status = ToGrpcStatus(call.status());
-    metrics_->RecordRpc("Verify", GrpcCodeName(status.error_code()), absl::Now() - start);
-    return status;
-  }
-  return RunBlocking("Verify", context, start, [&](DeviceOperations& ops) {
-    return RunVerify(ops, *call, *request, response);
-  });
-}
 
 void VerifydService::RequestPolledVerify(
     grpc::ServerContext* context, v1::VerifyRequest* request,

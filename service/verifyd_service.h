@@ -21,10 +21,10 @@ namespace verifyd {
 inline constexpr char kAdminTokenMetadata[] = "x-verifyd-admin-token";
 
 // Verify's gRPC handler is chosen at start (--verify-handler, plans/0012): polled (default; a
-// thread of ours polls a completion queue, VerifyPoller, and the device thread writes the reply),
-// callback (the device thread finishes the reactor) or synchronous (gRPC's thread pool waits for
-// the device). They stay selectable so that each host can be measured all three ways; the other
-// methods are callback handlers.
+// thread of ours polls a completion queue, VerifyPoller, and the device thread writes the reply)
+// or callback (the device thread finishes the reactor). Both stay so that each host can be
+// measured both ways; the other methods are callback handlers. Verify is left out of the
+// callback chain below and given its kind in the constructor.
 using VerifydServiceBase =
     v1::Verifyd::WithCallbackMethod_Append<v1::Verifyd::WithCallbackMethod_Commit<
         v1::Verifyd::WithCallbackMethod_Release<v1::Verifyd::WithCallbackMethod_Compact<
@@ -46,8 +46,6 @@ class VerifydService final : public VerifydServiceBase {
   grpc::ServerUnaryReactor* Append(grpc::CallbackServerContext* context,
                                    const v1::AppendRequest* request,
                                    v1::AppendResponse* response) override;
-  grpc::Status Verify(grpc::ServerContext* context, const v1::VerifyRequest* request,
-                      v1::VerifyResponse* response) override;
   // VerifyHandler::kPolled: posts a call slot for the next Verify on `cq` (its events carry
   // `tag`), and handles one that arrived; `finish` sends the reply (called once, on any thread).
   void RequestPolledVerify(grpc::ServerContext* context, v1::VerifyRequest* request,
@@ -86,11 +84,6 @@ class VerifydService final : public VerifydServiceBase {
   template <typename Op>
   grpc::ServerUnaryReactor* Enqueue(const char* method, grpc::CallbackServerContext* context,
                                     absl::Time start, Op op);
-  // Runs `op` on the device (on this thread when it is idle, else queued and waited for) and
-  // returns its status, recording the RPC's metrics.
-  template <typename Op>
-  grpc::Status RunBlocking(const char* method, grpc::ServerContext* context, absl::Time start,
-                           Op op);
   grpc::ServerUnaryReactor* FinishNow(const char* method, grpc::CallbackServerContext* context,
                                       absl::Time start, const absl::Status& status);
   void FinishCall(grpc::ServerUnaryReactor* reactor, const char* method, absl::Time start,

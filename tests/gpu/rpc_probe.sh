@@ -3,7 +3,7 @@
 # (plans/0012). One daemon per case (cuda, metrics on) so its histograms hold that case alone;
 # verifyd_load at a tiny shape (the fixed path: gRPC, the executor, the backend around a trivial
 # kernel) and at S1 (shared-memory tensors written once per layer, or copied per call, or inline),
-# with the daemon's Verify handler synchronous or callback and idle requests run inline or queued.
+# with the daemon's Verify handler polled or callback and idle requests run inline or queued.
 # Each case prints the client's percentiles and the daemon's own histograms (RPC handler time,
 # queue time, ComputeVerify time, means); the first case also times two pings: grpc.health.v1
 # (gRPC's synchronous server) and an immediate NOT_FOUND from a callback handler.
@@ -58,7 +58,6 @@ run_case S1-default "" $s1 --spin_wait
 run_case S1-clientsleeps "" $s1
 run_case S1-nospin --executor_spin_us=0 $s1 --spin_wait
 run_case S1-callback --verify_handler=callback $s1 --spin_wait
-run_case S1-sync --verify_handler=sync $s1 --spin_wait
 run_case S1-polled-inline --run_idle_inline=true $s1 --spin_wait
 run_case S1-default-again "" $s1 --spin_wait
 run_case S5-default "" --tree_nodes=8 --prefix_tokens=4096 --batch=32 --shared_memory --spin_wait

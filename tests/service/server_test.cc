@@ -18,7 +18,7 @@ using testing::RpcDriver;
 using testing::ShadowModel;
 using testing::VerifyPart;
 
-// Verify's handler (synchronous or callback) and whether idle requests run on the gRPC thread or
+// Verify's handler (polled or callback) and whether idle requests run on the gRPC thread or
 // always hop to the executor: every combination the daemon's flags allow must give the same bytes.
 struct HandlerMode {
   VerifyHandler verify_handler;
@@ -27,9 +27,7 @@ struct HandlerMode {
 
 std::string HandlerModeName(const HandlerMode& mode) {
   const VerifyHandler h = mode.verify_handler;
-  return std::string(h == VerifyHandler::kPolled     ? "Polled"
-                     : h == VerifyHandler::kCallback ? "Callback"
-                                                     : "Sync") +
+  return std::string(h == VerifyHandler::kPolled ? "Polled" : "Callback") +
          (mode.run_idle_inline ? "Inline" : "Queued");
 }
 
@@ -201,9 +199,7 @@ INSTANTIATE_TEST_SUITE_P(Handlers, ServerTest,
                          ::testing::Values(HandlerMode{VerifyHandler::kPolled, false},
                                            HandlerMode{VerifyHandler::kPolled, true},
                                            HandlerMode{VerifyHandler::kCallback, false},
-                                           HandlerMode{VerifyHandler::kCallback, true},
-                                           HandlerMode{VerifyHandler::kSync, false},
-                                           HandlerMode{VerifyHandler::kSync, true}),
+                                           HandlerMode{VerifyHandler::kCallback, true}),
                          [](const ::testing::TestParamInfo<HandlerMode>& info) {
                            return HandlerModeName(info.param);
                          });
@@ -235,8 +231,7 @@ TEST(ServerLifecycleTest, HealthReportsReadinessAndDrain) {
 }
 
 TEST(ServerLifecycleTest, EveryHandlerModeStartsRefusesBeforeReadyAndShutsDown) {
-  for (VerifyHandler handler :
-       {VerifyHandler::kPolled, VerifyHandler::kCallback, VerifyHandler::kSync}) {
+  for (VerifyHandler handler : {VerifyHandler::kPolled, VerifyHandler::kCallback}) {
     SCOPED_TRACE(HandlerModeName({handler, false}));
     ServiceOptions options = testing::SmallOptions("modes");
     options.verify_handler = handler;
