@@ -124,7 +124,14 @@ constexpr int kEpilogueNoStores = 1;
 constexpr int kEpilogueStaged = 2;
 constexpr int kEpilogueStagedBulk = 3;
 
-template <bool kTimeline, int kEpilogue>
+// Diagnosis variants (kDiag, the benchmark's only; VERIFYD_FLASH_DIAG): the main loop without its
+// KV gathers (tiles after the first are stale: the time of the math and the barriers alone), or
+// without its wgmma (the time of the gathers, the softmax and the barriers). Outputs are garbage.
+constexpr int kDiagNone = 0;
+constexpr int kDiagNoLoads = 1;
+constexpr int kDiagNoMath = 2;
+
+template <bool kTimeline, int kEpilogue, int kDiag = kDiagNone>
 __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     MlaVerifyFlashSm90Kernel(MlaVerifyParams params, uint64_t* timeline) {
   uint64_t* stamps = kTimeline ? timeline + blockIdx.x * kFlashTimelineStride : nullptr;
@@ -214,16 +221,17 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     wgmma::Fence();
     const uint64_t k_desc =
         wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
+    if (kDiag != kDiagNoMath)
 #pragma unroll
-    for (int ks = 0; ks < kKvDim / 16; ++ks) {
-      const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
-      wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
-                          wgmma::AdvanceDescriptor(k_desc, off));
-    }
+      for (int ks = 0; ks < kKvDim / 16; ++ks) {
+        const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
+        wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
+                            wgmma::AdvanceDescriptor(k_desc, off));
+      }
     wgmma::Commit();
     // The gather of tile j+1 is issued while the tensor cores run S: its address arithmetic and
     // cp.async issue then cost no tensor time.
-    if (tile + 1 < num_tiles) {
+    if (tile + 1 < num_tiles && kDiag != kDiagNoLoads) {
       LoadKvTile(pr.kv, next_lo, next_hi, tile_col + kCols, item.col_end,
                  kv_smem + ((tile + 1) & 1) * kTileBytes, warp, lane);
       next_lo = SlotAt(slots, tile_col + 2 * kCols + lane, item.col_end);
@@ -306,11 +314,12 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     const uint64_t p_desc = wgmma::MakeDescriptor(smem_base + kPOffset, 16, 1024);
     const uint64_t v_desc =
         wgmma::MakeDescriptor(kv_tile + wg * 4 * kChunkBytes, kChunkBytes, 1024);
+    if (kDiag != kDiagNoMath)
 #pragma unroll
-    for (int kk = 0; kk < kCols / 16; ++kk) {
-      wgmma::MmaM64N256K16TransB(o, wgmma::AdvanceDescriptor(p_desc, kk * 32),
-                                 wgmma::AdvanceDescriptor(v_desc, kk * 16 * 128));
-    }
+      for (int kk = 0; kk < kCols / 16; ++kk) {
+        wgmma::MmaM64N256K16TransB(o, wgmma::AdvanceDescriptor(p_desc, kk * 32),
+                                   wgmma::AdvanceDescriptor(v_desc, kk * 16 * 128));
+      }
     wgmma::Commit();
     wgmma::WaitAll();
     wgmma::PinRegisters(o);
@@ -475,7 +484,30 @@ int HopperFlashSmemBytes() { return kSmemBytes; }
 
 const void* HopperFlashKernelSymbol() { return KernelFor<false>(kShippedEpilogue); }
 
+// Read once, like the epilogue: 0 (the product), 1 no gathers, 2 no wgmma (benchmark only).
+int DiagFromEnv() {
+  static const int diag = [] {
+    const char* e = std::getenv("VERIFYD_FLASH_DIAG");
+    return e == nullptr ? kDiagNone : std::atoi(e);
+  }();
+  return diag;
+}
+
 void LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
+  switch (DiagFromEnv()) {
+    case kDiagNoLoads:
+      LaunchVariant(reinterpret_cast<const void*>(
+                        &MlaVerifyFlashSm90Kernel<false, kShippedEpilogue, kDiagNoLoads>),
+                    params, nullptr, stream);
+      return;
+    case kDiagNoMath:
+      LaunchVariant(reinterpret_cast<const void*>(
+                        &MlaVerifyFlashSm90Kernel<false, kShippedEpilogue, kDiagNoMath>),
+                    params, nullptr, stream);
+      return;
+    default:
+      break;
+  }
   LaunchVariant(KernelFor<false>(EpilogueFromEnv()), params, nullptr, stream);
 }
 

@@ -7,6 +7,8 @@
 //                         [--breakdown]  (flash vs combine time per shape, and an L sweep)
 //                         [--timeline]   (per-CTA clock stamps of the sm_90a kernel)
 // On a Hopper device both flash paths are measured (sm90a-wgmma, then portable-mma-sync forced).
+// VERIFYD_FLASH_DIAG=1 (no KV gathers in the main loop) or 2 (no wgmma) with --launcher-path-only
+// times the sm_90a kernel without one side, to tell which one bounds it (plans/0004 v13).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (run tool, carry ["bundle"]): runs every GPU test binary of ./bundle (the wgmma
-# unit test first; the flash test checks both flash paths on a Hopper device), a race check of the
-# flash kernels, then the benchmark (both paths). Full logs go to $OUT; stdout gets summaries, the table last.
+# unit test first; the flash test checks every flash path on a Hopper device: seesaw, lockstep,
+# portable), a race check of the flash kernels, then the benchmark (every path). Full logs go to $OUT; stdout gets summaries, the table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/verifyd-gpu-out}
@@ -34,7 +34,9 @@ export LD_LIBRARY_PATH="$PWD/$B/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:
 } 2>&1 | tee "$OUT/device.txt"
 
 status=0
-for t in "$B"/bin/wgmma_unit_test $(ls "$B"/bin/*_test "$B"/bin/*_tests | grep -v wgmma_unit_test); do
+# TESTS: a regex of the test binaries to run (default: all of them).
+for t in $({ echo "$B"/bin/wgmma_unit_test; ls "$B"/bin/*_test "$B"/bin/*_tests; } | awk '!seen[$0]++' \
+  | grep -E "${TESTS:-.}"); do
   name=$(basename "$t")
   timeout 180 "$t" >"$OUT/test.log" 2>&1
   rc=$?
@@ -47,7 +49,7 @@ rm -f "$OUT/test.log"
 
 # Races between the pipeline's barriers show up here (racecheck: shared memory hazards).
 if [ "${VERIFYD_RACECHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  timeout 90 compute-sanitizer --tool racecheck --racecheck-report hazard "$B"/bin/mla_verify_flash_test \
+  timeout 180 compute-sanitizer --tool racecheck --racecheck-report hazard "$B"/bin/mla_verify_flash_test \
     --gtest_filter='*prefix_64_forest*' >"$OUT/racecheck.log" 2>&1
   echo "== racecheck rc=$?"
   grep -E "RACECHECK SUMMARY|hazard|ERROR" "$OUT/racecheck.log" | head -10
