@@ -14,9 +14,10 @@
 //   rescale factor and need nothing else from each other until the end (each keeps the row sum of
 //   its own columns; the two sums are added once, after the last tile).
 // - O (64 x 512 fp32, 128 KB) is split by d_v: warpgroup w owns O[:, 256w .. 256w+256) for all 64
-//   rows, 128 accumulator registers per thread. P (64 x 64 bf16) goes through shared memory,
-//   because each warpgroup needs the other's 32 columns of P; 4 wgmma m64n256k16 per tile with
-//   A = P and B = V read MN-major (transposed) from the same KV tile that served as K.
+//   rows, 128 accumulator registers per thread. 4 wgmma m64n256k16 per tile, B = V read MN-major
+//   (transposed) from the same KV tile that served as K: the two over this warpgroup's own 32
+//   tokens take A = P from registers and are issued before the barrier that publishes P; the two
+//   over the other warpgroup's 32 take A from shared memory (P goes there for that reason).
 //   Why split d_v rather than two passes over the KV: a second pass would read every KV tile twice
 //   from device memory and recompute S; splitting d_v costs only the P exchange (8 KB per tile).
 //
@@ -29,10 +30,11 @@
 //
 // Pipeline per tile: wait for tile j's cp.async, fence to the async proxy, barrier; issue the S
 // wgmma, then (while they run) tile j+1's gather into the other stage and the slot-table load for
-// tile j+2; wait for S; mask, max exchange (barrier); P to shared memory (barrier); rescale O
-// (skipped when no max moved); P V wgmma and wait. The gather of tile j+1 overlaps all of tile j
-// but its first barrier. KV rows come through the int32 slot table as 16-byte cp.async
-// (page size 1); columns past col_end are zero-filled so a masked column never multiplies garbage.
+// tile j+2; wait for S; mask, max exchange (barrier); P to shared memory; rescale O (skipped
+// when no max moved); P V over its own tokens (registers); P barrier; P V over the other
+// warpgroup's tokens; wait. The gather of tile j+1 overlaps all of tile j but its first barrier. KV
+// rows come through the int32 slot table as 16-byte cp.async (page size 1); columns past col_end
+// are zero-filled so a masked column never multiplies garbage.
 //
 // Epilogue: O / rowsum goes to shared memory (the two KV stages are free by then: 64 rows padded
 // to 2080 B) and leaves as one bulk copy (cp.async.bulk) per row. Measured on the H200 (v10): the
@@ -278,6 +280,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       row_max[h] = new_max;
     }
     float sum[2] = {0.f, 0.f};
+    // This warpgroup's P as wgmma A fragments: 16 tokens per k-step, accumulator column groups
+    // 2k and 2k + 1 (rows g and g + 8 of the warp).
+    uint32_t p_frag[2][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -286,18 +291,16 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         const float p1 = exp2f(s[4 * i + 2 * h + 1] - base[h]);
         sum[h] += p0 + p1;
         const int row = wrow + g + 8 * h;
+        const uint32_t packed = mma::PackBf16x2(p0, p1);
+        p_frag[i >> 1][(i & 1) * 2 + h] = packed;
         // P row `row`, tokens 32wg + 8i + 2c, +1: unit 4wg + i of the swizzled row, word c.
-        *reinterpret_cast<uint32_t*>(p_smem + SwizzledOffset(row, wg * 4 + i) + 4 * c) =
-            mma::PackBf16x2(p0, p1);
+        *reinterpret_cast<uint32_t*>(p_smem + SwizzledOffset(row, wg * 4 + i) + 4 * c) = packed;
       }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * alpha[h] + sum[h];
-    wgmma::FenceProxyAsyncShared();
-    __syncthreads();  // all of P is in shared memory
-
-    // Skipped when no row of this warp moved its max (the common case deep in a long prefix). The
-    // vote is warp-uniform, so every warp reconverges before the wgmma below.
+    // Rescale, skipped when no row of this warp moved its max (the common case deep in a long
+    // prefix). The vote is warp-uniform, so every warp reconverges before the wgmma below.
     if (__any_sync(kFullMask, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
@@ -307,22 +310,42 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         o[4 * i + 3] *= alpha[1];
       }
     }
+    // O += P V in two halves of k: this warpgroup's own 32 tokens with P from registers, issued
+    // before the barrier that brings the other warpgroup's 32 (so the barrier waits under tensor
+    // work; v14, plans/0004), then those from shared memory. B = V read MN-major: rows = tokens,
+    // n = dims 256wg .. 256wg+255 over chunks 4wg .. 4wg+3 (LBO = one chunk), SBO = 8 token rows.
     wgmma::PinRegisters(o);
     wgmma::Fence();
-    // A = P (K-major, k = tokens); B = V read MN-major: rows = tokens, n = dims 256wg .. 256wg+255
-    // spread over chunks 4wg .. 4wg+3 (LBO = one chunk), SBO = 8 token rows.
-    const uint64_t p_desc = wgmma::MakeDescriptor(smem_base + kPOffset, 16, 1024);
     const uint64_t v_desc =
         wgmma::MakeDescriptor(kv_tile + wg * 4 * kChunkBytes, kChunkBytes, 1024);
-    if (kDiag != kDiagNoMath)
+    if (kDiag != kDiagNoMath) {
 #pragma unroll
-      for (int kk = 0; kk < kCols / 16; ++kk) {
+      for (int k = 0; k < 2; ++k) {
+        wgmma::MmaM64N256K16RegATransB(o, p_frag[k],
+                                       wgmma::AdvanceDescriptor(v_desc, (2 * wg + k) * 16 * 128));
+      }
+    }
+    wgmma::Commit();
+    wgmma::FenceProxyAsyncShared();
+    __syncthreads();  // the other warpgroup's 32 columns of P are in shared memory
+    const uint64_t p_desc = wgmma::MakeDescriptor(smem_base + kPOffset, 16, 1024);
+    if (kDiag != kDiagNoMath) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int kk = 2 * (1 - wg) + k;
         wgmma::MmaM64N256K16TransB(o, wgmma::AdvanceDescriptor(p_desc, kk * 32),
                                    wgmma::AdvanceDescriptor(v_desc, kk * 16 * 128));
       }
+    }
     wgmma::Commit();
     wgmma::WaitAll();
     wgmma::PinRegisters(o);
+    // The register A operand is read asynchronously: its registers stay unclaimed until here.
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p_frag[k][e])::"memory");
+    }
   }
 
   if (kTimeline && threadIdx.x == 0) stamps[2 + kFlashTimelineTiles] = clock64();
@@ -505,6 +528,7 @@ void LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream)
                         &MlaVerifyFlashSm90Kernel<false, kShippedEpilogue, kDiagNoMath>),
                     params, nullptr, stream);
       return;
+
     default:
       break;
   }
