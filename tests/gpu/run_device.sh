@@ -34,6 +34,7 @@ export LD_LIBRARY_PATH="$PWD/$B/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:
 } 2>&1 | tee "$OUT/device.txt"
 
 status=0
+summary=""  # one line per test binary and check, printed again after the bench table
 # TESTS: a regex of the test binaries to run (default: all of them).
 for t in $({ echo "$B"/bin/wgmma_unit_test; ls "$B"/bin/*_test "$B"/bin/*_tests; } | awk '!seen[$0]++' \
   | grep -E "${TESTS:-.}"); do
@@ -43,6 +44,8 @@ for t in $({ echo "$B"/bin/wgmma_unit_test; ls "$B"/bin/*_test "$B"/bin/*_tests;
   [ $rc -ne 0 ] && status=1
   echo "== $name rc=$rc"
   grep -E "err|FAILED|Failure|Expected|Which is|seed=|PASSED|SKIPPED" "$OUT/test.log" | head -60
+  summary="$summary$(printf '%-30s rc=%d %s' "$name" $rc \
+    "$(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]' "$OUT/test.log" | tr -s ' \n' ' ')")\n"
   cat "$OUT/test.log" >>"$OUT/tests.log"
 done
 rm -f "$OUT/test.log"
@@ -53,6 +56,7 @@ if [ "${VERIFYD_RACECHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null;
     --gtest_filter='*prefix_64_forest*' >"$OUT/racecheck.log" 2>&1
   echo "== racecheck rc=$?"
   grep -E "RACECHECK SUMMARY|hazard|ERROR" "$OUT/racecheck.log" | head -10
+  summary="${summary}racecheck: $(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck.log" | sed 's/.*SUMMARY: //')\n"
 fi
 
 # Hardware counters for one flash launch (S3: compute-bound, S5: memory-bound) when asked for.
@@ -79,6 +83,7 @@ if [ "${VERIFYD_SERVICE:-1}" = 1 ] && [ -x "$B/bin/verifyd" ]; then
   rc=$?
   [ $rc -ne 0 ] && status=1
   echo "== cuda_integration rc=$rc"
+  summary="${summary}cuda_integration rc=$rc\n"
   tail -8 "$OUT/cuda_integration.log"
   echo "== cuda_backend_bench"
   timeout 120 "$B/bin/cuda_backend_bench" 2>&1 | tee "$OUT/cuda_backend_bench.log" | tail -20
@@ -98,4 +103,7 @@ fi
 echo "== bench"
 timeout 360 "$B"/bin/mla_verify_bench "$@" 2>&1 | tee "$OUT/bench.log"
 [ "${PIPESTATUS[0]}" -ne 0 ] && status=1
+# Last, so that the tail of the output holds the verdicts too.
+echo "== summary (status $status)"
+echo -e "$summary"
 exit $status
