@@ -4,6 +4,7 @@
 // Prints one line per shape as it goes and a short table last.
 //
 // Usage: mla_verify_bench [--iters N] [--shapes S1,S3,...] [--no-naive] [--launcher-path-only]
+//                         [--copies N]   (KV replicas to rotate through; default: > 400 MB)
 //                         [--breakdown]  (flash vs combine time per shape, and an L sweep)
 //                         [--timeline]   (per-CTA clock stamps of the sm_90a kernel)
 // On a Hopper device both flash paths are measured (sm90a-wgmma, then portable-mma-sync forced).
@@ -178,12 +179,21 @@ struct ShapeData {
   VerifyProblem problem;  // slots and kv filled in per launch
 };
 
+// --copies N: the number of KV replicas the timing rotates through (default: enough to pass
+// 400 MB, so the L2 holds none of them); a diagnosis of placement effects (plans/0004).
+int& CopiesOverride() {
+  static int copies = 0;
+  return copies;
+}
+
 ShapeData BuildShape(const Shape& s, std::mt19937_64& rng) {
   ShapeData d;
   const int64_t cols = int64_t{s.l} + s.q;
   d.slots_per_copy = cols * s.batch;
   const double kv_bytes = double(d.slots_per_copy) * kKvRowBytes;
-  d.copies = static_cast<int>(std::clamp(std::ceil(400e6 / kv_bytes), 1.0, 16.0));
+  d.copies = CopiesOverride() > 0
+                 ? CopiesOverride()
+                 : static_cast<int>(std::clamp(std::ceil(400e6 / kv_bytes), 1.0, 16.0));
   d.kv = DeviceAlloc<bf16_bits>(size_t(d.copies) * d.slots_per_copy * kKvDim);
   FillRandom(d.kv, int64_t(d.copies) * d.slots_per_copy * kKvDim, rng(), 1.f);
   const int64_t total_q = int64_t{s.batch} * s.q;
@@ -405,6 +415,8 @@ int Main(int argc, char** argv) {
       only = argv[++i];
     else if (!std::strcmp(argv[i], "--no-naive"))
       run_naive = false;
+    else if (!std::strcmp(argv[i], "--copies") && i + 1 < argc)
+      CopiesOverride() = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--launcher-path-only"))
       both_paths = false;
     else if (!std::strcmp(argv[i], "--breakdown"))
