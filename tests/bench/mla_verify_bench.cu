@@ -448,7 +448,10 @@ int Main(int argc, char** argv) {
         {"S4", 8, 16, 16, 8192},       {"S5", 32, 8, 8, 4096},      {"S7", 1, 8, 16, 262144},
         {"S1L8K", 1, 8, 16, 8192},     {"S1L16K", 1, 8, 16, 16384}, {"S1L32K", 1, 8, 16, 32768},
         {"S1L128K", 1, 8, 16, 131072}, {"S2L4K", 1, 64, 9, 4096},   {"S2L64K", 1, 64, 9, 65536}};
-    for (const Shape& s : sweep) Breakdown(s, rng, sms, iters);
+    for (const Shape& s : sweep) {
+      if (!only.empty() && only.find(s.name) == std::string::npos) continue;
+      Breakdown(s, rng, sms, iters);
+    }
     return 0;
   }
   if (timeline) {
