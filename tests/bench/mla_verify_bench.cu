@@ -91,9 +91,34 @@ double Median(std::vector<double> v) {
 
 // Times `body(i)` per iteration with a pair of events each, after warm-up; returns the median in
 // ms.
+// `calls` calls, then (calls > 0) more until 100 ms of device time has passed. The SM clock leaves
+// its idle state slowly: short shapes (S1, S2: ~70 µs a launch) were timed at 1.4-1.8 GHz in some
+// processes and 1.98 GHz in others, with the same cycles per tile (plans/0004), while the
+// ceilings measured before them ran at full clock. calls = 0 (the naive kernel, ~1 s a launch at
+// S6) skips it.
+template <typename Body>
+void WarmUp(int calls, Body body) {
+  for (int i = 0; i < calls; ++i) body(i);
+  if (calls == 0) return;
+  cudaEvent_t start, now;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&now));
+  BENCH_CUDA(cudaEventRecord(start));
+  for (int batch = 0; batch < 8000; ++batch) {
+    for (int i = 0; i < 4; ++i) body(calls + 4 * batch + i);
+    BENCH_CUDA(cudaEventRecord(now));
+    BENCH_CUDA(cudaEventSynchronize(now));
+    float ms = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, start, now));
+    if (ms >= 100.f) break;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(now);
+}
+
 template <typename Body>
 double MedianMs(int warmup, int iters, Body body) {
-  for (int i = 0; i < warmup; ++i) body(i);
+  WarmUp(warmup, body);
   std::vector<cudaEvent_t> events(2 * iters);
   for (auto& e : events) BENCH_CUDA(cudaEventCreate(&e));
   for (int i = 0; i < iters; ++i) {
@@ -353,9 +378,9 @@ void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
   uint8_t* workspace = up.workspace;
   const int n = static_cast<int>(plan->work.size());
   auto* timeline = DeviceAlloc<uint64_t>(size_t(n) * kFlashTimelineStride);
-  for (int i = 0; i < 10; ++i) {
+  WarmUp(10, [&](int i) {
     BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, true), *plan, layout, workspace, nullptr));
-  }
+  });
   const MlaVerifyParams params =
       MakeMlaVerifyParams(ProblemFor(d, 10 % d.copies, true), *plan, layout, workspace);
   BENCH_CUDA(LaunchHopperFlashKernelTimeline(params, timeline, nullptr));
@@ -368,7 +393,7 @@ void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
     first_start = std::min(first_start, t[size_t(b) * kFlashTimelineStride]);
     last_end = std::max(last_end, t[size_t(b) * kFlashTimelineStride + 4 + T]);
   }
-  std::vector<double> skew, prologue, tile0, tile1, steady, epilogue, total, end;
+  std::vector<double> skew, prologue, tile0, tile1, steady, epilogue, total, end, mhz, steady_kclk;
   for (int b = 0; b < n; ++b) {
     const uint64_t* c = &t[size_t(b) * kFlashTimelineStride];
     const double ns_per_clk = double(c[4 + T] - c[0]) / double(c[3 + T] - c[1]);
@@ -379,7 +404,11 @@ void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
     if (tiles >= 2) tile0.push_back(us(c[2], c[3]));
     if (tiles >= 3) tile1.push_back(us(c[3], c[4]));
     const int last = std::min(tiles, T) - 1;  // stamp of the last tile's data arriving
-    if (last >= 3) steady.push_back(us(c[4], c[2 + last]) / (last - 2));
+    if (last >= 3) {
+      steady.push_back(us(c[4], c[2 + last]) / (last - 2));
+      steady_kclk.push_back(double(c[2 + last] - c[4]) / (last - 2) * 1e-3);
+    }
+    mhz.push_back(1e3 / ns_per_clk);
     epilogue.push_back(us(c[2 + T], c[3 + T]));
     total.push_back((c[4 + T] - c[0]) * 1e-3);
     end.push_back((c[4 + T] - first_start) * 1e-3);
@@ -391,10 +420,11 @@ void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
   std::printf(
       "timeline %s: %d CTAs, span %.1f us | start skew med %.1f max %.1f | prologue med %.1f max "
       "%.1f | tile0 %.2f tile1 %.2f steady/tile %.2f (max %.2f) | last tile+epilogue med %.1f | "
-      "CTA total med %.1f max %.1f | end med %.1f max %.1f (us)\n",
+      "CTA total med %.1f max %.1f | end med %.1f max %.1f (us) | SM clock med %.0f MHz, "
+      "steady/tile %.2f kclk\n",
       s.name, n, (last_end - first_start) * 1e-3, med(skew), max(skew), med(prologue),
       max(prologue), med(tile0), med(tile1), med(steady), max(steady), med(epilogue), med(total),
-      max(total), med(end), max(end));
+      max(total), med(end), max(end), med(mhz), med(steady_kclk));
   std::fflush(stdout);
   cudaFree(timeline);
   cudaFree(workspace);
@@ -461,6 +491,7 @@ int Main(int argc, char** argv) {
                                              {"S5", 32, 8, 8, 4096},
                                              {"S7", 1, 8, 16, 262144},
                                              {"S1L8K", 1, 8, 16, 8192}}) {
+      if (!only.empty() && only.find(s.name) == std::string::npos) continue;
       Timeline(s, rng, sms);
     }
     return 0;
