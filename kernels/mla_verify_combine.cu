@@ -5,15 +5,16 @@
 // A split that saw no column of a row (a tree-only split past the row's ancestors) has lse = -inf
 // and weight 0; every row has one split that sees the node itself, so max is finite.
 //
-// One CTA per (combine item, row), in one of two shapes picked by the plan's largest split count
-// (measured on the H200, plans/0004-kernel.md v10):
-// - few splits (< kManySplits, e.g. S2-S5's 4-14): 128 threads, thread t owns dims 4t .. 4t+3;
-//   every thread reads the row's LSEs itself (broadcast loads, no barrier) and issues kBatch
-//   partial loads before it uses any.
+// One CTA per (combine item, row), in one of two shapes picked by the plan's largest split count:
+// - few splits (< kManySplits, e.g. S2-S5's 4-14): 128 threads, thread t owns dims 4t .. 4t+3 and
+//   walks every split;
 // - many splits (S1/S7's 66): 512 threads in 4 groups of 128; group k walks the splits k, k + 4,
-//   ...; the LSE max and sum are spread over the threads (block reductions) and the 4 group sums
-//   are added in shared memory in group order. The kernel is latency-bound (S1: 128 rows x 66
-//   splits x 2 KB, in L2): 4 x kBatch splits of a row are in flight at once.
+//   ... and the 4 groups' merge states meet in shared memory, added in group order.
+// The kernel is latency-bound (S1: 128 rows x 66 splits x 2 KB, in L2), so a thread issues the
+// LSE and partial loads of a whole batch (kBatch splits; S1-S7 need one batch) before it uses any,
+// and keeps a running (max, sum, acc) merge state instead of reducing the LSEs over the CTA first:
+// one round trip to L2 per batch, no block reduction (plans/0004, v15: S1 -1.0 us, S2 -2.2 us).
+// Bulk copies (TMA) of the partial rows into shared memory were 1.5 us slower at S1 (v15b).
 // Both add in a fixed order: the same bits on every run.
 #include <cmath>
 
@@ -26,33 +27,81 @@ namespace {
 
 constexpr int kDimThreads = kVDim / 4;  // one float4 of the row each
 constexpr int kManySplits = 32;
-constexpr int kBatch = 8;
 
-// Reduces one value per thread over the CTA; every thread gets the result. The order is fixed,
-// so the result is the same bits on every run.
-template <int kWarps, typename Op>
-__device__ __forceinline__ float BlockReduce(float x, float* scratch, Op op) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    x = op(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  }
-  const int warp = threadIdx.x >> 5;
-  if ((threadIdx.x & 31) == 0) scratch[warp] = x;
-  __syncthreads();
-  float r = scratch[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) r = op(r, scratch[w]);
-  __syncthreads();  // scratch is reused by the next reduction
-  return r;
+// The merge state of a set of splits: m = their largest LSE, t = sum exp(lse - m),
+// acc = sum exp(lse - m) O_s. m = -inf while no split with a finite LSE has been seen.
+struct MergeState {
+  float m = -INFINITY;
+  float t = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+};
+
+// Rescales state to the max m_new (>= state.m, finite).
+__device__ __forceinline__ void Rebase(MergeState& state, float m_new) {
+  const float f = expf(state.m - m_new);  // state.m = -inf -> 0: an empty state stays empty
+  state.t *= f;
+  state.acc.x *= f;
+  state.acc.y *= f;
+  state.acc.z *= f;
+  state.acc.w *= f;
+  state.m = m_new;
 }
 
+__device__ __forceinline__ void AddScaled(float4& acc, float f, const float4& x) {
+  acc.x += f * x.x;
+  acc.y += f * x.y;
+  acc.z += f * x.z;
+  acc.w += f * x.w;
+}
+
+// The groups' merge states to one (in group order), then the row out: O = acc / t, LSE = m + ln t.
 template <int kGroups>
-__global__ void __launch_bounds__(kDimThreads* kGroups)
+struct GroupExchange {
+  float4 acc[kGroups > 1 ? kGroups - 1 : 1][kDimThreads];
+  float m[kGroups > 1 ? kGroups - 1 : 1];
+  float t[kGroups > 1 ? kGroups - 1 : 1];
+};
+
+template <int kGroups>
+__device__ __forceinline__ void FinishRow(MergeState state, int group, int dim4,
+                                          const MlaVerifyParams& params, const CombineItem& item,
+                                          int r, int q_begin, GroupExchange<kGroups>& shared) {
+  if (kGroups > 1) {
+    if (group > 0) {
+      shared.acc[group - 1][dim4] = state.acc;
+      if (dim4 == 0) {
+        shared.m[group - 1] = state.m;
+        shared.t[group - 1] = state.t;
+      }
+    }
+    __syncthreads();
+    if (group > 0) return;
+    float m_all = state.m;
+#pragma unroll
+    for (int g = 0; g < kGroups - 1; ++g) m_all = fmaxf(m_all, shared.m[g]);
+    Rebase(state, m_all);  // finite: every row has a split that sees the node itself
+#pragma unroll
+    for (int g = 0; g < kGroups - 1; ++g) {
+      const float f = expf(shared.m[g] - m_all);
+      state.t += f * shared.t[g];
+      AddScaled(state.acc, f, shared.acc[g][dim4]);
+    }
+  }
+  const VerifyProblem& pr = params.problem;
+  const float inv_total = 1.f / state.t;
+  const int64_t row = static_cast<int64_t>(q_begin) * pr.num_heads + item.row_begin + r;
+  uint2 packed;
+  packed.x = mma::PackBf16x2(state.acc.x * inv_total, state.acc.y * inv_total);
+  packed.y = mma::PackBf16x2(state.acc.z * inv_total, state.acc.w * inv_total);
+  reinterpret_cast<uint2*>(pr.out + row * kVDim)[dim4] = packed;
+  if (dim4 == 0 && pr.lse != nullptr) pr.lse[row] = state.m + logf(state.t);
+}
+
+// Small batches go with many CTAs per SM (S5: 2048 CTAs of 128 threads): at most 64 registers.
+template <int kGroups, int kBatch>
+__global__ void __launch_bounds__(kDimThreads* kGroups, kBatch <= 8 ? 8 : 1)
     MlaVerifyCombineKernel(MlaVerifyParams params) {
-  constexpr int kThreads = kDimThreads * kGroups;
-  constexpr int kWarps = kThreads / 32;
-  __shared__ float scratch[kWarps];
-  __shared__ float4 group_sum[kGroups > 1 ? kGroups - 1 : 1][kDimThreads];
+  __shared__ GroupExchange<kGroups> shared;
   const CombineItem item = params.combine[blockIdx.x];
   const int r = blockIdx.y;
   const VerifyProblem& pr = params.problem;
@@ -71,24 +120,8 @@ __global__ void __launch_bounds__(kDimThreads* kGroups)
       dim4;
   constexpr int64_t kSplitStride = int64_t{kFlashBlockRows} * kVDim / 4;  // float4s per partial
 
-  float max_lse = -INFINITY;
-  float total = 0.f;
-  if (kGroups == 1) {
-    for (int s = 0; s < n; ++s) max_lse = fmaxf(max_lse, lse[s * kFlashBlockRows]);
-    for (int s = 0; s < n; ++s) total += expf(lse[s * kFlashBlockRows] - max_lse);
-  } else {
-    for (int s = threadIdx.x; s < n; s += kThreads) {
-      max_lse = fmaxf(max_lse, lse[s * kFlashBlockRows]);
-    }
-    max_lse = BlockReduce<kWarps>(max_lse, scratch, [](float a, float b) { return fmaxf(a, b); });
-    for (int s = threadIdx.x; s < n; s += kThreads) {
-      total += expf(lse[s * kFlashBlockRows] - max_lse);
-    }
-    total = BlockReduce<kWarps>(total, scratch, [](float a, float b) { return a + b; });
-  }
-  const float inv_total = 1.f / total;
-
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  // Every thread of a group reads the same LSEs, so the group's threads hold the same m and t.
+  MergeState state;
   for (int s0 = group; s0 < n; s0 += kGroups * kBatch) {
     float w[kBatch];
     float4 x[kBatch];
@@ -99,34 +132,19 @@ __global__ void __launch_bounds__(kDimThreads* kGroups)
       w[k] = in ? lse[s * kFlashBlockRows] : -INFINITY;
       x[k] = in ? partial[s * kSplitStride] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    float m_new = state.m;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) m_new = fmaxf(m_new, w[k]);
+    if (m_new == -INFINITY) continue;  // no split of this batch saw a column of the row
+    Rebase(state, m_new);
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
-      const float wk = expf(w[k] - max_lse) * inv_total;  // -inf (absent or empty split) -> 0
-      acc.x += wk * x[k].x;
-      acc.y += wk * x[k].y;
-      acc.z += wk * x[k].z;
-      acc.w += wk * x[k].w;
+      const float e = expf(w[k] - m_new);  // -inf (absent or empty split) -> 0
+      state.t += e;
+      AddScaled(state.acc, e, x[k]);
     }
   }
-  if (kGroups > 1) {
-    if (group > 0) group_sum[group - 1][dim4] = acc;
-    __syncthreads();
-    if (group > 0) return;
-  }
-#pragma unroll
-  for (int k = 0; k < kGroups - 1; ++k) {
-    const float4 g = group_sum[k][dim4];
-    acc.x += g.x;
-    acc.y += g.y;
-    acc.z += g.z;
-    acc.w += g.w;
-  }
-  const int64_t row = static_cast<int64_t>(q_begin) * pr.num_heads + item.row_begin + r;
-  uint2 packed;
-  packed.x = mma::PackBf16x2(acc.x, acc.y);
-  packed.y = mma::PackBf16x2(acc.z, acc.w);
-  reinterpret_cast<uint2*>(pr.out + row * kVDim)[dim4] = packed;
-  if (dim4 == 0 && pr.lse != nullptr) pr.lse[row] = max_lse + logf(total);
+  FinishRow<kGroups>(state, group, dim4, params, item, r, q_begin, shared);
 }
 
 }  // namespace
@@ -135,9 +153,16 @@ void LaunchCombineKernel(const MlaVerifyParams& params, cudaStream_t stream) {
   if (params.num_combine == 0) return;
   const dim3 grid(params.num_combine, kFlashBlockRows);
   if (params.max_splits >= kManySplits) {
-    MlaVerifyCombineKernel<4><<<grid, kDimThreads * 4, 0, stream>>>(params);
+    // 17 splits per group at S1/S7 (66 splits): one batch.
+    MlaVerifyCombineKernel<4, 20><<<grid, kDimThreads * 4, 0, stream>>>(params);
+  } else if (params.max_splits > 8) {
+    MlaVerifyCombineKernel<1, 16><<<grid, kDimThreads, 0, stream>>>(params);
+  } else if (params.max_splits > 4) {
+    MlaVerifyCombineKernel<1, 8><<<grid, kDimThreads, 0, stream>>>(params);
   } else {
-    MlaVerifyCombineKernel<1><<<grid, kDimThreads, 0, stream>>>(params);
+    // Many combine items with few splits (S5: 2048 CTAs of 4 splits): a batch no larger than the
+    // splits keeps the registers (48) low, so more CTAs are resident at once.
+    MlaVerifyCombineKernel<1, 4><<<grid, kDimThreads, 0, stream>>>(params);
   }
 }
 
