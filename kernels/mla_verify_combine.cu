@@ -10,7 +10,8 @@
 //   walks every split;
 // - many splits (S1/S7's 66): 512 threads in 4 groups of 128; group k walks the splits k, k + 4,
 //   ... and the 4 groups' merge states meet in shared memory, added in group order.
-// The kernel is latency-bound (S1: 128 rows x 66 splits x 2 KB, in L2), so a thread issues the
+// The partials are bf16 (mla_verify_params.h); the merge runs in fp32.
+// The kernel is latency-bound (S1: 128 rows x 66 splits x 1 KB, in L2), so a thread issues the
 // LSE and partial loads of a whole batch (kBatch splits; S1-S7 need one batch) before it uses any,
 // and keeps a running (max, sum, acc) merge state instead of reducing the LSEs over the CTA first:
 // one round trip to L2 per batch, no block reduction (plans/0004, v15: S1 -1.0 us, S2 -2.2 us).
@@ -35,6 +36,11 @@ struct MergeState {
   float t = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 };
+
+__device__ __forceinline__ float4 Bf16x4ToFloat4(uint2 v) {
+  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+                     __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+}
 
 // Rescales state to the max m_new (>= state.m, finite).
 __device__ __forceinline__ void Rebase(MergeState& state, float m_new) {
@@ -113,24 +119,24 @@ __global__ void __launch_bounds__(kDimThreads* kGroups, kBatch <= 8 ? 8 : 1)
   const int dim4 = threadIdx.x % kDimThreads;
   const float* lse =
       params.partial_lse + static_cast<int64_t>(item.partial_begin) * kFlashBlockRows + r;
-  const float4* partial =
-      reinterpret_cast<const float4*>(
+  const uint2* partial =  // 4 bf16 dims per uint2
+      reinterpret_cast<const uint2*>(
           params.partial_o +
           (static_cast<int64_t>(item.partial_begin) * kFlashBlockRows + r) * kVDim) +
       dim4;
-  constexpr int64_t kSplitStride = int64_t{kFlashBlockRows} * kVDim / 4;  // float4s per partial
+  constexpr int64_t kSplitStride = int64_t{kFlashBlockRows} * kVDim / 4;  // uint2s per partial
 
   // Every thread of a group reads the same LSEs, so the group's threads hold the same m and t.
   MergeState state;
   for (int s0 = group; s0 < n; s0 += kGroups * kBatch) {
     float w[kBatch];
-    float4 x[kBatch];
+    uint2 x[kBatch];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const int s = s0 + k * kGroups;
       const bool in = s < n;
       w[k] = in ? lse[s * kFlashBlockRows] : -INFINITY;
-      x[k] = in ? partial[s * kSplitStride] : make_float4(0.f, 0.f, 0.f, 0.f);
+      x[k] = in ? partial[s * kSplitStride] : make_uint2(0u, 0u);
     }
     float m_new = state.m;
 #pragma unroll
@@ -141,7 +147,7 @@ __global__ void __launch_bounds__(kDimThreads* kGroups, kBatch <= 8 ? 8 : 1)
     for (int k = 0; k < kBatch; ++k) {
       const float e = expf(w[k] - m_new);  // -inf (absent or empty split) -> 0
       state.t += e;
-      AddScaled(state.acc, e, x[k]);
+      AddScaled(state.acc, e, Bf16x4ToFloat4(x[k]));
     }
   }
   FinishRow<kGroups>(state, group, dim4, params, item, r, q_begin, shared);

@@ -373,9 +373,9 @@ __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVeri
             *reinterpret_cast<uint32_t*>(pr.out + (first_row + r) * kVDim + col) =
                 mma::PackBf16x2(x0, x1);
           } else {
-            *reinterpret_cast<float2*>(
+            *reinterpret_cast<uint32_t*>(
                 params.partial_o + (static_cast<int64_t>(item.partial) * kRows + r) * kVDim + col) =
-                make_float2(x0, x1);
+                mma::PackBf16x2(x0, x1);
           }
         }
       }
@@ -383,12 +383,12 @@ __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVeri
   } else {
     // Staged through the (now idle) KV buffers and written as whole rows with 16-byte coalesced
     // stores: the accumulator layout's 8-byte stores (32 bytes of a row per 4 lanes) cost ~3x
-    // longer when every CTA ends at once (plans/0004-kernel.md v10). fp32 partials go in two
-    // halves of 256 columns (64 KB each), bf16 outputs in one pass; rows padded by 32 bytes.
+    // longer when every CTA ends at once (plans/0004-kernel.md v10). Outputs and partials are both
+    // bf16 rows: one pass of 64 rows, padded by 32 bytes (67.6 KB of the 74 KB of KV buffers).
     CpAsyncWaitAll();  // nothing is in flight after the last tile; this makes it certain
     uint8_t* stage = smem;
-    const int elem = direct ? 2 : 4;
-    const int pass_cols = direct ? kVDim : kVDim / 2;
+    constexpr int elem = 2;  // bf16 rows, outputs and partials alike
+    const int pass_cols = kVDim;
     const int stride = pass_cols * elem + 32;
     uint8_t* dst = direct
                        ? reinterpret_cast<uint8_t*>(pr.out + first_row * kVDim)
@@ -409,12 +409,7 @@ __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVeri
               const int col = warp * 64 + nt * 8 + 2 * c - col_begin;
               const float x0 = o[mt][nt][2 * hi] * inv;
               const float x1 = o[mt][nt][2 * hi + 1] * inv;
-              if (direct) {
-                *reinterpret_cast<uint32_t*>(stage + r * stride + col * 2) =
-                    mma::PackBf16x2(x0, x1);
-              } else {
-                *reinterpret_cast<float2*>(stage + r * stride + col * 4) = make_float2(x0, x1);
-              }
+              *reinterpret_cast<uint32_t*>(stage + r * stride + col * 2) = mma::PackBf16x2(x0, x1);
             }
           }
         }

@@ -36,10 +36,11 @@
 // rows come through the int32 slot table as 16-byte cp.async (page size 1); columns past col_end
 // are zero-filled so a masked column never multiplies garbage.
 //
-// Epilogue: O / rowsum goes to shared memory (the two KV stages are free by then: 64 rows padded
-// to 2080 B) and leaves as one bulk copy (cp.async.bulk) per row. Measured on the H200 (v10): the
-// direct 8-byte stores from the accumulators took ~14 us per CTA when all CTAs end together
-// (132 x 128 KB of fp32 partials), the bulk copies ~5 us.
+// Epilogue: O / rowsum, as bf16 (the output, or a split's partial), goes to shared memory (the two
+// KV stages are free by then: 64 rows padded to 1056 B) and leaves as one bulk copy
+// (cp.async.bulk) per row. Measured on the H200 (v10, fp32 partials then): the direct 8-byte
+// stores from the accumulators took ~14 us per CTA when all CTAs end together (132 x 128 KB of
+// partials), the bulk copies ~5 us.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -74,7 +75,7 @@ constexpr int kSumXchgOffset = kMaxXchgOffset + 2 * kRows * 4;
 constexpr int kSmemUsed = kSumXchgOffset + 2 * kRows * 4;
 constexpr int kSmemBytes = kSmemUsed + 1024;  // room to align the base to 1024
 static_assert(kSmemBytes <= 232448, "an sm_90 block may take 227 KB of dynamic shared memory");
-static_assert(64 * (kVDim * 4 + 32) <= 2 * kTileBytes, "the staged epilogue fits the KV stages");
+static_assert(64 * (kVDim * 2 + 32) <= 2 * kTileBytes, "the staged epilogue fits the KV stages");
 static_assert(kRows == 64, "one warpgroup's wgmma covers 64 rows");
 static_assert(kHopperFlashThreads == 256, "two warpgroups");
 
@@ -392,9 +393,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
           *reinterpret_cast<uint32_t*>(pr.out + (first_row + r) * kVDim + col) =
               mma::PackBf16x2(x0, x1);
         } else {
-          *reinterpret_cast<float2*>(
+          *reinterpret_cast<uint32_t*>(
               params.partial_o + (static_cast<int64_t>(item.partial) * kRows + r) * kVDim + col) =
-              make_float2(x0, x1);
+              mma::PackBf16x2(x0, x1);
         }
       }
     }
@@ -403,8 +404,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     // every wgmma has completed), then leave as whole rows: 16-byte coalesced stores, or one bulk
     // copy per row. Rows are padded by 32 bytes so the accumulator layout's 8 rows per store
     // instruction hit 8 different bank groups.
-    const int elem = direct ? 2 : 4;
-    const int row_bytes = kVDim * elem;
+    const int row_bytes = kVDim * 2;  // bf16 rows, outputs and partials alike
     const int stride = row_bytes + 32;
     uint8_t* stage = smem + kKvOffset;
 #pragma unroll
@@ -415,11 +415,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         const int col = wg * 256 + 8 * i + 2 * c;
         const float x0 = o[4 * i + 2 * h] * inv[h];
         const float x1 = o[4 * i + 2 * h + 1] * inv[h];
-        if (direct) {
-          *reinterpret_cast<uint32_t*>(stage + r * stride + col * 2) = mma::PackBf16x2(x0, x1);
-        } else {
-          *reinterpret_cast<float2*>(stage + r * stride + col * 4) = make_float2(x0, x1);
-        }
+        *reinterpret_cast<uint32_t*>(stage + r * stride + col * 2) = mma::PackBf16x2(x0, x1);
       }
     }
     uint8_t* dst = direct

@@ -96,7 +96,7 @@ MlaVerifyParams MakeMlaVerifyParams(const VerifyProblem& problem, const SplitPla
   params.num_work = static_cast<int>(plan.work.size());
   params.combine = reinterpret_cast<const CombineItem*>(base + layout.combine_offset);
   params.num_combine = static_cast<int>(plan.combine.size());
-  params.partial_o = reinterpret_cast<float*>(base + layout.partial_o_offset);
+  params.partial_o = reinterpret_cast<bf16_bits*>(base + layout.partial_o_offset);
   params.partial_lse = reinterpret_cast<float*>(base + layout.partial_lse_offset);
   params.num_partials = plan.num_partials;
   for (const CombineItem& c : plan.combine) {

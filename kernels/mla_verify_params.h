@@ -46,7 +46,10 @@ struct MlaVerifyParams {
   int num_work = 0;
   const CombineItem* combine = nullptr;  // [num_combine]
   int num_combine = 0;
-  float* partial_o = nullptr;    // [num_partials][64][512]
+  // [num_partials][64][512], each split's O already divided by its own row sum. bf16 (the
+  // output's type), as split-KV decode kernels commonly store them: half the epilogue's writes and
+  // the combine's reads, one more rounding of ~2^-9 (plans/0004, v16).
+  bf16_bits* partial_o = nullptr;
   float* partial_lse = nullptr;  // [num_partials][64], natural log, -inf where a row saw nothing
   int num_partials = 0;
   int max_splits = 0;  // the largest num_splits of a combine item (picks the combine's shape)

@@ -10,7 +10,7 @@
 namespace verifyd {
 namespace {
 
-// A CTA's fixed cost (loading its 72 KB Q tile, writing a 128 KB fp32 partial, its share of the
+// A CTA's fixed cost (loading its 72 KB Q tile, writing a 64 KB bf16 partial, its share of the
 // combine) in units of KV tiles; at 2, S6 (128 row blocks) was split 34 ways for a 0.2% better wave
 // fit.
 constexpr int64_t kItemOverheadTiles = 4;
@@ -142,7 +142,7 @@ WorkspaceLayout LayoutWorkspace(const SplitPlan& plan) {
       AlignUp(layout.combine_offset + plan.combine.size() * sizeof(CombineItem));
   layout.partial_lse_offset =
       AlignUp(layout.partial_o_offset +
-              size_t(plan.num_partials) * kFlashBlockRows * kVDim * sizeof(float));
+              size_t(plan.num_partials) * kFlashBlockRows * kVDim * sizeof(bf16_bits));
   layout.total_bytes = AlignUp(layout.partial_lse_offset +
                                size_t(plan.num_partials) * kFlashBlockRows * sizeof(float));
   return layout;

@@ -156,10 +156,22 @@ __global__ void SmClockProbe(unsigned long long* out) {
   out[1] = t1 - t0;
 }
 
-double SmClockMhz() {
+// The SM clock while `calls` calls of `body` run: they are queued on the legacy stream, the probe
+// on a stream of its own, so it runs on an SM with room to spare or in a gap between two launches,
+// under the same load either way (the clock moves in ms, the probe takes 20 µs).
+template <typename Body>
+double SmClockDuringMhz(int calls, Body body) {
   static unsigned long long* probe = DeviceAlloc<unsigned long long>(2);
-  SmClockProbe<<<1, 1>>>(probe);
+  static cudaStream_t side = [] {
+    cudaStream_t stream;
+    BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    return stream;
+  }();
+  for (int i = 0; i < calls / 2; ++i) body(i);
+  SmClockProbe<<<1, 1, 0, side>>>(probe);
   BENCH_CUDA(cudaGetLastError());
+  for (int i = calls / 2; i < calls; ++i) body(i);
+  BENCH_CUDA(cudaDeviceSynchronize());
   unsigned long long h[2];
   BENCH_CUDA(cudaMemcpy(h, probe, sizeof(h), cudaMemcpyDeviceToHost));
   return double(h[0]) / double(h[1]) * 1e3;
@@ -183,9 +195,9 @@ Ceiling MeasureCopyBandwidth() {
   auto copy = [&](int) { BENCH_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); };
   Ceiling c;
   c.burst = 2.0 * bytes / (MedianMs(3, 20, copy, /*sustain=*/false) * 1e-3);
-  c.burst_mhz = SmClockMhz();
+  c.burst_mhz = SmClockDuringMhz(4, copy);
   c.sustained = 2.0 * bytes / (MedianMs(3, 20, copy) * 1e-3);
-  c.sustained_mhz = SmClockMhz();
+  c.sustained_mhz = SmClockDuringMhz(20, copy);
   cudaFree(a);
   cudaFree(b);
   return c;
@@ -217,9 +229,9 @@ Ceiling MeasureMatmulRate() {
   const double flops = 2.0 * n * n * double(n);
   Ceiling rate;
   rate.burst = flops / (MedianMs(3, 20, gemm, /*sustain=*/false) * 1e-3);
-  rate.burst_mhz = SmClockMhz();
+  rate.burst_mhz = SmClockDuringMhz(4, gemm);
   rate.sustained = flops / (MedianMs(3, 20, gemm) * 1e-3);
-  rate.sustained_mhz = SmClockMhz();
+  rate.sustained_mhz = SmClockDuringMhz(40, gemm);
   cublasDestroy(handle);
   cudaFree(a);
   cudaFree(b);
@@ -578,7 +590,8 @@ int Main(int argc, char** argv) {
       row.path = FlashKernelPath();
       row.ctas = static_cast<int>(plan->work.size());
       const double contiguous_ms = MedianMs(5, iters, [&](int i) { launch(i, false, nullptr); });
-      row.mhz = SmClockMhz();
+      row.mhz = SmClockDuringMhz(std::max(4, static_cast<int>(20.0 / contiguous_ms)),
+                                 [&](int i) { launch(i, false, nullptr); });
       const double scattered_ms = MedianMs(5, iters, [&](int i) { launch(i, true, nullptr); });
 
       // Graph replay of the same launch (one graph per KV copy, replayed in rotation).

@@ -157,7 +157,7 @@ TEST(SplitPlanner, WorkspaceRegionsAreAlignedAndDisjoint) {
   EXPECT_EQ(layout.partial_lse_offset % 256, 0u);
   EXPECT_GE(layout.combine_offset, plan->work.size() * sizeof(FlashWorkItem));
   EXPECT_GE(layout.partial_lse_offset - layout.partial_o_offset,
-            size_t(plan->num_partials) * kFlashBlockRows * kVDim * sizeof(float));
+            size_t(plan->num_partials) * kFlashBlockRows * kVDim * sizeof(bf16_bits));
   EXPECT_GE(layout.total_bytes - layout.partial_lse_offset,
             size_t(plan->num_partials) * kFlashBlockRows * 4);
   EXPECT_EQ(PackPlan(*plan, layout).size(), layout.partial_o_offset);
