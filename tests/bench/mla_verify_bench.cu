@@ -1,7 +1,10 @@
 // Kernel benchmark (SPEC §5): measures the device's copy bandwidth and bf16 matmul rate, then times
 // the flash kernel on S1-S7 against the floor max(bytes / bandwidth, FLOPs / matmul rate), with
 // scattered (page size 1, random) vs contiguous slots, graph replay vs eager, and the naive kernel.
-// Prints one line per shape as it goes and a short table last.
+// Prints one line per shape as it goes and a short table last. Every timed loop (the ceilings too)
+// runs after 100 ms of its own work; "/floor" uses those sustained ceilings, "/burst" the best rate
+// measured either way (the GEMM from a cold start runs at a higher clock, before the power limit),
+// and "MHz" is the SM clock while the shape's loop runs (plans/0004, session 5).
 //
 // Usage: mla_verify_bench [--iters N] [--shapes S1,S3,...] [--no-naive] [--launcher-path-only]
 //                         [--copies N]   (KV replicas to rotate through; default: > 400 MB)
