@@ -136,17 +136,12 @@ INSTANTIATE_TEST_SUITE_P(IssueMatrix, FlashVsOracle, ::testing::ValuesIn(OracleC
                            return info.param.name;
                          });
 
-// The split planner's choice must not matter: no split, a few, and far more splits than columns per
-// row block (tree-only splits where most rows see nothing) all agree with the oracle. The largest
-// split counts of these plans (20-27, and 320 at 100000 SMs) send the combine through its
-// multi-batch paths: two batches of one group, four batches of four groups.
-TEST(FlashPlans, AnySplitCountMatchesFloat64) {
-  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+// One random problem (4 heads) against the float64 oracle, on each flash path, under the split
+// plan made for each SM count.
+void ExpectEveryPlanMatchesFloat64(const std::vector<SequenceSpec>& seqs,
+                                   const std::vector<int>& sm_counts) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
-  using enum TreeShape;
-  const std::vector<SequenceSpec> seqs = {
-      {3000, 65, kRandom}, {17, 130, kForest}, {0, 40, kStar}, {20000, 5, kChain}};
   HostProblem host = MakeRandomProblem(seqs, 4, seed, /*scattered=*/true, 11);
   std::vector<double> ref_out, ref_lse;
   ComputeVerifyF64(host.problem(), &ref_out, &ref_lse);
@@ -155,7 +150,7 @@ TEST(FlashPlans, AnySplitCountMatchesFloat64) {
   for (bool force_portable : FlashPath::ForcePortableValues()) {
     FlashPath path(force_portable);
     SCOPED_TRACE(path.Name());
-    for (int sms : {1, 3, 5, 24, 132, 100000}) {
+    for (int sms : sm_counts) {
       SCOPED_TRACE("num_sms=" + std::to_string(sms));
       auto flash = dev->RunFlash(sms);
       ASSERT_TRUE(flash.ok()) << flash.status();
@@ -165,30 +160,24 @@ TEST(FlashPlans, AnySplitCountMatchesFloat64) {
   }
 }
 
+// The split planner's choice must not matter: no split, a few, and far more splits than columns per
+// row block (tree-only splits where most rows see nothing) all agree with the oracle. The largest
+// split counts of these plans (20-27, and 320 at 100000 SMs) send the combine through its
+// multi-batch paths: two batches of one group, four batches of four groups.
+TEST(FlashPlans, AnySplitCountMatchesFloat64) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  using enum TreeShape;
+  ExpectEveryPlanMatchesFloat64(
+      {{3000, 65, kRandom}, {17, 130, kForest}, {0, 40, kStar}, {20000, 5, kChain}},
+      {1, 3, 5, 24, 132, 100000});
+}
+
 // Each combine shape (picked by the plan's largest split count: <= 4, <= 8, < 32 splits with one
 // group, >= 32 with four) on a small batch: 4, 8, 16 and 132 SMs give 3, 6, 11 and 32 splits.
 TEST(FlashPlans, EveryCombineShapeMatchesFloat64) {
   if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
-  const uint64_t seed = TestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
   using enum TreeShape;
-  const std::vector<SequenceSpec> seqs = {{1000, 16, kRandom}, {300, 9, kChain}};
-  HostProblem host = MakeRandomProblem(seqs, 4, seed, /*scattered=*/true, 11);
-  std::vector<double> ref_out, ref_lse;
-  ComputeVerifyF64(host.problem(), &ref_out, &ref_lse);
-  auto dev = DeviceProblem::Upload(host);
-  ASSERT_TRUE(dev.ok()) << dev.status();
-  for (bool force_portable : FlashPath::ForcePortableValues()) {
-    FlashPath path(force_portable);
-    SCOPED_TRACE(path.Name());
-    for (int sms : {4, 8, 16, 132}) {
-      SCOPED_TRACE("num_sms=" + std::to_string(sms));
-      auto flash = dev->RunFlash(sms);
-      ASSERT_TRUE(flash.ok()) << flash.status();
-      EXPECT_LE(RelativeError(flash->out, ref_out), kTolerance);
-      EXPECT_LE(RelativeError(flash->lse, ref_lse), kTolerance);
-    }
-  }
+  ExpectEveryPlanMatchesFloat64({{1000, 16, kRandom}, {300, 9, kChain}}, {4, 8, 16, 132});
 }
 
 // Page size 1 with random slots and one consecutive run per sequence hold the same KV: the kernel
