@@ -119,7 +119,7 @@ void WarmUp(int calls, Body body) {
   cudaEventDestroy(now);
 }
 
-// sustain = false: only the `warmup` calls (the ceilings' burst figures, plans/0004 v15).
+// sustain = false: only the `warmup` calls (the ceilings' burst figures, plans/0004 session 5).
 template <typename Body>
 double MedianMs(int warmup, int iters, Body body, bool sustain = true) {
   if (sustain) {
@@ -145,9 +145,8 @@ double MedianMs(int warmup, int iters, Body body, bool sustain = true) {
   return Median(ms);
 }
 
-// The SM clock right now: one thread spins 20 µs of globaltimer and counts clock64 cycles. Run
-// straight after a timed loop, it tells the clock that loop ran at (the clock moves in ms, the
-// probe is queued µs after the loop).
+// The SM clock: one thread spins 20 µs of globaltimer and counts clock64 cycles (SmClockDuringMhz
+// runs it while a loop is in flight).
 __global__ void SmClockProbe(unsigned long long* out) {
   unsigned long long t0, t1;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
