@@ -13,7 +13,7 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release ${VERIFYD_CMAKE_ARGS:-}
 cmake --build "$BUILD" -j "$JOBS" --target verifyd fake_scheduler verifyctl
 
 VERIFYD="$BUILD/service/verifyd"
-SCHEDULER="$BUILD/tests/fake_scheduler/fake_scheduler"
+SCHEDULER="$BUILD/tools/fake_scheduler/fake_scheduler"
 VERIFYCTL="$BUILD/client/verifyctl/verifyctl"
 work=$(mktemp -d /tmp/verifyd-quickstart.XXXXXX)
 target="unix://$work/verifyd.sock"

@@ -3,7 +3,7 @@
 // stores.
 #include <cstdint>
 
-#include "kernels/mla_dims.h"
+#include "verify/mla_dims.h"
 #include "kernels/mla_verify_kernels.h"
 
 namespace verifyd {

@@ -19,7 +19,7 @@
 // Both add in a fixed order: the same bits on every run.
 #include <cmath>
 
-#include "kernels/mla_dims.h"
+#include "verify/mla_dims.h"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_mma.cuh"
 

@@ -49,7 +49,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "kernels/mla_dims.h"
+#include "verify/mla_dims.h"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_mma.cuh"
 #include "kernels/tree_visibility.cuh"

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "kernels/bf16.h"
+#include "verify/bf16.h"
 #include "kernels/mla_verify_params.h"
 
 namespace verifyd {

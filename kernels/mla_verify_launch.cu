@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda_check.h"
+#include "base/cuda_check.h"
 #include "kernels/mla_verify_kernels.h"
 
 namespace verifyd {

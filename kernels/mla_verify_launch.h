@@ -15,9 +15,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/bf16.h"
+#include "verify/bf16.h"
 #include "kernels/split_planner.h"
-#include "kernels/verify_problem.h"
+#include "verify/verify_problem.h"
 
 namespace verifyd {
 

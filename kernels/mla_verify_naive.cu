@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/mla_dims.h"
+#include "verify/mla_dims.h"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/tree_visibility.cuh"
 

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "kernels/verify_problem.h"
+#include "verify/verify_problem.h"
 
 namespace verifyd {
 

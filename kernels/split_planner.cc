@@ -5,7 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/mla_dims.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/mla_dims.h"
-#include "kernels/status_macros.h"
+#include "verify/mla_dims.h"
+#include "base/status_macros.h"
 
 namespace verifyd {
 

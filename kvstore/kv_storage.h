@@ -7,8 +7,8 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "kernels/bf16.h"
-#include "kvstore/slot_copy_check.h"
+#include "verify/bf16.h"
+#include "verify/slot_copy_check.h"
 
 namespace verifyd {
 

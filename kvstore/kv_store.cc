@@ -7,8 +7,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/mla_dims.h"
-#include "kernels/status_macros.h"
+#include "verify/mla_dims.h"
+#include "base/status_macros.h"
 #include "kvstore/sequence.h"
 
 namespace verifyd {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "kernels/tree_mask.h"
+#include "verify/tree_mask.h"
 #include "kvstore/kv_store.h"
 
 namespace verifyd {

@@ -1,15 +1,26 @@
 #include "service/backend_factory.h"
 
 #include "absl/strings/str_cat.h"
-#include "service/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "base/status_macros.h"
+#ifdef VERIFYD_HAVE_CUDA_BACKEND
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace verifyd {
 
-// The CUDA backend plugs in here: define VERIFYD_HAVE_CUDA_BACKEND, provide
-// CudaBackendAvailable(device) and CreateCudaBackend(options) from service/cuda_backend.*.
 #ifdef VERIFYD_HAVE_CUDA_BACKEND
-bool CudaBackendAvailable(int device);
-absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const ServiceOptions& options);
+namespace {
+
+absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const ServiceOptions& options) {
+  CudaBackendOptions cuda;
+  cuda.device = options.device;
+  cuda.cuda_graphs = options.cuda_graphs;
+  VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(cuda));
+  return std::unique_ptr<ComputeBackend>(std::move(backend));
+}
+
+}  // namespace
 #endif
 
 absl::Status CheckBackendCompiled(BackendKind kind) {

@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "service/compute_backend.h"
+#include "backend/compute_backend.h"
 #include "service/service_options.h"
 
 namespace verifyd {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "service/request_types.h"
+#include "executor/request_types.h"
 #include "service/service_options.h"
 #include "service/shared_memory_registry.h"
 #include "verifyd/v1/verifyd.pb.h"

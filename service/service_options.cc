@@ -6,8 +6,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/mla_dims.h"
-#include "kernels/status_macros.h"
+#include "verify/mla_dims.h"
+#include "base/status_macros.h"
 
 namespace verifyd {
 

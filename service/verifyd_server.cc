@@ -20,7 +20,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "kernels/status_macros.h"
+#include "base/status_macros.h"
 #include "service/backend_factory.h"
 
 #ifndef VERIFYD_VERSION

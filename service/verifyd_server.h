@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "grpcpp/server.h"
 #include "prometheus/exposer.h"
-#include "service/device.h"
+#include "executor/device.h"
 #include "service/service_metrics.h"
 #include "service/service_options.h"
 #include "service/shared_memory_registry.h"

@@ -6,7 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/status_macros.h"
+#include "base/status_macros.h"
 #include "service/grpc_status.h"
 
 namespace verifyd {

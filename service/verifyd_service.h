@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "service/device.h"
+#include "executor/device.h"
 #include "service/request_validation.h"
 #include "service/service_metrics.h"
 #include "service/service_options.h"

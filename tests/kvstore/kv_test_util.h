@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/bf16.h"
-#include "kernels/mla_dims.h"
+#include "verify/bf16.h"
+#include "verify/mla_dims.h"
 #include "kvstore/kv_store.h"
-#include "kvstore/slot_copy_check.h"
+#include "verify/slot_copy_check.h"
 
 namespace verifyd {
 

@@ -8,7 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/mla_dims.h"
+#include "verify/mla_dims.h"
 #include "service/service_options.h"
 #include "tests/service/shadow_model.h"
 

@@ -6,7 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/mla_dims.h"
+#include "verify/mla_dims.h"
 #include "tests/service/rpc_helpers.h"
 #include "tests/service/shadow_model.h"
 #include "tests/service/test_server.h"

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/mla_dims.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd::testing {
 

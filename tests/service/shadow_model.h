@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/bf16.h"
+#include "verify/bf16.h"
 #include "verifyd/v1/verifyd.pb.h"
 
 namespace verifyd::testing {

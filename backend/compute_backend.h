@@ -1,0 +1,92 @@
+// ComputeBackend: where Verify's arithmetic runs and where the KV pool lives. The CPU backend
+// computes on host memory; the CUDA backend supplies device storage and its kernels.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "verify/verify_problem.h"
+#include "kvstore/kv_storage.h"
+#include "kvstore/kv_store.h"
+
+namespace verifyd {
+
+// One sequence's slot list for a Verify, as the store holds it: spans into the store (no copy),
+// valid for the duration of the ComputeVerify call. A backend that mirrors slot lists on the device
+// uploads only what changed since it last saw the same (sequence, generation).
+struct VerifySlotList {
+  SequenceId sequence = 0;
+  // VerifyView::slot_generation. 0 means "not from a store": never remembered, uploaded whole.
+  uint64_t generation = 0;
+  absl::Span<const int32_t> prefix_slots;  // [prefix_len[b]]
+  absl::Span<const int32_t> tree_slots;    // [Q_b]
+};
+
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+  // "cpu" or "cuda": the backend label of metrics and Stats.
+  virtual const char* name() const = 0;
+  // The pool the KvStore will own. Called once, before any ComputeVerify.
+  virtual absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers,
+                                                                   int64_t capacity_slots) = 0;
+
+  // Whether ComputeVerify needs problem.slot_indptr / problem.slots as concatenated host arrays.
+  // A backend that answers false gets them null and reads `slot_lists` instead, so the caller
+  // never copies the (long) prefix lists.
+  virtual bool needs_host_slot_lists() const { return true; }
+
+  // Computes `problem` over `layer` of the storage: the caller fills everything but kv and
+  // num_slots, with host pointers (q, out, lse and the index arrays). `slot_lists` is either empty
+  // (problem.slots / slot_indptr hold every list) or one entry per sequence of the batch, in batch
+  // order; with needs_host_slot_lists() the caller fills the concatenated arrays as well.
+  virtual absl::Status ComputeVerify(int layer, VerifyProblem problem,
+                                     absl::Span<const VerifySlotList> slot_lists) = 0;
+  // The concatenated form only (tests and tools that build problems without a store).
+  absl::Status ComputeVerify(int layer, VerifyProblem problem) {
+    return ComputeVerify(layer, problem, {});
+  }
+
+  // The sequence was released (or its lease expired): whatever the backend remembers about it
+  // (a device mirror of its slot list) can go. A later sequence with the same id has another
+  // slot generation, so forgetting is about memory, not correctness.
+  virtual void ForgetSequence(SequenceId sequence) { (void)sequence; }
+
+  // What a ComputeVerify did with CUDA graphs, for verifyd_cuda_graph_*_total. A backend without
+  // graphs (cpu) never reports.
+  enum class GraphEvent { kCapture, kReplay, kFallback };
+  // Memory the pool may take, for --kv-memory-fraction: free device memory now (cuda), physical
+  // memory (cpu). UNIMPLEMENTED for a backend that cannot tell.
+  virtual absl::StatusOr<int64_t> AvailableMemoryBytes() const {
+    return absl::UnimplementedError(
+        absl::StrCat("the ", name(), " backend cannot size the pool from --kv-memory-fraction"));
+  }
+
+  // Called once before any ComputeVerify; the observer runs on the executor thread.
+  virtual void SetGraphObserver(std::function<void(GraphEvent)> observer) { (void)observer; }
+
+  // Host memory the daemon maps for clients' tensors (shared-memory regions). A backend that
+  // answers true registers [data, data + bytes) with its device once, and from then on copies a
+  // q / out / lse lying wholly inside one registered range straight from / into it (DMA) instead
+  // of through its host staging. Both calls run on gRPC threads while ComputeVerify may run on the
+  // executor. The caller unregisters a range before unmapping it and never while a ComputeVerify
+  // uses it (a call pins the regions it names until it has finished).
+  virtual bool can_register_host_memory() const { return false; }
+  // An error leaves the range unregistered: calls using it take the staging path.
+  virtual absl::Status RegisterHostMemory(void* data, size_t bytes) {
+    (void)data;
+    (void)bytes;
+    return absl::UnimplementedError(
+        absl::StrCat("the ", name(), " backend does not register host memory"));
+  }
+  // `data` as given to a successful RegisterHostMemory; anything else is ignored.
+  virtual void UnregisterHostMemory(void* data) { (void)data; }
+};
+
+}  // namespace verifyd

@@ -1,0 +1,300 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "base/cuda_check.h"
+#include "kernels/mla_verify_launch.h"
+#include "base/status_macros.h"
+#include "verify/verify_reference.h"
+
+namespace verifyd {
+namespace {
+
+// Adds the time since `*since` to `*total` and restarts the clock.
+void Lap(std::chrono::steady_clock::time_point* since, int64_t* total) {
+  const auto now = std::chrono::steady_clock::now();
+  *total += std::chrono::duration_cast<std::chrono::nanoseconds>(now - *since).count();
+  *since = now;
+}
+
+}  // namespace
+
+bool CudaBackendAvailable(int device) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error of any later call
+    return false;
+  }
+  return device >= 0 && device < count;
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(CudaBackendOptions options) {
+  if (!CudaBackendAvailable(options.device)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device = ", options.device, " is not a visible CUDA device"));
+  }
+  VERIFYD_ASSIGN_OR_RETURN(std::shared_ptr<CudaStream> stream, CudaStream::Create(options.device));
+  VERIFYD_ASSIGN_OR_RETURN(int num_sms, CurrentDeviceSmCount());
+  return std::unique_ptr<CudaBackend>(
+      new CudaBackend(std::move(options), std::move(stream), num_sms));
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_->MakeDeviceCurrent().ok()) stream_->Synchronize().IgnoreError();
+}
+
+absl::StatusOr<int64_t> CudaBackend::AvailableMemoryBytes() const {
+  VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
+  size_t free_bytes = 0, total_bytes = 0;
+  VERIFYD_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(free_bytes);
+}
+
+absl::StatusOr<std::unique_ptr<KvStorage>> CudaBackend::CreateStorage(int num_layers,
+                                                                      int64_t capacity_slots) {
+  if (storage_ != nullptr) return absl::FailedPreconditionError("CudaBackend storage exists");
+  VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<CudaKvStorage> storage,
+                           CudaKvStorage::Create(num_layers, capacity_slots, stream_));
+  const int64_t arena_entries = options_.slot_arena_entries > 0
+                                    ? options_.slot_arena_entries
+                                    : 2 * capacity_slots + (int64_t{1} << 16);
+  VERIFYD_RETURN_IF_ERROR(
+      slot_arena_.Reserve(static_cast<size_t>(arena_entries) * sizeof(int32_t), *stream_).status());
+  // Zeroed once: an entry the bookkeeping never wrote still names a valid slot.
+  VERIFYD_CUDA_CHECK(cudaMemsetAsync(slot_arena_.get(), 0, slot_arena_.capacity(), stream_->get()));
+  mirror_ = std::make_unique<SlotMirror>(arena_entries);
+  storage_ = storage.get();
+  return std::unique_ptr<KvStorage>(std::move(storage));
+}
+
+absl::Status CudaBackend::RegisterHostMemory(void* data, size_t bytes) {
+  if (data == nullptr || bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host memory to register (", bytes, " bytes) must be non-null and non-empty"));
+  }
+  // The calling thread (a gRPC handler) has no current device of its own choosing.
+  VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
+  const cudaError_t registered = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
+  if (registered != cudaSuccess) {
+    cudaGetLastError();  // not sticky; keep this thread's later checks truthful
+    return absl::UnavailableError(absl::StrCat("cudaHostRegister of ", bytes,
+                                               " bytes failed: ", cudaGetErrorString(registered)));
+  }
+  if (absl::Status added = host_ranges_.Add(data, bytes); !added.ok()) {
+    cudaHostUnregister(data);
+    cudaGetLastError();
+    return added;
+  }
+  return absl::OkStatus();
+}
+
+void CudaBackend::UnregisterHostMemory(void* data) {
+  if (!host_ranges_.Remove(data)) return;
+  if (!stream_->MakeDeviceCurrent().ok()) return;
+  if (cudaHostUnregister(data) != cudaSuccess) cudaGetLastError();
+}
+
+void CudaBackend::ForgetSequence(SequenceId sequence) {
+  if (mirror_) mirror_->Forget(sequence);
+}
+
+absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem,
+                                        absl::Span<const VerifySlotList> slot_lists) {
+  if (storage_ == nullptr) return absl::FailedPreconditionError("CudaBackend has no storage");
+  if (layer < 0 || layer >= storage_->num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer = ", layer, " must be < ", storage_->num_layers()));
+  }
+  auto clock = std::chrono::steady_clock::now();
+  VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
+  problem.kv = storage_->layer_device_data(layer);
+  problem.num_slots = storage_->capacity_slots();
+  if (problem.out == nullptr) return absl::InvalidArgumentError("out must be set");
+  // Everything is checked before any of it reaches a kernel: an index out of range there would
+  // fault the device and take every sequence down with it. With slot lists, only the entries the
+  // mirror uploads are checked (in Plan): the rest is on the device already, checked on its way.
+  absl::Span<const VerifySlotList> lists = slot_lists;
+  if (slot_lists.empty()) {
+    VERIFYD_RETURN_IF_ERROR(ValidateVerifyProblem(problem));
+    host_lists_.clear();
+    for (int b = 0; b < problem.batch; ++b) {
+      const int32_t* list = problem.slots + problem.slot_indptr[b];
+      const size_t prefix = static_cast<size_t>(problem.prefix_len[b]);
+      const size_t nodes = static_cast<size_t>(problem.qo_indptr[b + 1] - problem.qo_indptr[b]);
+      host_lists_.push_back(VerifySlotList{0, 0, absl::MakeConstSpan(list, prefix),
+                                           absl::MakeConstSpan(list + prefix, nodes)});
+    }
+    lists = host_lists_;
+  } else {
+    VERIFYD_RETURN_IF_ERROR(ValidateProblemWithSlotLists(problem, slot_lists));
+  }
+  Lap(&clock, &phase_times_.check_ns);
+  // The tree KV of this layer (one WriteRows per sequence) goes down in one copy and one kernel,
+  // ahead of the attention in stream order.
+  VERIFYD_RETURN_IF_ERROR(storage_->FlushWrites());
+
+  q_len_.resize(problem.batch);
+  for (int b = 0; b < problem.batch; ++b) {
+    q_len_[b] = problem.qo_indptr[b + 1] - problem.qo_indptr[b];
+  }
+  VERIFYD_ASSIGN_OR_RETURN(const CachedPlan* plan,
+                           plans_.Get(absl::MakeConstSpan(problem.prefix_len, problem.batch),
+                                      q_len_, problem.num_heads));
+  VERIFYD_ASSIGN_OR_RETURN(const SlotMirrorPlan* slots,
+                           mirror_->Plan(lists, storage_->capacity_slots()));
+  Lap(&clock, &phase_times_.plan_ns);
+  ++phase_times_.calls;
+  const absl::Status ran = RunPlanned(layer, problem, lists, *plan, *slots, clock);
+  // The mirror recorded this call's uploads as done; when they may not have reached the arena,
+  // nothing it remembers can be trusted.
+  if (!ran.ok()) mirror_->Clear();
+  return ran;
+}
+
+absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
+                                     absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
+                                     const SlotMirrorPlan& slots,
+                                     std::chrono::steady_clock::time_point clock) {
+  const VerifyStagingLayout layout = LayoutVerifyStaging(
+      problem, static_cast<size_t>(slots.num_values), plan.packed.size(), plan.layout.total_bytes);
+
+  // Grown before anything is enqueued or captured: growth waits for the stream and frees memory.
+  const size_t arena_bytes = static_cast<size_t>(mirror_->arena_entries()) * sizeof(int32_t);
+  if (arena_bytes > slot_arena_.capacity()) {
+    // Only a reset grows the mirror's arena, so no mirrored entry is lost with the old buffer.
+    if (!slots.reset) return absl::InternalError("slot arena grew without a mirror reset");
+    VERIFYD_RETURN_IF_ERROR(slot_arena_.Reserve(arena_bytes, *stream_).status());
+    VERIFYD_CUDA_CHECK(
+        cudaMemsetAsync(slot_arena_.get(), 0, slot_arena_.capacity(), stream_->get()));
+  }
+  VERIFYD_RETURN_IF_ERROR(staging_.Reserve(layout.upload_copy_bytes, *stream_).status());
+  VERIFYD_RETURN_IF_ERROR(inputs_.Reserve(layout.input_bytes, *stream_).status());
+  VERIFYD_RETURN_IF_ERROR(outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
+  VERIFYD_RETURN_IF_ERROR(host_outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
+  const DirectCopies direct = ChooseDirectCopies(layout, problem, host_ranges_);
+  const StagedCopy upload = StagedUpload(layout, direct);
+  const StagedCopy readback = StagedOutputs(layout, direct);
+  // The previous call synchronized the stream before returning, so the staging buffer is free.
+  FillVerifyStaging(layout, problem, slots.list_offset, plan.packed, staging_.get(), &copier_,
+                    /*stage_q=*/!direct.q);
+  WriteSlotUploads(lists, slots, staging_.as<SlotScatterHeader>(layout.slot_header),
+                   staging_.as<SlotScatterRun>(layout.slot_runs),
+                   staging_.as<int32_t>(layout.slot_values));
+  int32_t* arena = slot_arena_.as<int32_t>();
+  const VerifyProblem device_problem =
+      PlaceVerifyProblem(layout, problem, inputs_.get(), outputs_.get(), arena);
+  void* workspace = inputs_.as<void>(layout.workspace);
+  Lap(&clock, &phase_times_.stage_ns);
+
+  auto enqueue = [&](cudaStream_t stream) -> absl::Status {
+    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(upload.offset),
+                                       staging_.as<void>(upload.offset), upload.bytes,
+                                       cudaMemcpyHostToDevice, stream));
+    VERIFYD_RETURN_IF_ERROR(LaunchSlotScatter(inputs_.as<SlotScatterHeader>(layout.slot_header),
+                                              inputs_.as<SlotScatterRun>(layout.slot_runs),
+                                              inputs_.as<int32_t>(layout.slot_values), arena,
+                                              stream));
+    VERIFYD_RETURN_IF_ERROR(
+        LaunchMlaVerify(device_problem, plan.plan, plan.layout, workspace, stream));
+    if (readback.bytes > 0) {
+      VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host_outputs_.as<void>(readback.offset),
+                                         outputs_.as<void>(readback.offset), readback.bytes,
+                                         cudaMemcpyDeviceToHost, stream));
+    }
+    return absl::OkStatus();
+  };
+  // Outside any graph (the header says why), in stream order around it; exact sizes, so nothing
+  // of the caller's memory beyond its tensors is written.
+  auto enqueue_direct_input = [&]() -> absl::Status {
+    if (direct.q) {
+      VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(layout.q), problem.q, layout.q_bytes,
+                                         cudaMemcpyHostToDevice, stream_->get()));
+    }
+    return absl::OkStatus();
+  };
+  auto enqueue_direct_outputs = [&]() -> absl::Status {
+    if (direct.out) {
+      VERIFYD_CUDA_CHECK(cudaMemcpyAsync(problem.out, outputs_.as<void>(layout.out),
+                                         layout.out_bytes, cudaMemcpyDeviceToHost, stream_->get()));
+    }
+    if (direct.lse) {
+      VERIFYD_CUDA_CHECK(cudaMemcpyAsync(problem.lse, outputs_.as<void>(layout.lse),
+                                         layout.lse_bytes, cudaMemcpyDeviceToHost, stream_->get()));
+    }
+    return absl::OkStatus();
+  };
+
+  absl::StatusOr<GraphOutcome> outcome = GraphOutcome::kEager;
+  if (absl::Status input = enqueue_direct_input(); !input.ok()) {
+    outcome = input;
+  } else if (options_.cuda_graphs) {
+    VerifyGraphBucket bucket;
+    bucket.layer = layer;
+    bucket.batch = problem.batch;
+    bucket.total_q_bucket = TotalQBucket(problem.total_q);
+    bucket.num_heads = problem.num_heads;
+    bucket.lse = problem.lse != nullptr;
+    bucket.combine = !plan.plan.combine.empty();
+    bucket.direct = direct;
+    VerifyGraphParams params;
+    params.staging = staging_.get();
+    params.device_inputs = inputs_.get();
+    params.device_outputs = outputs_.get();
+    params.host_outputs = host_outputs_.get();
+    params.slot_arena = arena;
+    params.kv = problem.kv;
+    params.num_slots = problem.num_slots;
+    params.num_work = static_cast<int>(plan.plan.work.size());
+    params.num_combine = static_cast<int>(plan.plan.combine.size());
+    params.num_partials = plan.plan.num_partials;
+    params.scale = problem.scale;
+    params.total_q = problem.total_q;
+    params.layout = layout;
+    outcome = graphs_.Run(bucket, params, enqueue, stream_->get());
+  } else if (absl::Status enqueued = enqueue(stream_->get()); !enqueued.ok()) {
+    outcome = enqueued;
+  }
+  if (outcome.ok()) {
+    if (absl::Status output = enqueue_direct_outputs(); !output.ok()) outcome = output;
+  }
+  if (!outcome.ok()) {
+    // Part of the sequence may be queued: let it finish before the next call refills the staging.
+    stream_->Synchronize().IgnoreError();
+    return outcome.status();
+  }
+  if (*outcome == GraphOutcome::kEager || *outcome == GraphOutcome::kWarmup) ++eager_runs_;
+  Lap(&clock, &phase_times_.enqueue_ns);
+  // The one wait of a Verify: the host needs the outputs.
+  VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
+  Lap(&clock, &phase_times_.wait_ns);
+  if (!direct.out) copier_.Copy(problem.out, host_outputs_.as<void>(layout.out), layout.out_bytes);
+  if (problem.lse != nullptr && !direct.lse) {
+    std::memcpy(problem.lse, host_outputs_.as<void>(layout.lse), layout.lse_bytes);
+  }
+  direct_copies_.q += direct.q;
+  direct_copies_.out += direct.out;
+  direct_copies_.lse += direct.lse;
+  Lap(&clock, &phase_times_.copy_out_ns);
+  if (graph_observer_ && options_.cuda_graphs) {
+    switch (*outcome) {
+      case GraphOutcome::kInstantiated:
+      case GraphOutcome::kUpdated:
+        graph_observer_(GraphEvent::kCapture);
+        graph_observer_(GraphEvent::kReplay);
+        break;
+      case GraphOutcome::kReplayed:
+        graph_observer_(GraphEvent::kReplay);
+        break;
+      case GraphOutcome::kEager:
+        graph_observer_(GraphEvent::kFallback);
+        break;
+      case GraphOutcome::kWarmup:  // eager by design, not a failure of the graph path
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd

@@ -1,0 +1,166 @@
+// CudaBackend: Verify on the GPU over a CudaKvStorage pool, on the device's one stream.
+//
+// ComputeVerify: the problem's host arrays, the slot lists' new entries (the device keeps a mirror
+// of every sequence's slot list: backend/cuda/cuda_slot_mirror.h) and the split plan are packed into
+// pinned staging; one H2D copy, a small kernel placing the slot entries into the mirror's arena,
+// the flash + combine kernels over the layer's rows, one D2H copy of out (+ lse), one stream
+// synchronization, and a copy into the caller's output. With graphs on, that sequence is a CUDA
+// graph per shape bucket (backend/cuda/cuda_graph_cache.h), replayed as is while only data changes.
+// Buffers grow geometrically and are reused; nothing is allocated per call once the largest shape
+// has been seen.
+//
+// Host memory registered through RegisterHostMemory (the daemon's shared-memory regions) is
+// page-locked by the driver: a q / out / lse wholly inside one registered range is copied by DMA
+// straight from / into it, with no host copy through the staging. Those copies are enqueued
+// eagerly around the graph launch (or the eager sequence), never captured: a graph's memcpy nodes
+// would bake in the caller's address, which differs per region and offset (a daemon serving
+// several clients alternates between them), so nearly every call would re-capture and update the
+// graph; eager, the graph depends only on which tensors go directly (part of the bucket), and the
+// cost is one cudaMemcpyAsync call per direct tensor. Stream order puts the q copy before the
+// graph's kernels and the output copies after them, as the graph's own copies are.
+// Unregistration cannot race a copy: ComputeVerify synchronizes its stream before returning (also
+// on failure), and a range is unregistered only when its mapping's last holder lets it go, while
+// the call that uses it holds a pin on it until after ComputeVerify returned
+// (service/verifyd_service.cc: RegionPins live in the task or the waiting handler's frame).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "verify/verify_problem.h"
+#include "backend/cuda/cuda_device_memory.h"
+#include "backend/cuda/cuda_kv_storage.h"
+#include "backend/compute_backend.h"
+#include "backend/cuda/cuda_graph_cache.h"
+#include "backend/cuda/cuda_plan_cache.h"
+#include "backend/cuda/cuda_slot_mirror.h"
+#include "backend/cuda/host_copy_pool.h"
+
+namespace verifyd {
+
+struct CudaBackendOptions {
+  int device = 0;
+  bool cuda_graphs = true;
+  // Executable graphs kept (buckets × layers).
+  int max_graphs = 1024;
+  // Batch shapes whose split plan is remembered.
+  int plan_cache_entries = 8;
+  // Device slot arena (int32 entries); 0: 2 × the pool's capacity + 64 Ki, which holds every live
+  // list with its headroom. Smaller values make the mirror reset (tests of that path).
+  int64_t slot_arena_entries = 0;
+  // Threads (the executor's included) for the large host copies: q into staging, outputs out.
+  int copy_threads = 4;
+};
+
+// Host time of ComputeVerify by phase, summed over calls (the benchmark's breakdown of the
+// overhead around the kernels).
+struct CudaBackendPhaseTimes {
+  int64_t calls = 0;
+  int64_t check_ns = 0;     // validation (tree-only + uploaded slots)
+  int64_t plan_ns = 0;      // flush of queued writes, split plan, slot mirror plan
+  int64_t stage_ns = 0;     // filling the pinned staging (q, indices, slot upload, plan)
+  int64_t enqueue_ns = 0;   // graph launch / update / capture, or the eager launches
+  int64_t wait_ns = 0;      // the one stream synchronization (the GPU's time shows here)
+  int64_t copy_out_ns = 0;  // pinned outputs into the caller's out / lse
+};
+
+// Calls whose tensors went straight between registered host memory and the device.
+struct DirectCopyCounters {
+  int64_t q = 0;
+  int64_t out = 0;
+  int64_t lse = 0;
+};
+
+class CudaBackend : public ComputeBackend {
+ public:
+  // Selects the device, creates its stream, reads its SM count. FAILED_PRECONDITION when the device
+  // is not visible.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(CudaBackendOptions options);
+
+  // Waits for the stream: a queued copy may still use the buffers freed here.
+  ~CudaBackend() override;
+
+  const char* name() const override { return "cuda"; }
+  absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers,
+                                                           int64_t capacity_slots) override;
+  // Reads `slot_lists` (never concatenated on the host); an empty span means the concatenated
+  // host arrays in `problem`, uploaded whole every call (tests and tools).
+  bool needs_host_slot_lists() const override { return false; }
+  using ComputeBackend::ComputeVerify;
+  // Free device memory now (cudaMemGetInfo), before the pool is allocated.
+  absl::StatusOr<int64_t> AvailableMemoryBytes() const override;
+  absl::Status ComputeVerify(int layer, VerifyProblem problem,
+                             absl::Span<const VerifySlotList> slot_lists) override;
+  void ForgetSequence(SequenceId sequence) override;
+  // kCapture for every stream capture (a new executable graph or an update of one), kReplay for
+  // every graph launch, kFallback for an eager run because the graph path failed. A bucket's
+  // first call (an eager warm-up by design) reports nothing.
+  void SetGraphObserver(std::function<void(GraphEvent)> observer) override {
+    graph_observer_ = std::move(observer);
+  }
+  bool can_register_host_memory() const override { return true; }
+  // cudaHostRegister (portable: pinned for every context of the process). UNAVAILABLE with the
+  // driver's reason when it refuses (then the range is used through the staging).
+  absl::Status RegisterHostMemory(void* data, size_t bytes) override;
+  // cudaHostUnregister; the range is forgotten first, so no later call copies from it directly.
+  void UnregisterHostMemory(void* data) override;
+
+  const GraphCounters& graph_counters() const { return graphs_.counters(); }
+  int64_t eager_runs() const { return eager_runs_; }
+  int64_t plans_made() const { return plans_.plans_made(); }
+  // Zero before CreateStorage.
+  SlotMirrorCounters slot_mirror_counters() const {
+    return mirror_ ? mirror_->counters() : SlotMirrorCounters{};
+  }
+  size_t mirrored_sequences() const { return mirror_ ? mirror_->mirrored_sequences() : 0; }
+  const CudaBackendPhaseTimes& phase_times() const { return phase_times_; }
+  const DirectCopyCounters& direct_copies() const { return direct_copies_; }
+  size_t registered_host_ranges() const { return host_ranges_.size(); }
+  const CudaStream& stream() const { return *stream_; }
+
+ private:
+  CudaBackend(CudaBackendOptions options, std::shared_ptr<CudaStream> stream, int num_sms)
+      : options_(std::move(options)),
+        stream_(std::move(stream)),
+        plans_(num_sms, options_.plan_cache_entries),
+        graphs_(options_.max_graphs) {}
+
+  // Everything after the mirror planned the call; a failure here leaves the arena unknown.
+  absl::Status RunPlanned(int layer, const VerifyProblem& problem,
+                          absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
+                          const SlotMirrorPlan& slots, std::chrono::steady_clock::time_point clock);
+
+  CudaBackendOptions options_;
+  std::shared_ptr<CudaStream> stream_;
+  HostCopyPool copier_{options_.copy_threads};
+  // Owned by the KvStore, which outlives the executor's use of this backend.
+  CudaKvStorage* storage_ = nullptr;
+  // The mirror's bookkeeping and its device arena (int32 entries), created with the storage.
+  std::unique_ptr<SlotMirror> mirror_;
+  DeviceBuffer slot_arena_;
+  SplitPlanCache plans_;
+  VerifyGraphCache graphs_;
+  PinnedBuffer staging_;                    // [inputs | plan]
+  DeviceBuffer inputs_;                     // [inputs | workspace]
+  DeviceBuffer outputs_;                    // [out | lse]
+  PinnedBuffer host_outputs_;               // [out | lse]
+  std::vector<int32_t> q_len_;              // scratch
+  std::vector<VerifySlotList> host_lists_;  // scratch: the concatenated form as lists
+  // Registered on gRPC threads, read by ComputeVerify on the executor (the set locks).
+  RegisteredHostRanges host_ranges_;
+  int64_t eager_runs_ = 0;
+  CudaBackendPhaseTimes phase_times_;
+  DirectCopyCounters direct_copies_;
+  std::function<void(GraphEvent)> graph_observer_;
+};
+
+// Whether `device` is a visible CUDA device (false without a driver); the service's backend
+// factory asks before it creates a CudaBackend.
+bool CudaBackendAvailable(int device);
+
+}  // namespace verifyd

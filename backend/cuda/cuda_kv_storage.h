@@ -1,0 +1,103 @@
+// CudaKvStorage: the KV pool [layer][slot][576] bf16 in one device allocation, moved by kernels on
+// the device's one stream.
+//
+// Writes are gathered (cuda_write_batch.h) and reach the device at the next FlushWrites, which
+// every reader of the pool calls first (ReadRows, CopySlots, CopyRuns, the backend's
+// ComputeVerify), or once many are queued. Device work is enqueued and not waited for; ReadRows
+// waits (the host must see the rows), and so does CopySlots (the old slot-list path, kept for its
+// benchmark). CopyRuns, compaction's path, does not: it only keeps at most two copies queued
+// (plans/0011-run-compaction.md). Not waiting is safe because every user of the pool (this
+// storage, the CUDA backend's verify) enqueues on the same stream in the executor's order, so a
+// later operation always sees an earlier one's bytes (plans/0008-cuda-backend.md).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "verify/bf16.h"
+#include "backend/cuda/cuda_device_memory.h"
+#include "backend/cuda/cuda_write_batch.h"
+#include "kvstore/kv_storage.h"
+#include "verify/slot_copy_check.h"
+
+namespace verifyd {
+
+class CudaKvStorage : public KvStorage {
+ public:
+  // Allocates num_layers * capacity_slots * 1152 bytes on stream->device(); RESOURCE_EXHAUSTED
+  // when the device cannot hold it.
+  static absl::StatusOr<std::unique_ptr<CudaKvStorage>> Create(int num_layers,
+                                                               int64_t capacity_slots,
+                                                               std::shared_ptr<CudaStream> stream);
+
+  // Waits for the stream: queued copies may still use the buffers freed here.
+  ~CudaKvStorage() override;
+  CudaKvStorage(const CudaKvStorage&) = delete;
+  CudaKvStorage& operator=(const CudaKvStorage&) = delete;
+
+  int num_layers() const override { return num_layers_; }
+  int64_t capacity_slots() const override { return capacity_; }
+  // Copies the rows into the pinned write batch; `rows` may be reused at once. The device sees
+  // them after the next FlushWrites.
+  absl::Status WriteRows(int layer, absl::Span<const int32_t> slots,
+                         const bf16_bits* rows) override;
+  // Gather kernel → D2H → waits for the stream.
+  absl::Status ReadRows(int layer, absl::Span<const int32_t> slots, bf16_bits* out) const override;
+  // One kernel copies every layer's rows, then waits for the stream.
+  absl::Status CopySlots(absl::Span<const int32_t> src, absl::Span<const int32_t> dst) override;
+  // Run table H2D (one copy from the pinned ring) → one kernel over every layer's runs → an
+  // event; no wait for this copy. Before enqueueing, waits for the copy two calls back, so at
+  // most two copies sit ahead of later work (a Verify behind them) while the host prepares the
+  // next chunk during the current one's copy.
+  absl::Status CopyRuns(absl::Span<const SlotRunCopy> runs) override;
+  // Waits for the last CopyRuns' event.
+  absl::Status WaitForCopies() override;
+
+  // Enqueues every queued write (one H2D pair + one kernel). Whoever reads the pool on the device
+  // calls it first; stream order does the rest.
+  absl::Status FlushWrites() const;
+
+  // Device pointer of one layer's [capacity][576] rows.
+  const bf16_bits* layer_device_data(int layer) const;
+  const CudaStream& stream() const { return *stream_; }
+
+ private:
+  CudaKvStorage(int num_layers, int64_t capacity, std::shared_ptr<CudaStream> stream)
+      : num_layers_(num_layers),
+        capacity_(capacity),
+        stream_(std::move(stream)),
+        copy_check_(capacity) {}
+
+  absl::Status CheckLayer(int layer) const;
+  absl::Status CheckSlots(absl::Span<const int32_t> slots, const char* field) const;
+  // `bytes` of the pinned ring for the host to fill. When the ring is full it waits for the stream
+  // (every earlier copy out of the ring is then done) and starts over; a request larger than the
+  // ring grows it.
+  absl::StatusOr<uint8_t*> TakeFromRing(size_t bytes) const;
+  // Stages [a | b] (each 256-aligned) and enqueues one H2D into the device scratch buffer.
+  // Returns the device addresses of a and b.
+  absl::Status UploadScratch(const void* a, size_t a_bytes, const void* b, size_t b_bytes,
+                             void** a_dev, void** b_dev) const;
+
+  int num_layers_;
+  int64_t capacity_;
+  std::shared_ptr<CudaStream> stream_;
+  DeviceBuffer pool_;
+  // Mutable: ReadRows is const in the KvStorage interface but stages through these. The device
+  // scratch is reused by every call without waiting: the stream runs one call's upload only after
+  // the previous call's kernel finished reading it.
+  mutable PinnedBuffer ring_;
+  mutable size_t ring_used_ = 0;
+  mutable DeviceBuffer scratch_;
+  mutable PinnedBuffer read_back_;
+  std::unique_ptr<CudaWriteBatch> writes_;
+  SlotCopyCheck copy_check_;
+  // Recorded after each CopyRuns kernel, alternately: copy_done_[n % 2] is copy n's (timing off).
+  cudaEvent_t copy_done_[2] = {nullptr, nullptr};
+  int64_t copies_enqueued_ = 0;
+};
+
+}  // namespace verifyd

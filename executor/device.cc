@@ -1,0 +1,74 @@
+#include "executor/device.h"
+
+#include <algorithm>
+#include <string_view>
+#include <thread>
+
+#include "base/status_macros.h"
+
+namespace verifyd {
+
+int64_t ExecutorSpinMicros(int64_t requested) {
+  if (requested >= 0) return requested;
+  // A busy core is cheap on a GPU host and fatal to a 2-core CI machine running its tests.
+  return std::thread::hardware_concurrency() >= 8 ? 2000 : 0;
+}
+
+absl::StatusOr<std::unique_ptr<Device>> Device::Create(const ServiceOptions& options,
+                                                       std::unique_ptr<ComputeBackend> backend,
+                                                       ServiceMetrics* metrics) {
+  VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<DeviceOperations> ops,
+                           DeviceOperations::Create(options, std::move(backend), metrics));
+  return std::unique_ptr<Device>(new Device(options, std::move(ops), metrics));
+}
+
+Device::Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> ops,
+               ServiceMetrics* metrics)
+    : ops_(std::move(ops)),
+      compactions_(options.compaction_history,
+                   options.compaction_chunk_bytes > 0
+                       ? options.compaction_chunk_bytes
+                       : CompactionManager::ChunkBytesFor(ops_->backend().name()),
+                   metrics) {
+  capacity_slots_ = ops_->store().allocator().capacity();
+  ExecutorHooks hooks;
+  hooks.background_step = [this] { return compactions_.Step(ops_->store()); };
+  hooks.tick = [this] {
+    ops_->ExpireLeases();
+    ops_->RefreshGauges();
+  };
+  // Expiry lags a lease by at most a quarter of it; gauges refresh at least 4 times a second.
+  hooks.tick_period = std::clamp(absl::Seconds(options.lease_seconds) / 4, absl::Milliseconds(20),
+                                 absl::Milliseconds(250));
+  hooks.max_queued = options.max_queued_requests;
+  hooks.spin = absl::Microseconds(ExecutorSpinMicros(options.executor_spin_us));
+  executor_ = std::make_unique<DeviceExecutor>(std::move(hooks));
+  executor_->Start();
+}
+
+Device::~Device() { Drain(); }
+
+absl::Status Device::Submit(std::function<void(DeviceOperations&)> task) {
+  return executor_->Submit([this, task = std::move(task)] { task(*ops_); });
+}
+
+absl::Status Device::RunOrSubmit(std::function<void(DeviceOperations&)> task) {
+  return executor_->RunOrSubmit([this, task = std::move(task)] { task(*ops_); });
+}
+
+std::string Device::StartCompaction(int64_t budget_bytes) {
+  std::string id = compactions_.Create(budget_bytes);
+  executor_->NotifyBackgroundWork();
+  return id;
+}
+
+std::optional<CompactionOperation> Device::GetCompaction(const std::string& id) const {
+  return compactions_.Get(id);
+}
+
+void Device::Drain() {
+  executor_->Drain();
+  compactions_.AbandonAll("verifyd shut down before the operation finished");
+}
+
+}  // namespace verifyd

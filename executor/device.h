@@ -1,0 +1,55 @@
+// Device: one GPU's (or the CPU backend's) state and the executor thread that owns it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "executor/compaction_manager.h"
+#include "executor/device_executor.h"
+#include "executor/device_operations.h"
+#include "service/service_metrics.h"
+#include "service/service_options.h"
+
+namespace verifyd {
+
+// --executor-spin-us resolved: `requested` when >= 0, else 2000 µs on hosts with >= 8 cores, 0 on
+// smaller ones.
+int64_t ExecutorSpinMicros(int64_t requested);
+
+class Device {
+ public:
+  // Builds the backend's storage and the store, and starts the executor.
+  static absl::StatusOr<std::unique_ptr<Device>> Create(const ServiceOptions& options,
+                                                        std::unique_ptr<ComputeBackend> backend,
+                                                        ServiceMetrics* metrics);
+  ~Device();
+
+  // Runs `task` on the executor thread; see DeviceExecutor::Submit for refusals.
+  absl::Status Submit(std::function<void(DeviceOperations&)> task);
+  // Runs `task` on the calling thread when the device is idle, else queues it (see
+  // DeviceExecutor::RunOrSubmit).
+  absl::Status RunOrSubmit(std::function<void(DeviceOperations&)> task);
+  // Queues a Compact operation and returns its id at once.
+  std::string StartCompaction(int64_t budget_bytes);
+  std::optional<CompactionOperation> GetCompaction(const std::string& id) const;
+  // Finishes every queued task, abandons unfinished compactions, stops the thread.
+  void Drain();
+
+  const char* backend_name() const { return ops_->backend().name(); }
+  // The pool's slots (--kv-capacity-tokens or resolved from --kv-memory-fraction); fixed.
+  int64_t capacity_slots() const { return capacity_slots_; }
+
+ private:
+  Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> ops,
+         ServiceMetrics* metrics);
+
+  std::unique_ptr<DeviceOperations> ops_;
+  int64_t capacity_slots_ = 0;
+  CompactionManager compactions_;
+  std::unique_ptr<DeviceExecutor> executor_;
+};
+
+}  // namespace verifyd

@@ -1,0 +1,251 @@
+// The flash kernel (and the naive on-GPU oracle) against the float64 CPU oracle, on fresh random
+// inputs: the issue's H, Q and L values, every tree shape, mixed batches, forced split plans; plus
+// bit-exactness across slot layouts and repeated runs.
+#include <cstdlib>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "verify/mla_dims.h"
+#include "kernels/mla_verify_launch.h"
+#include "tests/kernels/device_problem.h"
+#include "tests/testing/problem_builder.h"
+
+namespace verifyd::test {
+namespace {
+
+constexpr double kTolerance = 1e-2;
+// H200: 132 SMs; the real count is what the daemon passes, tests also force other plans.
+constexpr int kSms = 132;
+
+// Every flash path this device has: the launcher's own choice and, when that is the Hopper kernel,
+// the portable kernel forced through VERIFYD_FORCE_PORTABLE (so one run checks both).
+class FlashPath {
+ public:
+  static std::vector<bool> ForcePortableValues() {
+    unsetenv("VERIFYD_FORCE_PORTABLE");
+    if (std::string(FlashKernelPath()) == "portable-mma-sync") return {false};
+    return {false, true};
+  }
+  explicit FlashPath(bool force_portable) {
+    if (force_portable) {
+      setenv("VERIFYD_FORCE_PORTABLE", "1", 1);
+    } else {
+      unsetenv("VERIFYD_FORCE_PORTABLE");
+    }
+  }
+  ~FlashPath() { unsetenv("VERIFYD_FORCE_PORTABLE"); }
+  std::string Name() const { return FlashKernelPath(); }
+};
+
+struct Case {
+  std::string name;
+  int heads;
+  std::vector<SequenceSpec> seqs;
+};
+
+std::string ShapeName(TreeShape s) {
+  switch (s) {
+    case TreeShape::kChain:
+      return "chain";
+    case TreeShape::kStar:
+      return "star";
+    case TreeShape::kForest:
+      return "forest";
+    case TreeShape::kRandom:
+      return "random";
+  }
+  return "?";
+}
+
+std::string Describe(const Case& c) {
+  std::string s = c.name + " H=" + std::to_string(c.heads);
+  for (const SequenceSpec& q : c.seqs) {
+    s += " (L=" + std::to_string(q.prefix_len) + " Q=" + std::to_string(q.num_nodes) + " " +
+         ShapeName(q.shape) + ")";
+  }
+  return s;
+}
+
+// Readable test names in ctest and failure output instead of the struct's bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << Describe(c); }
+
+// Every H, Q and L value of the issue appears at least once; the fp64 oracle stays a few seconds
+// each.
+std::vector<Case> OracleCases() {
+  using enum TreeShape;
+  return {
+      {"single_node_no_prefix", 1, {{0, 1, kChain}}},
+      {"one_prefix_token", 8, {{1, 9, kRandom}}},
+      {"prefix_63_star", 16, {{63, 16, kStar}}},
+      {"prefix_64_forest", 64, {{64, 33, kForest}}},
+      {"heads_128", 128, {{1000, 64, kRandom}}},
+      {"tree_257", 8, {{1000, 257, kRandom}}},
+      {"tree_1024_chain_no_prefix", 1, {{0, 1024, kChain}}},
+      {"tree_1024_forest", 16, {{63, 1024, kForest}}},
+      {"long_prefix", 8, {{65536, 16, kRandom}}},
+      {"long_prefix_heads_64", 64, {{65536, 9, kStar}}},
+      {"mixed_batch",
+       16,
+       {{0, 1, kChain},
+        {1, 9, kStar},
+        {63, 16, kForest},
+        {64, 33, kRandom},
+        {1000, 257, kChain},
+        {65536, 9, kRandom},
+        {0, 64, kForest}}},
+      {"mixed_batch_heads_1",
+       1,
+       {{5, 1024, kRandom}, {1000, 1, kChain}, {64, 257, kStar}, {63, 33, kForest}}},
+  };
+}
+
+class FlashVsOracle : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FlashVsOracle, MatchesFloat64) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  const Case& c = GetParam();
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(Describe(c) + " seed=" + std::to_string(seed));
+  HostProblem host =
+      MakeRandomProblem(c.seqs, c.heads, seed, /*scattered=*/true, /*extra_slots=*/97);
+  std::vector<double> ref_out, ref_lse;
+  ComputeVerifyF64(host.problem(), &ref_out, &ref_lse);
+  auto dev = DeviceProblem::Upload(host);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  for (bool force_portable : FlashPath::ForcePortableValues()) {
+    FlashPath path(force_portable);
+    SCOPED_TRACE(path.Name());
+    auto flash = dev->RunFlash(kSms);
+    ASSERT_TRUE(flash.ok()) << flash.status();
+    EXPECT_LE(RelativeError(flash->out, ref_out), kTolerance);
+    EXPECT_LE(RelativeError(flash->lse, ref_lse), kTolerance);
+    std::printf("%-28s %-18s out err %.2e, lse err %.2e\n", c.name.c_str(), path.Name().c_str(),
+                RelativeError(flash->out, ref_out), RelativeError(flash->lse, ref_lse));
+  }
+  auto naive = dev->RunNaive();
+  ASSERT_TRUE(naive.ok()) << naive.status();
+  EXPECT_LE(RelativeError(naive->out, ref_out), kTolerance);
+  EXPECT_LE(RelativeError(naive->lse, ref_lse), 1e-4);
+  std::printf("%-28s naive out err %.2e\n", c.name.c_str(), RelativeError(naive->out, ref_out));
+}
+
+INSTANTIATE_TEST_SUITE_P(IssueMatrix, FlashVsOracle, ::testing::ValuesIn(OracleCases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
+
+// One random problem (4 heads) against the float64 oracle, on each flash path, under the split
+// plan made for each SM count.
+void ExpectEveryPlanMatchesFloat64(const std::vector<SequenceSpec>& seqs,
+                                   const std::vector<int>& sm_counts) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  HostProblem host = MakeRandomProblem(seqs, 4, seed, /*scattered=*/true, 11);
+  std::vector<double> ref_out, ref_lse;
+  ComputeVerifyF64(host.problem(), &ref_out, &ref_lse);
+  auto dev = DeviceProblem::Upload(host);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  for (bool force_portable : FlashPath::ForcePortableValues()) {
+    FlashPath path(force_portable);
+    SCOPED_TRACE(path.Name());
+    for (int sms : sm_counts) {
+      SCOPED_TRACE("num_sms=" + std::to_string(sms));
+      auto flash = dev->RunFlash(sms);
+      ASSERT_TRUE(flash.ok()) << flash.status();
+      EXPECT_LE(RelativeError(flash->out, ref_out), kTolerance);
+      EXPECT_LE(RelativeError(flash->lse, ref_lse), kTolerance);
+    }
+  }
+}
+
+// The split planner's choice must not matter: no split, a few, and far more splits than columns per
+// row block (tree-only splits where most rows see nothing) all agree with the oracle. The largest
+// split counts of these plans (20-27, and 320 at 100000 SMs) send the combine through its
+// multi-batch paths: two batches of one group, four batches of four groups.
+TEST(FlashPlans, AnySplitCountMatchesFloat64) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  using enum TreeShape;
+  ExpectEveryPlanMatchesFloat64(
+      {{3000, 65, kRandom}, {17, 130, kForest}, {0, 40, kStar}, {20000, 5, kChain}},
+      {1, 3, 5, 24, 132, 100000});
+}
+
+// Each combine shape (picked by the plan's largest split count: <= 4, <= 8, < 32 splits with one
+// group, >= 32 with four) on a small batch: 4, 8, 16 and 132 SMs give 3, 6, 11 and 32 splits.
+TEST(FlashPlans, EveryCombineShapeMatchesFloat64) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  using enum TreeShape;
+  ExpectEveryPlanMatchesFloat64({{1000, 16, kRandom}, {300, 9, kChain}}, {4, 8, 16, 132});
+}
+
+// Page size 1 with random slots and one consecutive run per sequence hold the same KV: the kernel
+// must give the same bytes (the fast path for runs changes addresses, never arithmetic). Also two
+// runs give identical bytes (no atomics, fixed reduction order).
+TEST(FlashBitExact, ScatteredEqualsContiguousAndRunsRepeat) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  using enum TreeShape;
+  const std::vector<SequenceSpec> seqs = {
+      {4096, 16, kRandom}, {1000, 9, kChain}, {0, 33, kForest}, {77, 257, kStar}};
+  HostProblem scattered = MakeRandomProblem(seqs, 16, seed, /*scattered=*/true, 301);
+  HostProblem contiguous = WithContiguousSlots(scattered);
+  auto dev_s = DeviceProblem::Upload(scattered);
+  auto dev_c = DeviceProblem::Upload(contiguous);
+  ASSERT_TRUE(dev_s.ok() && dev_c.ok());
+  for (bool force_portable : FlashPath::ForcePortableValues()) {
+    FlashPath path(force_portable);
+    SCOPED_TRACE(path.Name());
+    auto a = dev_s->RunFlash(kSms);
+    auto b = dev_c->RunFlash(kSms);
+    auto again = dev_s->RunFlash(kSms);
+    ASSERT_TRUE(a.ok() && b.ok() && again.ok());
+    EXPECT_TRUE(a->out == b->out) << "scattered and contiguous slot tables differ";
+    EXPECT_TRUE(a->lse == b->lse);
+    EXPECT_TRUE(a->out == again->out) << "two runs differ";
+    EXPECT_TRUE(a->lse == again->lse);
+  }
+  auto na = dev_s->RunNaive();
+  auto nb = dev_c->RunNaive();
+  ASSERT_TRUE(na.ok() && nb.ok());
+  EXPECT_TRUE(na->out == nb->out) << "naive: scattered and contiguous differ";
+}
+
+// The largest shapes are too slow for the float64 oracle: there flash is checked against the naive
+// kernel, which the tests above check against float64.
+TEST(FlashVsNaive, LargeShapes) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = TestSeed();
+  using enum TreeShape;
+  const std::vector<Case> cases = {
+      {"S6_like", 128, {{65536, 64, kRandom}}},
+      {"S5_like", 8, std::vector<SequenceSpec>(32, {4096, 8, kRandom})},
+      {"S3_like", 64, {{65536, 33, kForest}}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(Describe(c) + " seed=" + std::to_string(seed));
+    HostProblem host = MakeRandomProblem(c.seqs, c.heads, seed, /*scattered=*/true, 0);
+    auto dev = DeviceProblem::Upload(host);
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    auto naive = dev->RunNaive();
+    ASSERT_TRUE(naive.ok());
+    std::vector<double> naive_out(naive->out.size()), naive_lse(naive->lse.size());
+    for (size_t i = 0; i < naive_out.size(); ++i) naive_out[i] = Bf16ToFloat(naive->out[i]);
+    for (size_t i = 0; i < naive_lse.size(); ++i) naive_lse[i] = naive->lse[i];
+    for (bool force_portable : FlashPath::ForcePortableValues()) {
+      FlashPath path(force_portable);
+      SCOPED_TRACE(path.Name());
+      auto flash = dev->RunFlash(kSms);
+      ASSERT_TRUE(flash.ok());
+      EXPECT_LE(RelativeError(flash->out, naive_out), kTolerance);
+      EXPECT_LE(RelativeError(flash->lse, naive_lse), kTolerance);
+      std::printf("%-10s %-18s flash vs naive out err %.2e\n", c.name.c_str(), path.Name().c_str(),
+                  RelativeError(flash->out, naive_out));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace verifyd::test

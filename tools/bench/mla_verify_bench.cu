@@ -1,0 +1,688 @@
+// Kernel benchmark (SPEC §5): measures the device's copy bandwidth and bf16 matmul rate, then times
+// the flash kernel on S1-S7 against the floor max(bytes / bandwidth, FLOPs / matmul rate), with
+// scattered (page size 1, random) vs contiguous slots, graph replay vs eager, and the naive kernel.
+// Prints one line per shape as it goes and a short table last. Every timed loop (the ceilings too)
+// runs after 100 ms of its own work; "/floor" uses those sustained ceilings, "/burst" the best rate
+// measured either way (the GEMM from a cold start runs at a higher clock, before the power limit),
+// and "MHz" is the SM clock while the shape's loop runs (plans/0004, session 5).
+//
+// Usage: mla_verify_bench [--iters N] [--shapes S1,S3,...] [--no-naive] [--launcher-path-only]
+//                         [--copies N]   (KV replicas to rotate through; default: > 400 MB)
+//                         [--breakdown]  (flash vs combine time per shape, and an L sweep)
+//                         [--timeline]   (per-CTA clock stamps of the sm_90a kernel)
+// On a Hopper device both flash paths are measured (sm90a-wgmma, then portable-mma-sync forced).
+// VERIFYD_FLASH_DIAG=1 (no KV gathers in the main loop) or 2 (no wgmma) with --launcher-path-only
+// times the sm_90a kernel without one side, to tell which one bounds it (plans/0004 v13).
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "verify/mla_dims.h"
+#include "kernels/mla_verify_kernels.h"
+#include "kernels/mla_verify_launch.h"
+#include "kernels/split_planner.h"
+#include "verify/tree_mask.h"
+
+namespace verifyd::bench {
+namespace {
+
+#define BENCH_CUDA(expr)                                                        \
+  do {                                                                          \
+    cudaError_t err_ = (expr);                                                  \
+    if (err_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorString(err_));                                   \
+      std::exit(1);                                                             \
+    }                                                                           \
+  } while (0)
+
+#define BENCH_OK(expr)                                                                             \
+  do {                                                                                             \
+    absl::Status st_ = (expr);                                                                     \
+    if (!st_.ok()) {                                                                               \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, std::string(st_.message()).c_str()); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+// Uniform bf16 in [-amp, amp) from a counter hash: random data on the device without a host copy.
+__global__ void FillRandomBf16(bf16_bits* x, int64_t n, uint64_t seed, float amp) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint64_t h = (static_cast<uint64_t>(i) + seed) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    const float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
+    const float v = (2.f * u - 1.f) * amp;
+    x[i] = static_cast<bf16_bits>(__float_as_uint(v) >> 16);
+  }
+}
+
+void FillRandom(bf16_bits* x, int64_t n, uint64_t seed, float amp) {
+  FillRandomBf16<<<1024, 256>>>(x, n, seed, amp);
+  BENCH_CUDA(cudaGetLastError());
+}
+
+template <typename T>
+T* DeviceAlloc(size_t count) {
+  void* p = nullptr;
+  BENCH_CUDA(cudaMalloc(&p, std::max<size_t>(count * sizeof(T), 16)));
+  return static_cast<T*>(p);
+}
+
+template <typename T>
+T* DeviceCopy(const std::vector<T>& v) {
+  T* p = DeviceAlloc<T>(v.size());
+  if (!v.empty()) BENCH_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Times `body(i)` per iteration with a pair of events each, after warm-up; returns the median in
+// ms.
+// `calls` calls, then (calls > 0) more until 100 ms of device time has passed. The SM clock leaves
+// its idle state slowly: short shapes (S1, S2: ~70 µs a launch) were timed at 1.4-1.8 GHz in some
+// processes and 1.98 GHz in others, with the same cycles per tile (plans/0004), while the
+// ceilings measured before them ran at full clock. calls = 0 (the naive kernel, ~1 s a launch at
+// S6) skips it.
+template <typename Body>
+void WarmUp(int calls, Body body) {
+  for (int i = 0; i < calls; ++i) body(i);
+  if (calls == 0) return;
+  cudaEvent_t start, now;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&now));
+  BENCH_CUDA(cudaEventRecord(start));
+  for (int batch = 0; batch < 8000; ++batch) {
+    for (int i = 0; i < 4; ++i) body(calls + 4 * batch + i);
+    BENCH_CUDA(cudaEventRecord(now));
+    BENCH_CUDA(cudaEventSynchronize(now));
+    float ms = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, start, now));
+    if (ms >= 100.f) break;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(now);
+}
+
+// sustain = false: only the `warmup` calls (the ceilings' burst figures, plans/0004 session 5).
+template <typename Body>
+double MedianMs(int warmup, int iters, Body body, bool sustain = true) {
+  if (sustain) {
+    WarmUp(warmup, body);
+  } else {
+    for (int i = 0; i < warmup; ++i) body(i);
+  }
+  std::vector<cudaEvent_t> events(2 * iters);
+  for (auto& e : events) BENCH_CUDA(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CUDA(cudaEventRecord(events[2 * i]));
+    body(i);
+    BENCH_CUDA(cudaEventRecord(events[2 * i + 1]));
+  }
+  BENCH_CUDA(cudaDeviceSynchronize());
+  std::vector<double> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, events[2 * i], events[2 * i + 1]));
+    ms[i] = t;
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  return Median(ms);
+}
+
+// The SM clock: one thread spins 20 µs of globaltimer and counts clock64 cycles (SmClockDuringMhz
+// runs it while a loop is in flight).
+__global__ void SmClockProbe(unsigned long long* out) {
+  unsigned long long t0, t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const long long c0 = clock64();
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  } while (t1 - t0 < 20000);
+  out[0] = static_cast<unsigned long long>(clock64() - c0);
+  out[1] = t1 - t0;
+}
+
+// The SM clock while `calls` calls of `body` run: they are queued on the legacy stream, the probe
+// on a stream of its own, so it runs on an SM with room to spare or in a gap between two launches,
+// under the same load either way (the clock moves in ms, the probe takes 20 µs).
+template <typename Body>
+double SmClockDuringMhz(int calls, Body body) {
+  static unsigned long long* probe = DeviceAlloc<unsigned long long>(2);
+  static cudaStream_t side = [] {
+    cudaStream_t stream;
+    BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    return stream;
+  }();
+  for (int i = 0; i < calls / 2; ++i) body(i);
+  SmClockProbe<<<1, 1, 0, side>>>(probe);
+  BENCH_CUDA(cudaGetLastError());
+  for (int i = calls / 2; i < calls; ++i) body(i);
+  BENCH_CUDA(cudaDeviceSynchronize());
+  unsigned long long h[2];
+  BENCH_CUDA(cudaMemcpy(h, probe, sizeof(h), cudaMemcpyDeviceToHost));
+  return double(h[0]) / double(h[1]) * 1e3;
+}
+
+// A ceiling measured twice: after the 100 ms warm-up every kernel timing also gets (`sustained`,
+// what the floor uses: the device in the same state as the kernels), and straight from a cold
+// start (`burst`: short bursts run at a higher clock, so the GEMM comes out ~15 % faster there;
+// the table's "/burst" column divides by the best of both, the strictest reading).
+struct Ceiling {
+  double sustained = 0, burst = 0, sustained_mhz = 0, burst_mhz = 0;
+  double best() const { return std::max(sustained, burst); }
+};
+
+// Device-to-device copy bandwidth, counting bytes read plus bytes written (4 GiB moved per copy).
+Ceiling MeasureCopyBandwidth() {
+  const size_t bytes = size_t{2} << 30;
+  auto* a = DeviceAlloc<uint8_t>(bytes);
+  auto* b = DeviceAlloc<uint8_t>(bytes);
+  BENCH_CUDA(cudaMemset(a, 1, bytes));
+  auto copy = [&](int) { BENCH_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); };
+  Ceiling c;
+  c.burst = 2.0 * bytes / (MedianMs(3, 20, copy, /*sustain=*/false) * 1e-3);
+  c.burst_mhz = SmClockDuringMhz(4, copy);
+  c.sustained = 2.0 * bytes / (MedianMs(3, 20, copy) * 1e-3);
+  c.sustained_mhz = SmClockDuringMhz(20, copy);
+  cudaFree(a);
+  cudaFree(b);
+  return c;
+}
+
+// bf16 x bf16 -> bf16 GEMM, fp32 accumulate, 8192^3, random inputs: the tensor-core ceiling.
+Ceiling MeasureMatmulRate() {
+  const int n = 8192;
+  auto* a = DeviceAlloc<bf16_bits>(size_t{n} * n);
+  auto* b = DeviceAlloc<bf16_bits>(size_t{n} * n);
+  auto* c = DeviceAlloc<bf16_bits>(size_t{n} * n);
+  FillRandom(a, int64_t{n} * n, 1, 1.f);
+  FillRandom(b, int64_t{n} * n, 2, 1.f);
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cublasCreate failed\n");
+    std::exit(1);
+  }
+  const float alpha = 1.f, beta = 0.f;
+  auto gemm = [&](int) {
+    const cublasStatus_t s = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a,
+                                          CUDA_R_16BF, n, b, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF,
+                                          n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasGemmEx failed: %d\n", static_cast<int>(s));
+      std::exit(1);
+    }
+  };
+  const double flops = 2.0 * n * n * double(n);
+  Ceiling rate;
+  rate.burst = flops / (MedianMs(3, 20, gemm, /*sustain=*/false) * 1e-3);
+  rate.burst_mhz = SmClockDuringMhz(4, gemm);
+  rate.sustained = flops / (MedianMs(3, 20, gemm) * 1e-3);
+  rate.sustained_mhz = SmClockDuringMhz(40, gemm);
+  cublasDestroy(handle);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return rate;
+}
+
+struct Shape {
+  const char* name;
+  int batch, heads, q, l;
+};
+
+// One shape's device data: `copies` replicas of the KV (so rotating them defeats the L2), a slot
+// table per layout, the queries, tree masks and outputs.
+struct ShapeData {
+  int copies = 1;
+  int64_t slots_per_copy = 0;
+  bf16_bits* kv = nullptr;
+  bf16_bits* q = nullptr;
+  bf16_bits* out = nullptr;
+  bf16_bits* out_naive = nullptr;
+  float* lse = nullptr;
+  int32_t *qo_indptr = nullptr, *prefix_len = nullptr, *slot_indptr = nullptr,
+          *mask_indptr = nullptr;
+  int32_t* slots_contiguous = nullptr;
+  int32_t* slots_scattered = nullptr;
+  uint64_t* mask_bits = nullptr;
+  VerifyProblem problem;  // slots and kv filled in per launch
+};
+
+// --copies N: the number of KV replicas the timing rotates through (default: enough to pass
+// 400 MB, so the L2 holds none of them); a diagnosis of placement effects (plans/0004).
+int& CopiesOverride() {
+  static int copies = 0;
+  return copies;
+}
+
+ShapeData BuildShape(const Shape& s, std::mt19937_64& rng) {
+  ShapeData d;
+  const int64_t cols = int64_t{s.l} + s.q;
+  d.slots_per_copy = cols * s.batch;
+  const double kv_bytes = double(d.slots_per_copy) * kKvRowBytes;
+  d.copies = CopiesOverride() > 0
+                 ? CopiesOverride()
+                 : static_cast<int>(std::clamp(std::ceil(400e6 / kv_bytes), 1.0, 16.0));
+  d.kv = DeviceAlloc<bf16_bits>(size_t(d.copies) * d.slots_per_copy * kKvDim);
+  FillRandom(d.kv, int64_t(d.copies) * d.slots_per_copy * kKvDim, rng(), 1.f);
+  const int64_t total_q = int64_t{s.batch} * s.q;
+  d.q = DeviceAlloc<bf16_bits>(size_t(total_q) * s.heads * kKvDim);
+  FillRandom(d.q, total_q * s.heads * kKvDim, rng(), 1.f);
+  d.out = DeviceAlloc<bf16_bits>(size_t(total_q) * s.heads * kVDim);
+  d.out_naive = DeviceAlloc<bf16_bits>(size_t(total_q) * s.heads * kVDim);
+  d.lse = DeviceAlloc<float>(size_t(total_q) * s.heads);
+
+  std::vector<int32_t> qo{0}, prefix, slot_indptr{0}, mask_indptr{0}, contiguous, scattered;
+  std::vector<uint64_t> mask_bits;
+  std::vector<int32_t> perm(d.slots_per_copy);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int b = 0; b < s.batch; ++b) {
+    qo.push_back(qo.back() + s.q);
+    prefix.push_back(s.l);
+    slot_indptr.push_back(slot_indptr.back() + static_cast<int32_t>(cols));
+    for (int64_t t = 0; t < cols; ++t) {
+      contiguous.push_back(static_cast<int32_t>(b * cols + t));
+      scattered.push_back(perm[b * cols + t]);
+    }
+    // A random tree: each node the child of the previous or of a random earlier node (a DDTree-like
+    // shape).
+    std::vector<int32_t> parents(s.q);
+    for (int i = 0; i < s.q; ++i) {
+      parents[i] = i == 0 ? -1 : (rng() % 2 ? i - 1 : static_cast<int32_t>(rng() % i));
+    }
+    auto mask = TreeMask::FromParents(parents, kMaxTreeNodes);
+    BENCH_OK(mask.status());
+    mask_bits.insert(mask_bits.end(), mask->bits().begin(), mask->bits().end());
+    mask_indptr.push_back(static_cast<int32_t>(mask_bits.size()));
+  }
+  d.qo_indptr = DeviceCopy(qo);
+  d.prefix_len = DeviceCopy(prefix);
+  d.slot_indptr = DeviceCopy(slot_indptr);
+  d.mask_indptr = DeviceCopy(mask_indptr);
+  d.slots_contiguous = DeviceCopy(contiguous);
+  d.slots_scattered = DeviceCopy(scattered);
+  d.mask_bits = DeviceCopy(mask_bits);
+
+  VerifyProblem& p = d.problem;
+  p.num_slots = d.slots_per_copy;
+  p.q = d.q;
+  p.out = d.out;
+  p.lse = d.lse;
+  p.num_heads = s.heads;
+  p.scale = 1.f / std::sqrt(192.f);
+  p.batch = s.batch;
+  p.total_q = static_cast<int>(total_q);
+  p.qo_indptr = d.qo_indptr;
+  p.prefix_len = d.prefix_len;
+  p.slot_indptr = d.slot_indptr;
+  p.mask_indptr = d.mask_indptr;
+  p.mask_bits = d.mask_bits;
+  return d;
+}
+
+void FreeShape(ShapeData& d) {
+  for (void* p :
+       {static_cast<void*>(d.kv), static_cast<void*>(d.q), static_cast<void*>(d.out),
+        static_cast<void*>(d.out_naive), static_cast<void*>(d.lse), static_cast<void*>(d.qo_indptr),
+        static_cast<void*>(d.prefix_len), static_cast<void*>(d.slot_indptr),
+        static_cast<void*>(d.mask_indptr), static_cast<void*>(d.slots_contiguous),
+        static_cast<void*>(d.slots_scattered), static_cast<void*>(d.mask_bits)}) {
+    cudaFree(p);
+  }
+}
+
+VerifyProblem ProblemFor(const ShapeData& d, int copy, bool scattered) {
+  VerifyProblem p = d.problem;
+  p.kv = d.kv + size_t(copy) * d.slots_per_copy * kKvDim;
+  p.slots = scattered ? d.slots_scattered : d.slots_contiguous;
+  return p;
+}
+
+double RelativeErrorBf16(const bf16_bits* a_dev, const bf16_bits* b_dev, size_t n) {
+  std::vector<bf16_bits> a(n), b(n);
+  BENCH_CUDA(cudaMemcpy(a.data(), a_dev, n * 2, cudaMemcpyDeviceToHost));
+  BENCH_CUDA(cudaMemcpy(b.data(), b_dev, n * 2, cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = Bf16ToFloat(a[i]), y = Bf16ToFloat(b[i]);
+    if (!std::isfinite(x)) return INFINITY;
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num / den);
+}
+
+struct Row {
+  std::string name;
+  std::string path;
+  double us = 0, tflops = 0, gbs = 0, floor_us = 0, ratio = 0, burst_ratio = 0, mhz = 0,
+         scattered_ratio = 0, graph_ratio = 0, naive_ms = 0, err = 0;
+  int ctas = 0;
+};
+
+// A shape's split plan for this device, uploaded into a workspace of its own (cudaFree it).
+struct UploadedPlan {
+  SplitPlan plan;
+  WorkspaceLayout layout;
+  uint8_t* workspace = nullptr;
+};
+
+UploadedPlan PlanAndUpload(const Shape& s, int sms) {
+  std::vector<int32_t> prefix(s.batch, s.l), qlen(s.batch, s.q);
+  auto plan = PlanSplits(prefix, qlen, s.heads, sms);
+  BENCH_OK(plan.status());
+  UploadedPlan up{*std::move(plan), {}, nullptr};
+  up.layout = LayoutWorkspace(up.plan);
+  up.workspace = DeviceAlloc<uint8_t>(up.layout.total_bytes);
+  BENCH_OK(UploadPlan(up.plan, up.layout, up.workspace, nullptr));
+  BENCH_CUDA(cudaDeviceSynchronize());
+  return up;
+}
+
+// Times the flash kernel alone, the combine alone and both, for one shape:
+// where a shape's time goes, and what the fixed cost per CTA is (sweep L at a fixed split count).
+void Breakdown(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
+  ShapeData d = BuildShape(s, rng);
+  UploadedPlan up = PlanAndUpload(s, sms);
+  const SplitPlan* plan = &up.plan;
+  const WorkspaceLayout& layout = up.layout;
+  uint8_t* workspace = up.workspace;
+  auto run = [&](int i, VerifyStages stages) {
+    BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, true), *plan, layout, workspace, nullptr,
+                             stages));
+  };
+  const double all = MedianMs(5, iters, [&](int i) { run(i, VerifyStages::kFlashAndCombine); });
+  const double flash = MedianMs(5, iters, [&](int i) { run(i, VerifyStages::kFlashOnly); });
+  double combine = 0;
+  if (!plan->combine.empty()) {
+    combine = MedianMs(5, iters, [&](int i) { run(i, VerifyStages::kCombineOnly); });
+  }
+  int max_cols = 0;
+  for (const FlashWorkItem& w : plan->work) max_cols = std::max(max_cols, w.col_end - w.col_begin);
+  std::printf(
+      "breakdown %s [%s] B=%d H=%d Q=%d L=%d: %zu CTAs, <=%d cols each, %zu combine items: "
+      "flash+combine %.1f us, flash %.1f us, combine %.1f us\n",
+      s.name, FlashKernelPath(), s.batch, s.heads, s.q, s.l, plan->work.size(), max_cols,
+      plan->combine.size(), all * 1e3, flash * 1e3, combine * 1e3);
+  std::fflush(stdout);
+  cudaFree(workspace);
+  FreeShape(d);
+}
+
+// Where a flash CTA's time goes (sm_90a kernel, clock stamps per CTA): the start skew over CTAs,
+// the prologue (Q and the first KV tile), the first tiles and the steady per-tile time, the
+// epilogue (partials out), and the span from the first start to the last end.
+void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
+  if (std::string(FlashKernelPath()) != "sm90a-wgmma") return;
+  ShapeData d = BuildShape(s, rng);
+  UploadedPlan up = PlanAndUpload(s, sms);
+  const SplitPlan* plan = &up.plan;
+  const WorkspaceLayout& layout = up.layout;
+  uint8_t* workspace = up.workspace;
+  const int n = static_cast<int>(plan->work.size());
+  auto* timeline = DeviceAlloc<uint64_t>(size_t(n) * kFlashTimelineStride);
+  WarmUp(10, [&](int i) {
+    BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, true), *plan, layout, workspace, nullptr));
+  });
+  const MlaVerifyParams params =
+      MakeMlaVerifyParams(ProblemFor(d, 10 % d.copies, true), *plan, layout, workspace);
+  BENCH_CUDA(LaunchHopperFlashKernelTimeline(params, timeline, nullptr));
+  BENCH_CUDA(cudaDeviceSynchronize());
+  std::vector<uint64_t> t(size_t(n) * kFlashTimelineStride);
+  BENCH_CUDA(cudaMemcpy(t.data(), timeline, t.size() * 8, cudaMemcpyDeviceToHost));
+  constexpr int T = kFlashTimelineTiles;
+  uint64_t first_start = UINT64_MAX, last_end = 0;
+  for (int b = 0; b < n; ++b) {
+    first_start = std::min(first_start, t[size_t(b) * kFlashTimelineStride]);
+    last_end = std::max(last_end, t[size_t(b) * kFlashTimelineStride + 4 + T]);
+  }
+  std::vector<double> skew, prologue, tile0, tile1, steady, epilogue, total, end, mhz, steady_kclk;
+  for (int b = 0; b < n; ++b) {
+    const uint64_t* c = &t[size_t(b) * kFlashTimelineStride];
+    const double ns_per_clk = double(c[4 + T] - c[0]) / double(c[3 + T] - c[1]);
+    auto us = [&](uint64_t a, uint64_t z) { return double(z - a) * ns_per_clk * 1e-3; };
+    const int tiles = (plan->work[b].col_end - plan->work[b].col_begin + 63) / 64;
+    skew.push_back((c[0] - first_start) * 1e-3);
+    prologue.push_back(us(c[1], c[2]));
+    if (tiles >= 2) tile0.push_back(us(c[2], c[3]));
+    if (tiles >= 3) tile1.push_back(us(c[3], c[4]));
+    const int last = std::min(tiles, T) - 1;  // stamp of the last tile's data arriving
+    if (last >= 3) {
+      steady.push_back(us(c[4], c[2 + last]) / (last - 2));
+      steady_kclk.push_back(double(c[2 + last] - c[4]) / (last - 2) * 1e-3);
+    }
+    mhz.push_back(1e3 / ns_per_clk);
+    epilogue.push_back(us(c[2 + T], c[3 + T]));
+    total.push_back((c[4 + T] - c[0]) * 1e-3);
+    end.push_back((c[4 + T] - first_start) * 1e-3);
+  }
+  auto med = [](std::vector<double> v) { return v.empty() ? 0.0 : Median(v); };
+  auto max = [](const std::vector<double>& v) {
+    return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+  };
+  std::printf(
+      "timeline %s: %d CTAs, span %.1f us | start skew med %.1f max %.1f | prologue med %.1f max "
+      "%.1f | tile0 %.2f tile1 %.2f steady/tile %.2f (max %.2f) | last tile+epilogue med %.1f | "
+      "CTA total med %.1f max %.1f | end med %.1f max %.1f (us) | SM clock med %.0f MHz, "
+      "steady/tile %.2f kclk\n",
+      s.name, n, (last_end - first_start) * 1e-3, med(skew), max(skew), med(prologue),
+      max(prologue), med(tile0), med(tile1), med(steady), max(steady), med(epilogue), med(total),
+      max(total), med(end), max(end), med(mhz), med(steady_kclk));
+  std::fflush(stdout);
+  cudaFree(timeline);
+  cudaFree(workspace);
+  FreeShape(d);
+}
+
+int Main(int argc, char** argv) {
+  int iters = 50;
+  bool run_naive = true;
+  bool both_paths = true;
+  bool breakdown = false;
+  bool timeline = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
+      iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc)
+      only = argv[++i];
+    else if (!std::strcmp(argv[i], "--no-naive"))
+      run_naive = false;
+    else if (!std::strcmp(argv[i], "--copies") && i + 1 < argc)
+      CopiesOverride() = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--launcher-path-only"))
+      both_paths = false;
+    else if (!std::strcmp(argv[i], "--breakdown"))
+      breakdown = true;
+    else if (!std::strcmp(argv[i], "--timeline"))
+      timeline = true;
+  }
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, sm_%d%d, %d SMs, L2 %d MB\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  // The GEMM first: its burst figure wants the device as cold as the process finds it.
+  const Ceiling matmul_ceiling = MeasureMatmulRate();
+  const Ceiling copy_ceiling = MeasureCopyBandwidth();
+  const double bandwidth = copy_ceiling.sustained;
+  const double matmul = matmul_ceiling.sustained;
+  std::printf(
+      "measured: copy bandwidth %.0f GB/s (read+write) at %.0f MHz [burst %.0f GB/s at %.0f MHz], "
+      "bf16 matmul %.0f TFLOP/s (cuBLAS 8192^3) at %.0f MHz [burst %.0f TFLOP/s at %.0f MHz]\n",
+      bandwidth / 1e9, copy_ceiling.sustained_mhz, copy_ceiling.burst / 1e9, copy_ceiling.burst_mhz,
+      matmul / 1e12, matmul_ceiling.sustained_mhz, matmul_ceiling.burst / 1e12,
+      matmul_ceiling.burst_mhz);
+
+  const std::vector<Shape> shapes = {{"S1", 1, 8, 16, 65536},  {"S2", 1, 64, 9, 16384},
+                                     {"S3", 1, 64, 33, 65536}, {"S4", 8, 16, 16, 8192},
+                                     {"S5", 32, 8, 8, 4096},   {"S6", 1, 128, 64, 131072},
+                                     {"S7", 1, 8, 16, 262144}};
+  const int sms = prop.multiProcessorCount;
+  std::mt19937_64 rng(20261129);
+  if (breakdown) {
+    // The SPEC shapes, then L swept at S1's and S2's (H, Q): the planner keeps ~1 CTA per SM, so
+    // the flash time against columns per CTA gives the per-tile cost and the fixed cost per CTA.
+    const std::vector<Shape> sweep = {
+        {"S1", 1, 8, 16, 65536},       {"S2", 1, 64, 9, 16384},     {"S3", 1, 64, 33, 65536},
+        {"S4", 8, 16, 16, 8192},       {"S5", 32, 8, 8, 4096},      {"S7", 1, 8, 16, 262144},
+        {"S1L8K", 1, 8, 16, 8192},     {"S1L16K", 1, 8, 16, 16384}, {"S1L32K", 1, 8, 16, 32768},
+        {"S1L128K", 1, 8, 16, 131072}, {"S2L4K", 1, 64, 9, 4096},   {"S2L64K", 1, 64, 9, 65536}};
+    for (const Shape& s : sweep) {
+      if (!only.empty() && only.find(s.name) == std::string::npos) continue;
+      Breakdown(s, rng, sms, iters);
+    }
+    return 0;
+  }
+  if (timeline) {
+    for (const Shape& s : std::vector<Shape>{{"S1", 1, 8, 16, 65536},
+                                             {"S2", 1, 64, 9, 16384},
+                                             {"S3", 1, 64, 33, 65536},
+                                             {"S5", 32, 8, 8, 4096},
+                                             {"S7", 1, 8, 16, 262144},
+                                             {"S1L8K", 1, 8, 16, 8192}}) {
+      if (!only.empty() && only.find(s.name) == std::string::npos) continue;
+      Timeline(s, rng, sms);
+    }
+    return 0;
+  }
+  std::vector<Row> rows;
+  for (const Shape& s : shapes) {
+    if (!only.empty() && only.find(s.name) == std::string::npos) continue;
+    ShapeData d = BuildShape(s, rng);
+    UploadedPlan up = PlanAndUpload(s, sms);
+    const SplitPlan* plan = &up.plan;
+    const WorkspaceLayout& layout = up.layout;
+    uint8_t* workspace = up.workspace;
+
+    auto launch = [&](int i, bool scattered, cudaStream_t stream) {
+      BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, scattered), *plan, layout, workspace,
+                               stream));
+    };
+    double naive_ms = 0;
+    if (run_naive) {
+      VerifyProblem naive = ProblemFor(d, 0, true);
+      naive.out = d.out_naive;
+      naive_ms = MedianMs(0, 1, [&](int) { BENCH_OK(LaunchMlaVerifyNaive(naive, nullptr)); });
+    }
+    // Each flash path this device has (the launcher's choice, then the portable kernel forced),
+    // measured against the same ceilings and the same naive output.
+    unsetenv("VERIFYD_FORCE_PORTABLE");
+    const bool two_paths = std::string(FlashKernelPath()) != "portable-mma-sync" && both_paths;
+    for (int pass = 0; pass < (two_paths ? 2 : 1); ++pass) {
+      if (pass == 1) setenv("VERIFYD_FORCE_PORTABLE", "1", 1);
+      Row row;
+      row.name = s.name;
+      row.path = FlashKernelPath();
+      row.ctas = static_cast<int>(plan->work.size());
+      const double contiguous_ms = MedianMs(5, iters, [&](int i) { launch(i, false, nullptr); });
+      row.mhz = SmClockDuringMhz(std::max(4, static_cast<int>(20.0 / contiguous_ms)),
+                                 [&](int i) { launch(i, false, nullptr); });
+      const double scattered_ms = MedianMs(5, iters, [&](int i) { launch(i, true, nullptr); });
+
+      // Graph replay of the same launch (one graph per KV copy, replayed in rotation).
+      cudaStream_t stream;
+      BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      std::vector<cudaGraphExec_t> graphs(d.copies);
+      for (int c = 0; c < d.copies; ++c) {
+        cudaGraph_t graph;
+        BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        launch(c, true, stream);
+        BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+        BENCH_CUDA(cudaGraphInstantiate(&graphs[c], graph, 0));
+        cudaGraphDestroy(graph);
+      }
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      std::vector<cudaEvent_t> ev(2 * iters);
+      for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
+      for (int i = 0; i < 5; ++i) BENCH_CUDA(cudaGraphLaunch(graphs[i % d.copies], stream));
+      for (int i = 0; i < iters; ++i) {
+        BENCH_CUDA(cudaEventRecord(ev[2 * i], stream));
+        BENCH_CUDA(cudaGraphLaunch(graphs[i % d.copies], stream));
+        BENCH_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
+      }
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      std::vector<double> graph_ms(iters);
+      for (int i = 0; i < iters; ++i) {
+        float t;
+        BENCH_CUDA(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
+        graph_ms[i] = t;
+      }
+      for (auto& e : ev) cudaEventDestroy(e);
+      for (auto& g : graphs) cudaGraphExecDestroy(g);
+      cudaStreamDestroy(stream);
+
+      const double flops = double(s.batch) * s.q * s.heads * (double(s.l) + s.q) * 2176.0;
+      const double bytes = double(s.batch) * (double(s.l) + s.q) * kKvRowBytes;
+      const double floor_s = std::max(bytes / bandwidth, flops / matmul);
+      row.us = contiguous_ms * 1e3;
+      row.tflops = flops / (contiguous_ms * 1e-3) / 1e12;
+      row.gbs = bytes / (contiguous_ms * 1e-3) / 1e9;
+      row.floor_us = floor_s * 1e6;
+      row.ratio = contiguous_ms * 1e-3 / floor_s;
+      row.burst_ratio = contiguous_ms * 1e-3 /
+                        std::max(bytes / copy_ceiling.best(), flops / matmul_ceiling.best());
+      row.scattered_ratio = scattered_ms / contiguous_ms;
+      row.graph_ratio = Median(graph_ms) / scattered_ms;
+      if (run_naive) {
+        // This path's flash output of copy 0 (scattered) vs the naive kernel on the same inputs.
+        launch(0, true, nullptr);
+        BENCH_CUDA(cudaDeviceSynchronize());
+        row.naive_ms = naive_ms;
+        row.err = RelativeErrorBf16(d.out, d.out_naive, size_t(s.batch) * s.q * s.heads * kVDim);
+      }
+      std::printf(
+          "%s [%s] B=%d H=%d Q=%d L=%d: %.1f us, %.0f TFLOP/s, %.0f GB/s, floor %.1f us "
+          "(%s-bound), x%.2f "
+          "floor (x%.2f burst floor) at %.0f MHz, "
+          "scattered/contiguous %.3f, graph/eager %.3f, naive %.2f ms (err vs flash %.1e), %d "
+          "CTAs, "
+          "%d tiles/split\n",
+          s.name, row.path.c_str(), s.batch, s.heads, s.q, s.l, row.us, row.tflops, row.gbs,
+          row.floor_us, bytes / bandwidth > flops / matmul ? "memory" : "compute", row.ratio,
+          row.burst_ratio, row.mhz, row.scattered_ratio, row.graph_ratio, row.naive_ms, row.err,
+          row.ctas, plan->tiles_per_split);
+      std::fflush(stdout);
+      rows.push_back(row);
+    }
+    unsetenv("VERIFYD_FORCE_PORTABLE");
+    cudaFree(workspace);
+    FreeShape(d);
+  }
+
+  std::printf("\n%-4s %-18s %10s %8s %8s %10s %7s %7s %5s %8s %8s %10s %8s\n", "shape", "path",
+              "time_us", "TFLOP/s", "GB/s", "floor_us", "/floor", "/burst", "MHz", "scat/ctg",
+              "grph/eag", "naive_ms", "err");
+  for (const Row& r : rows) {
+    std::printf("%-5s %-18s %10.1f %8.0f %8.0f %10.1f %7.2f %7.2f %5.0f %8.3f %8.3f %10.2f %8.1e\n",
+                r.name.c_str(), r.path.c_str(), r.us, r.tflops, r.gbs, r.floor_us, r.ratio,
+                r.burst_ratio, r.mhz, r.scattered_ratio, r.graph_ratio, r.naive_ms, r.err);
+  }
+  std::printf(
+      "ceilings (sustained, the floor's): copy %.0f GB/s, bf16 matmul %.0f TFLOP/s at %.0f MHz; "
+      "burst: %.0f GB/s, %.0f TFLOP/s at %.0f MHz\n",
+      bandwidth / 1e9, matmul / 1e12, matmul_ceiling.sustained_mhz, copy_ceiling.burst / 1e9,
+      matmul_ceiling.burst / 1e12, matmul_ceiling.burst_mhz);
+  return 0;
+}
+
+}  // namespace
+}  // namespace verifyd::bench
+
+int main(int argc, char** argv) { return verifyd::bench::Main(argc, argv); }

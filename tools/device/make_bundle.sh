@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Here (the build machine): builds the GPU tests and the kernel benchmark for sm_80, sm_90 and sm_120
+# (plus the sm_90a-only Hopper kernel and its wgmma unit test)
+# into build-gpu and collects them, with the non-system shared libraries they need (absl, gtest), into
+# ./bundle (git-ignored) for tools/device/run_device.sh on the GPU machine. CUDA's own libraries (cudart
+# is static; cuBLAS) and the C/C++ runtime come from the GPU machine's image.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PATH="$PATH:/usr/local/cuda/bin"
+BUILD=${BUILD:-build-gpu}
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DVERIFYD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="80;90;120" \
+  >/dev/null
+# Kernel tests and bench; the CUDA backend's tests; the daemon, its tools and its test suite (which
+# picks --backend=auto, so cuda, on the GPU machine).
+targets=(wgmma_unit_test mla_verify_flash_test kv_slot_write_test split_planner_test mla_verify_launch_test
+  mla_verify_bench cuda_kv_storage_test cuda_kv_store_test cuda_backend_test cuda_verify_staging_test
+  cuda_backend_bench cuda_decode_mirror_test cuda_host_registration_test compaction_bench verifyd verifyctl fake_scheduler verifyd_load verifyd_service_tests
+  verifyd_executor_tests)
+cmake --build "$BUILD" -j "${JOBS:-2}" --target "${targets[@]}"
+
+rm -rf bundle
+mkdir -p bundle/bin bundle/lib
+for t in "${targets[@]}"; do
+  cp "$(find "$BUILD" -type f -name "$t" -perm -u+x | head -1)" bundle/bin/
+done
+strip bundle/bin/*
+cp "$BUILD/kernels/libverifyd_kernels.a" bundle/lib/
+# Non-system libraries: everything ldd resolves except glibc, the C++ runtime and CUDA's libraries.
+system='/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt)\.so'
+for bin in bundle/bin/*; do
+  ldd "$bin" | awk '/=> \//{print $3}' | { grep -Ev "$system" || true; } | while read -r lib; do
+    cp -Ln "$lib" bundle/lib/ 2>/dev/null || true
+  done
+done
+# Quick local check: the binaries start (they skip their GPU tests without a device).
+LD_LIBRARY_PATH=bundle/lib:/usr/local/cuda/lib64 bundle/bin/split_planner_test --gtest_brief=1 | tail -1
+LD_LIBRARY_PATH=bundle/lib:/usr/local/cuda/lib64 bundle/bin/kv_slot_write_test --gtest_brief=1 | tail -1
+du -sh bundle
