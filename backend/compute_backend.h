@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "backend/external_tensors.h"
 #include "verify/verify_problem.h"
 #include "kvstore/kv_storage.h"
 #include "kvstore/kv_store.h"
@@ -87,6 +88,25 @@ class ComputeBackend {
   }
   // `data` as given to a successful RegisterHostMemory; anything else is ignored.
   virtual void UnregisterHostMemory(void* data) { (void)data; }
+
+  // The co-located data plane (external_tensors.h). A backend that cannot open external memory
+  // answers UNIMPLEMENTED, and the service refuses registrations on it.
+  virtual absl::StatusOr<std::unique_ptr<ExternalRegion>> OpenExternalRegion(
+      const ExternalMemoryHandle& handle) {
+    (void)handle;
+    return absl::UnimplementedError(
+        absl::StrCat("the ", name(), " backend does not open external memory"));
+  }
+  // Writes the tree KV and computes attention for `call`, ordered by call.order. `slot_lists` as
+  // for ComputeVerify. On any error after the ready wait the outputs are NaN and the done flag
+  // is still written; the returned Status says why.
+  virtual absl::Status ComputeVerifyExternal(const ExternalVerify& call,
+                                             absl::Span<const VerifySlotList> slot_lists) {
+    (void)call;
+    (void)slot_lists;
+    return absl::UnimplementedError(
+        absl::StrCat("the ", name(), " backend does not compute on external tensors"));
+  }
 };
 
 }  // namespace verifyd

@@ -1,0 +1,71 @@
+// The co-located data plane's view of a backend (SPEC §3.1): memory another process on the same
+// GPU registered with the daemon, Verify calls whose tensors live there, and the device-memory
+// flags through which the scheduler's stream and the daemon's order each other.
+//
+// A scheduler registers its buffers once; a Verify then names q, tree_kv, out and lse by region
+// and offset. The CUDA backend opens a CUDA IPC memory handle (device pointers, no host copy);
+// the CPU backend opens a POSIX shared-memory file standing in for device memory, so that CI
+// exercises every path above the backend. Flags are uint32 words in a region: the scheduler's
+// stream writes `ready_value` to the ready flag once q and tree_kv are in place and waits for the
+// done flag to reach `done_value`; the backend waits for the ready flag before it reads anything
+// and writes the done flag after its last write, on success and on failure alike (a failed call
+// fills its outputs with NaN first), so the scheduler never hangs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "verify/bf16.h"
+#include "verify/verify_problem.h"
+
+namespace verifyd {
+
+// What identifies memory another process registered.
+struct ExternalMemoryHandle {
+  // CUDA backend: the 64 bytes of a cudaIpcMemHandle_t. CPU backend: the path of a file in
+  // /dev/shm (or any file) whose first `bytes` bytes are the region.
+  std::string handle;
+  uint64_t bytes = 0;
+  int device = 0;  // the CUDA device the memory is on; ignored by the CPU backend
+};
+
+// An opened region: `data` is a device pointer (cuda) or a host pointer (cpu), valid until the
+// object is destroyed. Destroying it closes the mapping; the caller guarantees no call uses it.
+class ExternalRegion {
+ public:
+  virtual ~ExternalRegion() = default;
+  virtual void* data() const = 0;
+  virtual uint64_t bytes() const = 0;
+};
+
+// A flag word the backend waits on or writes, inside an opened region (4-byte aligned).
+struct ExternalFlag {
+  uint32_t* word = nullptr;  // device pointer (cuda) or host pointer (cpu); null: no flag
+  uint32_t value = 0;
+};
+
+// The stream order of one call: wait for `ready` (word >= value) before reading, write `done`
+// after the last write.
+struct ExternalOrder {
+  ExternalFlag ready;
+  ExternalFlag done;
+};
+
+// One Verify on external tensors. `problem` is a VerifyProblem whose q/out/lse point into opened
+// regions (problem.kv and the slot arrays are filled by the backend / the caller as for
+// ComputeVerify); `tree_kv` [total_q][576] bf16 lies in an opened region too and is written into
+// `tree_slots` (one per tree node, batch order) of `layer` before attention, inside the same
+// stream order.
+struct ExternalVerify {
+  int layer = 0;
+  VerifyProblem problem;
+  const bf16_bits* tree_kv = nullptr;
+  absl::Span<const int32_t> tree_slots;
+  ExternalOrder order;
+};
+
+}  // namespace verifyd
