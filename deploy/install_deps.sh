@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages verifyd builds and tests with (idempotent; root or sudo).
+# Installs the Debian 12 packages verifyd builds with (idempotent; root or sudo).
+# --tests adds what only the tests use: the Prometheus server and promtool (the deploy tests run
+# their own server on loopback), whose package would also enable a system service: it is stopped
+# and disabled again when this script installed it.
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config git
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
-      prometheus curl systemd python3-yaml)
+      curl systemd python3-yaml)
+test_pkgs=(prometheus)
+[[ "${1:-}" == --tests ]] && pkgs+=("${test_pkgs[@]}")
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -15,4 +20,8 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+if [[ " ${missing[*]:-} " == *" prometheus "* ]] && command -v systemctl >/dev/null &&
+   [[ -d /run/systemd/system ]]; then
+  ${SUDO:-} systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi

@@ -3,7 +3,7 @@
 # GPU tests (label `gpu`) skip visibly when no device is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash deploy/install_deps.sh
+bash deploy/install_deps.sh --tests
 export PATH="$PATH:/usr/local/cuda/bin"
 BUILD=${BUILD:-build}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release ${VERIFYD_CMAKE_ARGS:-}

@@ -89,7 +89,9 @@ int main(int argc, char** argv) {
       "  committed tokens    %lld (%.2f per step)\n", static_cast<long long>(r.committed_tokens),
       r.sequence_steps > 0 ? static_cast<double>(r.committed_tokens) / r.sequence_steps : 0.0);
   std::printf(
-      "  Verify RPCs         %lld (%lld sequence-layer-rank outputs checked, max rel err %.3g)\n",
+      "  Verify RPCs         %lld (%lld sequence-layer-rank outputs checked, max rel err %.3g)\n"
+      "                      against verify/'s reference arithmetic, which is the cpu backend's\n"
+      "                      own: there 0 means bit-identical; the float64 oracle is the tests'\n",
       static_cast<long long>(r.verifies), static_cast<long long>(r.verified_trees),
       r.max_relative_error);
   std::printf("  Verify latency      p50 %.0f us, p99 %.0f us, max %.0f us\n", lat.p50_us,
