@@ -153,7 +153,7 @@ class Client:
                 time.sleep(backoff)
                 backoff *= 2
             try:
-                return fn(request, timeout=max(deadline - time.monotonic(), 0.0),
+                return fn(request, timeout=max(deadline - time.monotonic(), 1e-6),
                           metadata=metadata)
             except grpc.RpcError as e:
                 error = error_from_rpc(e, method)
