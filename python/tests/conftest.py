@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,7 +71,10 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
+        if self.proc.returncode == 0:
+            shutil.rmtree(self.dir, ignore_errors=True)  # kept (with its log) when it failed
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,8 @@ torch tensors: `torch.bfloat16` is sent as its bits; other float dtypes are conv
 `.to(torch.bfloat16)`. CUDA tensors are copied through host memory on the gRPC path (the device
 data plane, verifyd.dataplane, is what avoids that). Outputs come back in the kind of the input:
 numpy uint16 (bf16 bits) / float32 (lse), or torch bfloat16 / float32 on the input's device.
+numpy outputs of the gRPC path are read-only views of the response's bytes (no copy; `.copy()`
+to modify); torch outputs own their memory.
 """
 from __future__ import annotations
 
@@ -121,6 +123,8 @@ def to_output_bf16(bits: np.ndarray, kind: TensorKind):
     if kind.kind != "torch":
         return bits
     torch = _torch()
+    if not bits.flags.writeable:  # a view of the response's bytes: torch wants writable memory
+        bits = bits.copy()
     t = torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16)
     if kind.device is not None and str(kind.device) != "cpu":
         t = t.to(kind.device, non_blocking=False)
@@ -131,7 +135,8 @@ def to_output_fp32(values: np.ndarray, kind: TensorKind):
     if kind.kind != "torch":
         return values
     torch = _torch()
-    t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    t = torch.from_numpy(values if values.flags.writeable else values.copy())
     if kind.device is not None and str(kind.device) != "cpu":
         t = t.to(kind.device)
     return t
