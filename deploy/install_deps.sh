@@ -4,7 +4,9 @@ set -euo pipefail
 pkgs=(cmake g++ make pkg-config git
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
-      prometheus curl systemd python3-yaml)
+      prometheus curl systemd python3-yaml
+      python3-grpcio python3-protobuf python3-numpy python3-pytest python3-setuptools
+      python3-torch python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
