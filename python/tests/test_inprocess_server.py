@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import verifyd
-from verifyd import health
 from verifyd._proto import pb, pb_grpc
 from verifyd.tensors import bf16_to_float32, random_bf16
 

@@ -50,13 +50,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+import grpc
 import numpy as np
 
 from .client import Client, VerifySequence
 from .dataplane import DataPlaneUnavailable, load as load_dataplane
 from .errors import invalid_argument, make_error
 from .shared_memory import SharedMemoryRegion, shared_verify_layout
-from .tensors import ROW, V_DIM, copy_bf16_into, is_torch
+from .tensors import ROW, copy_bf16_into, is_torch
 
 __all__ = ["VerifyAttention"]
 
@@ -135,7 +136,7 @@ class VerifyAttention:
                        lse: Any = None) -> None:
         """Verify attention of `layer` for the step's batch, written into `out` (and `lse`)."""
         if not self._step:
-            raise make_error(__import__("grpc").StatusCode.FAILED_PRECONDITION,
+            raise make_error(grpc.StatusCode.FAILED_PRECONDITION,
                              "forward_verify before begin_step", "Verify")
         if _capturing():
             raise RuntimeError("forward_verify on the grpc/shared_memory transport cannot be "

@@ -20,7 +20,7 @@ from . import health as health_codec
 from ._proto import pb, pb_grpc
 from .errors import VerifydError, error_from_rpc, invalid_argument, make_error
 from .shared_memory import SharedMemoryRegion, SharedVerifyLayout, shared_verify_layout
-from .tensors import (NUMPY, ROW, V_DIM, TensorKind, as_bf16_bits, check_shape, to_output_bf16,
+from .tensors import (ROW, V_DIM, TensorKind, as_bf16_bits, check_shape, to_output_bf16,
                       to_output_fp32)
 
 __all__ = ["Client", "VerifySequence", "AppendResult", "VerifyResult", "APPEND_ENVELOPE_BYTES",

@@ -23,7 +23,7 @@ import numpy as np
 from ..adapter import VerifyAttention
 from ..client import Client
 from ..reference import check_close, verify_reference
-from ..tensors import ROW, V_DIM, bf16_to_float32, random_bf16
+from ..tensors import ROW, V_DIM, random_bf16
 
 
 def random_tree(rng: np.random.Generator, nodes: int) -> List[int]:
