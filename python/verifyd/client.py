@@ -1,0 +1,455 @@
+"""verifyd.Client: typed, synchronous calls to one verifyd daemon (SPEC §4), the Python twin of
+client/client.h.
+
+Every failed call raises a VerifydError (errors.py) carrying the daemon's gRPC code and message.
+Each call takes `timeout=` (seconds; default `Client(timeout=30)`); a chunked Append gives every
+chunk that deadline. Only idempotent calls (stats, get_compaction, health) are retried, and only
+on UNAVAILABLE, all attempts sharing one deadline: a retried Verify, Append or Commit could apply
+twice. Thread-safe: one Client may be shared by every thread of a scheduler.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
+
+import grpc
+import numpy as np
+
+from . import health as health_codec
+from ._proto import pb, pb_grpc
+from .errors import VerifydError, error_from_rpc, invalid_argument, make_error
+from .shared_memory import SharedMemoryRegion, SharedVerifyLayout, shared_verify_layout
+from .tensors import (ROW, V_DIM, TensorKind, as_bf16_bits, check_shape, to_output_bf16,
+                      to_output_fp32)
+
+__all__ = ["Client", "VerifySequence", "AppendResult", "VerifyResult", "APPEND_ENVELOPE_BYTES",
+           "split_append", "DEFAULT_MAX_MESSAGE_BYTES"]
+
+ADMIN_TOKEN_KEY = "x-verifyd-admin-token"
+# Room left in a message for everything but the KV payload (as client/append_chunking.h).
+APPEND_ENVELOPE_BYTES = 1024
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+
+
+@dataclass
+class VerifySequence:
+    """One sequence of a Verify: its tree (`parents[i]` = -1 for a root, else an index < i) and,
+    optionally, the commit of its previous tree riding on this call (`commit_previous`: the
+    accepted path, a root then each a child of the previous; [] rejects the whole tree)."""
+    sequence_id: int
+    parents: Sequence[int]
+    commit_previous: Optional[Sequence[int]] = None
+
+    def to_proto(self):
+        s = pb.VerifySequence(sequence_id=int(self.sequence_id),
+                              parents=[int(p) for p in self.parents])
+        if self.commit_previous is not None:
+            path = [int(a) for a in self.commit_previous]
+            s.commit_previous.CopyFrom(pb.CommitSpec(commit_length=len(path), accepted_path=path))
+        return s
+
+
+SequenceLike = Union[VerifySequence, Tuple[int, Sequence[int]],
+                     Tuple[int, Sequence[int], Optional[Sequence[int]]]]
+
+
+def _as_sequence(s: SequenceLike) -> VerifySequence:
+    if isinstance(s, VerifySequence):
+        return s
+    if isinstance(s, tuple) and len(s) in (2, 3):
+        return VerifySequence(*s)
+    raise invalid_argument("sequences entries must be VerifySequence or (sequence_id, parents[, "
+                           f"commit_previous]) tuples, not {type(s).__name__}", "Verify")
+
+
+@dataclass
+class AppendResult:
+    committed_length: int          # minimum fill over layers
+    layer_fill: List[int]          # every layer's fill
+    chunks: int = 1                # messages the append took
+
+
+@dataclass
+class VerifyResult:
+    out: Any                       # bf16 [sum Q, H, 512]: numpy uint16 bits or torch.bfloat16
+    lse: Any                       # fp32 [sum Q, H] when return_lse, else None
+    committed_length: List[int]    # per sequence, request order
+    response: Any = field(default=None, repr=False)  # the VerifyResponse message
+
+
+def _tensor_bf16(bits: np.ndarray):
+    return pb.Tensor(dtype=pb.DTYPE_BF16, shape=list(bits.shape), inline_data=bits.tobytes())
+
+
+def split_append(kv_bits: np.ndarray, max_message_bytes: int) -> List[Tuple[int, int]]:
+    """Token ranges [t0, t1) of kv [layers, T, 576] so that each message fits; as
+    client/append_chunking.cc. INVALID_ARGUMENT when one token of every layer alone is too big."""
+    layers, tokens, row = kv_bits.shape
+    if kv_bits.nbytes + APPEND_ENVELOPE_BYTES <= max_message_bytes:
+        return [(0, tokens)]
+    token_bytes = layers * row * 2
+    per_chunk = (max_message_bytes - APPEND_ENVELOPE_BYTES) // token_bytes
+    if per_chunk < 1:
+        raise invalid_argument(f"one token of {layers} layers is {token_bytes} bytes; with "
+                               f"{APPEND_ENVELOPE_BYTES} bytes of envelope it exceeds "
+                               f"max_message_bytes = {max_message_bytes}", "Append")
+    return [(t0, min(tokens, t0 + per_chunk)) for t0 in range(0, tokens, per_chunk)]
+
+
+class Client:
+    """One daemon. `target`: "unix:///tmp/verifyd-0.sock" or "127.0.0.1:port"."""
+
+    def __init__(self, target: str, *, timeout: float = 30.0,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, retries: int = 3,
+                 retry_backoff: float = 0.05, admin_token: str = "",
+                 channel: Optional[grpc.Channel] = None):
+        if not target and channel is None:
+            raise invalid_argument("target must not be empty")
+        if not 4096 <= max_message_bytes <= 2**31 - 1:
+            raise invalid_argument(f"max_message_bytes = {max_message_bytes} must be in "
+                                   f"[4096, {2**31 - 1}]")
+        if timeout is None or timeout <= 0:
+            raise invalid_argument(f"timeout = {timeout} must be > 0")
+        if not 0 <= retries <= 100:
+            raise invalid_argument(f"retries = {retries} must be in [0, 100]")
+        self.target = target
+        self.timeout = float(timeout)
+        self.max_message_bytes = int(max_message_bytes)
+        self.retries = int(retries)
+        self.retry_backoff = float(retry_backoff)
+        self.admin_token = admin_token
+        self._own_channel = channel is None
+        self._channel = channel or grpc.insecure_channel(target, options=[
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+        ])
+        self._stub = pb_grpc.VerifydStub(self._channel)
+        self._health = self._channel.unary_unary(
+            health_codec.HEALTH_CHECK_METHOD, request_serializer=health_codec.encode_request,
+            response_deserializer=health_codec.decode_response)
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._own_channel:
+            self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method: str, fn: Callable, request, *, idempotent: bool = False,
+              timeout: Optional[float] = None, metadata=None):
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        attempts = 1 + self.retries if idempotent else 1
+        backoff = self.retry_backoff
+        error: Optional[VerifydError] = None
+        for attempt in range(attempts):
+            if attempt > 0:
+                if time.monotonic() + backoff >= deadline:
+                    break  # a retry that cannot finish before the deadline is not worth starting
+                time.sleep(backoff)
+                backoff *= 2
+            try:
+                return fn(request, timeout=max(deadline - time.monotonic(), 1e-6),
+                          metadata=metadata)
+            except grpc.RpcError as e:
+                error = error_from_rpc(e, method)
+                if error.code != grpc.StatusCode.UNAVAILABLE:
+                    break
+        assert error is not None
+        raise error
+
+    # -- Append ----------------------------------------------------------------------------------
+    def append(self, sequence_id: int, kv: Any, *, layer_begin: int = 0,
+               expected_fill: Optional[int] = None, timeout: Optional[float] = None
+               ) -> AppendResult:
+        """Appends committed tokens: kv bf16 [layer_count, T, 576] (or [T, 576] for one layer)
+        to layers [layer_begin, layer_begin + layer_count), split into as many messages as
+        max_message_bytes needs.
+
+        The expected position (SPEC §2) is filled for every chunk: `expected_fill=None` means the
+        sequence must not exist yet (the first chunk says `create`); an integer means every layer
+        of the range must hold exactly that many tokens. Later chunks expect the fill the earlier
+        ones left. So a chunk never re-creates a sequence that was released or expired meanwhile:
+        the daemon answers FAILED_PRECONDITION. On an error after k chunks those k chunks stay
+        appended and the message says how many tokens were."""
+        bits, _ = as_bf16_bits(kv, "kv", "Append")
+        if bits.ndim == 2:
+            bits = bits.reshape(1, *bits.shape)
+        check_shape(bits, (None, None, ROW), "kv", "layer_count, T, 576", "Append")
+        if bits.shape[0] < 1 or bits.shape[1] < 1:
+            raise invalid_argument(f"kv has shape {list(bits.shape)}; layer_count and T must be "
+                                   ">= 1", "Append")
+        if expected_fill is not None and expected_fill < 0:
+            raise invalid_argument(f"expected_fill = {expected_fill} must be >= 0", "Append")
+        ranges = split_append(bits, self.max_message_bytes)
+        response = None
+        done = 0
+        for i, (t0, t1) in enumerate(ranges):
+            chunk = bits if len(ranges) == 1 else bits[:, t0:t1, :]
+            request = pb.AppendRequest(sequence_id=int(sequence_id), layer_begin=int(layer_begin),
+                                       kv=_tensor_bf16(chunk))
+            if i == 0 and expected_fill is None:
+                request.create = True
+            else:
+                request.expected_fill = (expected_fill or 0) + done
+            try:
+                response = self._call("Append", self._stub.Append, request, timeout=timeout)
+            except VerifydError as e:
+                if len(ranges) > 1:
+                    e = make_error(e.code, f"{e.message} (chunk {i + 1} of {len(ranges)}; the "
+                                   f"first {done} tokens stay appended)", "Append")
+                raise e
+            done += t1 - t0
+        return AppendResult(int(response.committed_length), [int(f) for f in response.layer_fill],
+                            len(ranges))
+
+    def append_request(self, request, *, timeout: Optional[float] = None):
+        """Sends a prepared AppendRequest as is (one message; no chunking, no expected position
+        added): for tools and tests."""
+        return self._call("Append", self._stub.Append, request, timeout=timeout)
+
+    # -- Verify ----------------------------------------------------------------------------------
+    def _verify_request(self, layer: int, sequences: Iterable[SequenceLike], return_lse: bool,
+                        softmax_scale: Optional[float]):
+        seqs = [_as_sequence(s) for s in sequences]
+        if not seqs:
+            raise invalid_argument("sequences must not be empty", "Verify")
+        request = pb.VerifyRequest(layer=int(layer), sequences=[s.to_proto() for s in seqs],
+                                   return_lse=bool(return_lse))
+        if softmax_scale is not None:
+            request.softmax_scale = float(softmax_scale)
+        total_q = sum(len(s.parents) for s in seqs)
+        return request, total_q
+
+    def verify(self, layer: int, sequences: Iterable[SequenceLike], q: Any, tree_kv: Any, *,
+               return_lse: bool = False, softmax_scale: Optional[float] = None,
+               timeout: Optional[float] = None) -> VerifyResult:
+        """Verify attention of one layer for a batch of sequences (SPEC §2).
+
+        q bf16 [sum Q, H, 576], tree_kv bf16 [sum Q, 576], sequences in request order. Returns
+        out bf16 [sum Q, H, 512] (and lse fp32 [sum Q, H] with return_lse) in the kind of q:
+        numpy uint16 bits, or torch.bfloat16 on q's device."""
+        request, total_q = self._verify_request(layer, sequences, return_lse, softmax_scale)
+        q_bits, kind = as_bf16_bits(q, "q", "Verify")
+        kv_bits, _ = as_bf16_bits(tree_kv, "tree_kv", "Verify")
+        check_shape(q_bits, (total_q, None, ROW), "q", f"sum Q = {total_q}, H, 576", "Verify")
+        check_shape(kv_bits, (total_q, ROW), "tree_kv", f"sum Q = {total_q}, 576", "Verify")
+        request.q.CopyFrom(_tensor_bf16(q_bits))
+        request.tree_kv.CopyFrom(_tensor_bf16(kv_bits))
+        response = self._call("Verify", self._stub.Verify, request, timeout=timeout)
+        heads = q_bits.shape[1]
+        out = self._read_inline(response.out, (total_q, heads, V_DIM), np.uint16, "out")
+        lse = (self._read_inline(response.lse, (total_q, heads), np.float32, "lse")
+               if return_lse else None)
+        return VerifyResult(to_output_bf16(out, kind),
+                            None if lse is None else to_output_fp32(lse, kind),
+                            [int(n) for n in response.committed_length], response)
+
+    def verify_request(self, request, *, timeout: Optional[float] = None):
+        """Sends a prepared VerifyRequest as is and returns the VerifyResponse message."""
+        return self._call("Verify", self._stub.Verify, request, timeout=timeout)
+
+    @staticmethod
+    def _read_inline(t, shape, dtype, name: str) -> np.ndarray:
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if t.WhichOneof("data") != "inline_data" or len(t.inline_data) != n:
+            raise make_error(grpc.StatusCode.INTERNAL, f"response {name}: want {n} inline bytes "
+                             f"of shape {list(shape)}, got {t.WhichOneof('data')} "
+                             f"({len(t.inline_data)} bytes)", "Verify")
+        return np.frombuffer(t.inline_data, dtype=dtype).reshape(shape)
+
+    # -- Commit / Release ------------------------------------------------------------------------
+    def commit(self, sequence_id: int, accepted_path: Sequence[int], *,
+               timeout: Optional[float] = None) -> int:
+        """Commits the pending tree's accepted path (a root, then each a child of the previous;
+        [] rejects the whole tree). Returns the committed length."""
+        path = [int(a) for a in accepted_path]
+        request = pb.CommitRequest(sequence_id=int(sequence_id),
+                                   commit=pb.CommitSpec(commit_length=len(path),
+                                                        accepted_path=path))
+        return int(self._call("Commit", self._stub.Commit, request,
+                              timeout=timeout).committed_length)
+
+    def release(self, sequence_id: int, *, timeout: Optional[float] = None) -> int:
+        """Drops a sequence; returns the slots freed."""
+        request = pb.ReleaseRequest(sequence_id=int(sequence_id))
+        return int(self._call("Release", self._stub.Release, request,
+                              timeout=timeout).freed_slots)
+
+    # -- Compaction ------------------------------------------------------------------------------
+    def compact(self, budget_bytes: int = 0, *, timeout: Optional[float] = None) -> str:
+        """Starts a compaction (budget_bytes = 0: until converged); returns its operation id."""
+        metadata = [(ADMIN_TOKEN_KEY, self.admin_token)] if self.admin_token else None
+        return self._call("Compact", self._stub.Compact,
+                          pb.CompactRequest(budget_bytes=int(budget_bytes)), timeout=timeout,
+                          metadata=metadata).operation_id
+
+    def get_compaction(self, operation_id: str, *, timeout: Optional[float] = None):
+        """The CompactionStatus message (state, bytes planned/moved, fragmentation before/after)."""
+        return self._call("GetCompaction", self._stub.GetCompaction,
+                          pb.GetCompactionRequest(operation_id=operation_id), idempotent=True,
+                          timeout=timeout)
+
+    def wait_compaction(self, operation_id: str, *, poll_interval: float = 0.1,
+                        on_progress: Optional[Callable] = None,
+                        timeout: Optional[float] = None):
+        """Polls until DONE or FAILED (returned, not raised: read .state and .error), calling
+        on_progress(status) with every status seen. `timeout` bounds each poll."""
+        done = (pb.CompactionStatus.DONE, pb.CompactionStatus.FAILED)
+        while True:
+            status = self.get_compaction(operation_id, timeout=timeout)
+            if on_progress is not None:
+                on_progress(status)
+            if status.state in done:
+                return status
+            time.sleep(poll_interval)
+
+    # -- Stats / health --------------------------------------------------------------------------
+    def stats(self, *, timeout: Optional[float] = None):
+        """The StatsResponse message (geometry, occupancy, fragmentation)."""
+        return self._call("Stats", self._stub.Stats, pb.StatsRequest(), idempotent=True,
+                          timeout=timeout)
+
+    def health(self, service: str = "", *, timeout: Optional[float] = None) -> str:
+        """grpc.health.v1 status name: "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN", "UNKNOWN"."""
+        return self._call("Health", self._health, service, idempotent=True, timeout=timeout)
+
+    def wait_until_serving(self, timeout: float = 10.0, poll_interval: float = 0.05) -> None:
+        """Polls health until SERVING; raises the last error (or DEADLINE_EXCEEDED) after
+        `timeout` seconds."""
+        end = time.monotonic() + timeout
+        last: Optional[Exception] = None
+        while time.monotonic() < end:
+            try:
+                if self.health(timeout=max(min(1.0, end - time.monotonic()), 0.01)) == "SERVING":
+                    return
+            except VerifydError as e:
+                last = e
+            time.sleep(poll_interval)
+        raise make_error(grpc.StatusCode.DEADLINE_EXCEEDED,
+                         f"{self.target} not SERVING after {timeout} s"
+                         + (f" (last: {last})" if last else ""), "Health")
+
+    # -- Shared memory ---------------------------------------------------------------------------
+    def create_shared_memory(self, nbytes: int, *,
+                             timeout: Optional[float] = None) -> SharedMemoryRegion:
+        """A region of `nbytes` created by the daemon and mapped here (plans/0010).
+        FAILED_PRECONDITION when the daemon has shared memory disabled, RESOURCE_EXHAUSTED past
+        its limits; this process must run as the daemon's user on the same host."""
+        info = self._call("CreateSharedMemory", self._stub.CreateSharedMemory,
+                          pb.CreateSharedMemoryRequest(bytes=int(nbytes)), timeout=timeout)
+        try:
+            return SharedMemoryRegion(self, info.region, info.path, int(info.bytes))
+        except VerifydError:
+            try:  # nobody else knows the name: drop it now rather than after its lease
+                self.release_shared_memory(info.region, timeout=timeout)
+            except VerifydError:
+                pass
+            raise
+
+    def release_shared_memory(self, region: str, *, timeout: Optional[float] = None) -> int:
+        """Drops a region by name (SharedMemoryRegion.release calls this); returns its bytes."""
+        return int(self._call("ReleaseSharedMemory", self._stub.ReleaseSharedMemory,
+                              pb.ReleaseSharedMemoryRequest(region=region),
+                              timeout=timeout).bytes)
+
+    def append_shared(self, sequence_id: int, kv: Any, region: SharedMemoryRegion, *,
+                      layer_begin: int = 0, expected_fill: Optional[int] = None,
+                      timeout: Optional[float] = None) -> AppendResult:
+        """append() with kv copied to offset 0 of `region` (one message: the region bounds it)."""
+        bits, _ = as_bf16_bits(kv, "kv", "Append")
+        if bits.ndim == 2:
+            bits = bits.reshape(1, *bits.shape)
+        check_shape(bits, (None, None, ROW), "kv", "layer_count, T, 576", "Append")
+        if bits.nbytes > region.size:
+            raise invalid_argument(f"kv is {bits.nbytes} bytes, the region has {region.size}",
+                                   "Append")
+        region.ndarray(0, np.uint16, bits.shape)[...] = bits
+        request = pb.AppendRequest(sequence_id=int(sequence_id), layer_begin=int(layer_begin))
+        request.kv.CopyFrom(pb.Tensor(dtype=pb.DTYPE_BF16, shape=list(bits.shape),
+                                      shared_memory=region.ref(0, bits.nbytes)))
+        if expected_fill is None:
+            request.create = True
+        else:
+            request.expected_fill = int(expected_fill)
+        r = self._call("Append", self._stub.Append, request, timeout=timeout)
+        return AppendResult(int(r.committed_length), [int(f) for f in r.layer_fill], 1)
+
+    def verify_shared(self, layer: int, sequences: Iterable[SequenceLike], q: Any, tree_kv: Any,
+                      region: SharedMemoryRegion, *, return_lse: bool = False,
+                      softmax_scale: Optional[float] = None,
+                      timeout: Optional[float] = None) -> VerifyResult:
+        """verify() with q and tree_kv copied into `region` (layout shared_verify_layout(0, ...))
+        and out/lse written there by the daemon. numpy outputs are views into the region (valid
+        until it is reused); torch outputs are views too on CPU, copies on a CUDA device."""
+        seqs = [_as_sequence(s) for s in sequences]
+        total_q = sum(len(s.parents) for s in seqs)
+        q_bits, kind = as_bf16_bits(q, "q", "Verify")
+        kv_bits, _ = as_bf16_bits(tree_kv, "tree_kv", "Verify")
+        check_shape(q_bits, (total_q, None, ROW), "q", f"sum Q = {total_q}, H, 576", "Verify")
+        check_shape(kv_bits, (total_q, ROW), "tree_kv", f"sum Q = {total_q}, 576", "Verify")
+        layout = shared_verify_layout(0, total_q, q_bits.shape[1], return_lse)
+        if layout.end > region.size:
+            raise invalid_argument(f"sum Q = {total_q}, H = {q_bits.shape[1]} needs {layout.end} "
+                                   "bytes of shared memory (shared_verify_bytes), the region has "
+                                   f"{region.size}", "Verify")
+        region.ndarray(layout.q, np.uint16, q_bits.shape)[...] = q_bits
+        region.ndarray(layout.tree_kv, np.uint16, kv_bits.shape)[...] = kv_bits
+        return self.verify_shared_in_place(layer, seqs, layout, region,
+                                           softmax_scale=softmax_scale, timeout=timeout,
+                                           output=kind)
+
+    def verify_shared_in_place(self, layer: int, sequences: Iterable[SequenceLike],
+                               layout: SharedVerifyLayout, region: SharedMemoryRegion, *,
+                               softmax_scale: Optional[float] = None,
+                               timeout: Optional[float] = None,
+                               output: Union[str, TensorKind] = "numpy") -> VerifyResult:
+        """Verify with q and tree_kv already written in `region` at `layout` (e.g. through
+        region.tensor(layout.q, ...) views, no copy on the client's path); out/lse come back into
+        the region at layout.out / layout.lse. output: "numpy" (uint16 views) or "torch"
+        (bfloat16 views)."""
+        request, total_q = self._verify_request(layer, sequences, layout.return_lse,
+                                                softmax_scale)
+        if total_q != layout.total_q or layout.heads < 1:
+            raise invalid_argument(f"the layout is for sum Q = {layout.total_q}, H = "
+                                   f"{layout.heads}; the request has sum Q = {total_q}", "Verify")
+        if layout.end > region.size:
+            raise invalid_argument(f"the layout ends at byte {layout.end}, past the region's "
+                                   f"{region.size}", "Verify")
+        heads = layout.heads
+        rows = total_q * heads
+        request.q.CopyFrom(pb.Tensor(dtype=pb.DTYPE_BF16, shape=[total_q, heads, ROW],
+                                     shared_memory=region.ref(layout.q, rows * ROW * 2)))
+        request.tree_kv.CopyFrom(pb.Tensor(dtype=pb.DTYPE_BF16, shape=[total_q, ROW],
+                                           shared_memory=region.ref(layout.tree_kv,
+                                                                    total_q * ROW * 2)))
+        request.out_shared_memory.CopyFrom(region.ref(layout.out, rows * V_DIM * 2))
+        if layout.return_lse:
+            request.lse_shared_memory.CopyFrom(region.ref(layout.lse, rows * 4))
+        response = self._call("Verify", self._stub.Verify, request, timeout=timeout)
+        for name, t in (("out", response.out), ("lse", response.lse)):
+            if name == "lse" and not layout.return_lse:
+                continue
+            want = request.out_shared_memory if name == "out" else request.lse_shared_memory
+            if (t.WhichOneof("data") != "shared_memory" or t.shared_memory.region != want.region
+                    or t.shared_memory.offset != want.offset
+                    or t.shared_memory.length != want.length):
+                raise make_error(grpc.StatusCode.INTERNAL, f"response {name} does not name the "
+                                 "requested range of the region", "Verify")
+        kind = output if isinstance(output, TensorKind) else TensorKind(output)
+        if kind.kind == "torch":
+            out = region.tensor(layout.out, (total_q, heads, V_DIM))
+            lse = region.tensor(layout.lse, (total_q, heads), "float32") if layout.return_lse \
+                else None
+            if kind.device is not None and str(kind.device) != "cpu":
+                out = out.to(kind.device)
+                lse = None if lse is None else lse.to(kind.device)
+        else:
+            out = region.ndarray(layout.out, np.uint16, (total_q, heads, V_DIM))
+            lse = (region.ndarray(layout.lse, np.float32, (total_q, heads))
+                   if layout.return_lse else None)
+        return VerifyResult(out, lse, [int(n) for n in response.committed_length], response)
