@@ -21,20 +21,12 @@ void LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
 
 // The Hopper (sm_90a, wgmma) flash kernel: same work items, partials and outputs as the portable
 // one, kHopperFlashThreads threads and HopperFlashSmemBytes() (> 99 KB) of shared memory per CTA.
-// Its machine code exists only for sm_90a: HopperFlashKernelSymbol() has no image elsewhere.
+// Its machine code exists only for sm_90a: HopperFlashKernelSymbol() has no image elsewhere. The
+// benchmark's instrumented builds of it (timeline, no gathers, no wgmma) live in tools/bench.
 inline constexpr int kHopperFlashThreads = 256;
 int HopperFlashSmemBytes();
 const void* HopperFlashKernelSymbol();
 void LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
-// The benchmark's diagnosis: the same kernel with clock stamps per CTA into
-// timeline[blockIdx.x * kFlashTimelineStride + ...]: [0] globaltimer ns at start, [1] clock64 at
-// start, [2 + k] clock64 once tile k's data is in (k < kFlashTimelineTiles), [2 + T] before the
-// epilogue, [3 + T] after it, [4 + T] globaltimer ns at the end, [5 + T] the SM id (T =
-// kFlashTimelineTiles). Only where the sm_90a image exists.
-inline constexpr int kFlashTimelineTiles = 64;
-inline constexpr int kFlashTimelineStride = kFlashTimelineTiles + 8;
-cudaError_t LaunchHopperFlashKernelTimeline(const MlaVerifyParams& params, uint64_t* timeline,
-                                            cudaStream_t stream);
 
 // One CTA per (combine item, row of its 64): merges the item's partials by LSE into out/lse.
 void LaunchCombineKernel(const MlaVerifyParams& params, cudaStream_t stream);

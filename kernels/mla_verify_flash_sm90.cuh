@@ -1,0 +1,417 @@
+// The flash MLA tree-verify kernel, Hopper path (sm_90a only: wgmma). Same work items, mask
+// semantics, outputs and split partials as the portable kernel (mla_verify_flash.cu); the
+// launcher picks this one on a compute-capability-9 device when this sm_90a image is present.
+// The kernel is a template over Sm90Probe so that the benchmark can build its instruments from
+// this same source: mla_verify_flash_sm90.cu instantiates Sm90Probe::kNone alone (the product);
+// tools/bench/mla_verify_flash_sm90_probes.cu the others (never linked into the product).
+//
+// Math (SPEC §1): rows r = node * H + head of one sequence, columns t = 0 .. L+Q-1 (prefix, then
+// tree nodes); S = scale * Q K^T, -inf where node(r) cannot see t; O = softmax(S) V, LSE = ln sum
+// exp(S). Online softmax in fp32 in log2 units, 64 KV columns per tile.
+//
+// Tiling. One CTA = one work item = 64 rows x a column range. Two warpgroups (256 threads):
+// - S (64 x 64 per tile, k = 576): warpgroup w computes the 32 columns 32w .. 32w+31 with 36
+//   wgmma m64n32k16, A = Q and B = K both straight from shared memory (no operand registers).
+// - Softmax: each warpgroup has all 64 rows of its 32 columns; the two swap their per-row tile
+//   maxima through shared memory (one barrier), so both hold the same running max and the same
+//   rescale factor and need nothing else from each other until the end (each keeps the row sum of
+//   its own columns; the two sums are added once, after the last tile).
+// - O (64 x 512 fp32, 128 KB) is split by d_v: warpgroup w owns O[:, 256w .. 256w+256) for all 64
+//   rows, 128 accumulator registers per thread. 4 wgmma m64n256k16 per tile, B = V read MN-major
+//   (transposed) from the same KV tile that served as K: the two over this warpgroup's own 32
+//   tokens take A = P from registers and are issued before the barrier that publishes P; the two
+//   over the other warpgroup's 32 take A from shared memory (P goes there for that reason).
+//   Why split d_v rather than two passes over the KV: a second pass would read every KV tile twice
+//   from device memory and recompute S; splitting d_v costs only the P exchange (8 KB per tile).
+//
+// Shared memory (wgmma_sm90.cuh: 64-row x 128-byte chunks, 128-byte swizzle, 1024-byte aligned):
+//   Q       9 chunks (576 dims)                                     73728 B
+//   KV      2 stages x 9 chunks (64 tokens x 576 dims)             147456 B
+//   P       1 chunk (64 rows x 64 tokens)                             8192 B
+//   row max exchange 2 x 64 fp32, row sum exchange 2 x 64 fp32        1024 B
+//   total 230400 B (+1024 for aligning the base) of the 232448 B an H200 block may take.
+//
+// Pipeline per tile: wait for tile j's cp.async, fence to the async proxy, barrier; issue the S
+// wgmma, then (while they run) tile j+1's gather into the other stage and the slot-table load for
+// tile j+2; wait for S; mask, max exchange (barrier); P to shared memory; rescale O (skipped
+// when no max moved); P V over its own tokens (registers); P barrier; P V over the other
+// warpgroup's tokens; wait. The gather of tile j+1 overlaps all of tile j but its first barrier. KV
+// rows come through the int32 slot table as 16-byte cp.async (page size 1); columns past col_end
+// are zero-filled so a masked column never multiplies garbage.
+//
+// Epilogue: O / rowsum, as bf16 (the output, or a split's partial), goes to shared memory (the two
+// KV stages are free by then: 64 rows padded to 1056 B) and leaves as one bulk copy
+// (cp.async.bulk) per row. Measured on the H200 (v10, fp32 partials then): the direct 8-byte
+// stores from the accumulators took ~14 us per CTA when all CTAs end together (132 x 128 KB of
+// partials), 16-byte coalesced stores from the stage ~5.5 us, the bulk copies ~5 us; the other two
+// were deleted.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/mla_verify_flash_common.cuh"
+#include "kernels/mla_verify_kernels.h"
+#include "kernels/mla_verify_mma.cuh"
+#include "kernels/tree_visibility.cuh"
+#include "kernels/wgmma_sm90.cuh"
+#include "verify/mla_dims.h"
+
+namespace verifyd::flash_sm90 {
+
+using flash::kFullMask;
+using flash::kLog2e;
+using flash::kRows;
+using mma::CpAsync16;
+using mma::CpAsyncCommit;
+using mma::CpAsyncWaitAll;
+using wgmma::kChunkBytes;
+using wgmma::SwizzledOffset;
+
+constexpr int kCols = 64;                 // KV columns per tile
+constexpr int kUnitsPerRow = kKvDim / 8;  // 16-byte units per KV row (72)
+constexpr int kKvChunks = kKvDim / 64;    // 9
+constexpr int kTileBytes = kKvChunks * kChunkBytes;
+constexpr int kQOffset = 0;
+constexpr int kKvOffset = kQOffset + kTileBytes;
+constexpr int kPOffset = kKvOffset + 2 * kTileBytes;
+constexpr int kMaxXchgOffset = kPOffset + kChunkBytes;
+constexpr int kSumXchgOffset = kMaxXchgOffset + 2 * kRows * 4;
+constexpr int kSmemUsed = kSumXchgOffset + 2 * kRows * 4;
+constexpr int kSmemBytes = kSmemUsed + 1024;  // room to align the base to 1024
+static_assert(kSmemBytes <= 232448, "an sm_90 block may take 227 KB of dynamic shared memory");
+static_assert(kRows * flash::kStageStride <= 2 * kTileBytes,
+              "the staged epilogue fits the KV stages");
+static_assert(kRows == 64, "one warpgroup's wgmma covers 64 rows");
+static_assert(kHopperFlashThreads == 256, "two warpgroups");
+
+// What an instantiation adds to the kernel. kNone is the product. The others are the benchmark's
+// instruments (plans/0004): kTimeline writes clock stamps per CTA (layout below) and computes the
+// same output; kNoGathers drops the main loop's KV gathers (tiles after the first are stale: the
+// time of the math and the barriers alone) and kNoMath its wgmma (the time of the gathers, the
+// softmax and the barriers): both write garbage on purpose.
+enum class Sm90Probe { kNone, kTimeline, kNoGathers, kNoMath };
+
+// kTimeline's stamps, at timeline[blockIdx.x * kTimelineStride + ...]: [0] globaltimer ns at the
+// start, [1] clock64 at the start, [2 + k] clock64 once tile k's data is in (k < kTimelineTiles),
+// [2 + T] before the epilogue, [3 + T] after it, [4 + T] globaltimer ns at the end, [5 + T] the SM
+// id (T = kTimelineTiles).
+inline constexpr int kTimelineTiles = 64;
+inline constexpr int kTimelineStride = kTimelineTiles + 8;
+
+// Gathers KV columns [tile_col, tile_col + 64) into one stage: warp w copies rows 8w .. 8w+7,
+// lane i units i, i+32, i+64 (< 72) of each. slot_lo / slot_hi = the slots of columns tile_col +
+// lane and tile_col + 32 + lane, loaded a tile ahead.
+__device__ __forceinline__ void LoadKvTile(const bf16_bits* kv, int slot_lo, int slot_hi,
+                                           int tile_col, int col_end, uint32_t dst, int warp,
+                                           int lane) {
+#pragma unroll
+  for (int rr = 0; rr < 8; ++rr) {
+    const int r = warp * 8 + rr;
+    const int slot = __shfl_sync(kFullMask, r < 32 ? slot_lo : slot_hi, r & 31);
+    const bool valid = tile_col + r < col_end;
+    const bf16_bits* src_row = kv + (valid ? static_cast<int64_t>(slot) * kKvDim : 0);
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      const int u = lane + 32 * j;
+      if (u < kUnitsPerRow) {
+        CpAsync16(dst + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7),
+                  src_row + (valid ? u * 8 : 0), valid);
+      }
+    }
+  }
+  CpAsyncCommit();
+}
+
+__device__ __forceinline__ int SlotAt(const int32_t* slots, int col, int col_end) {
+  return col < col_end ? slots[col] : 0;
+}
+
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// timeline: kTimeline's stamps; unused (nullptr) in every other instantiation.
+template <Sm90Probe kProbe>
+__global__ void __launch_bounds__(kHopperFlashThreads, 1)
+    MlaVerifyFlashSm90Kernel(MlaVerifyParams params, uint64_t* timeline) {
+  constexpr bool kTimeline = kProbe == Sm90Probe::kTimeline;
+  constexpr bool kGathers = kProbe != Sm90Probe::kNoGathers;
+  constexpr bool kMath = kProbe != Sm90Probe::kNoMath;
+  uint64_t* stamps = kTimeline ? timeline + blockIdx.x * kTimelineStride : nullptr;
+  if (kTimeline && threadIdx.x == 0) {
+    stamps[0] = GlobalTimerNs();
+    stamps[1] = clock64();
+  }
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  const uint32_t smem_base = mma::SmemAddr(smem);
+  const uint32_t q_smem = smem_base + kQOffset;
+  const uint32_t kv_smem = smem_base + kKvOffset;
+  uint8_t* p_smem = smem + kPOffset;
+  float* max_xchg = reinterpret_cast<float*>(smem + kMaxXchgOffset);
+  float* sum_xchg = reinterpret_cast<float*>(smem + kSumXchgOffset);
+
+  const VerifyProblem& pr = params.problem;
+  const FlashWorkItem item = params.work[blockIdx.x];
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int wg = tid >> 7;           // warpgroup: S columns 32wg.., O columns 256wg..
+  const int wrow = (warp & 3) * 16;  // this warp's 16 rows of the 64
+  const int g = lane >> 2;
+  const int c = lane & 3;
+
+  const flash::ItemRows rows = flash::DecodeItem(pr, item);
+  const int prefix_len = rows.prefix_len;
+  const int rows_here = rows.rows_here;
+  const int64_t first_row = rows.first_row;
+  const int32_t* slots = rows.slots;
+  const int heads = rows.heads;
+  const int seq_rows = rows.seq_rows;
+  const uint64_t* mask_rows = rows.mask_rows;
+  const int words_per_row = rows.words_per_row;
+
+  // Q: 64 rows x 72 units into 9 swizzled chunks; rows past the sequence are zero.
+  for (int idx = tid; idx < kRows * kUnitsPerRow; idx += kHopperFlashThreads) {
+    const int r = idx / kUnitsPerRow;
+    const int u = idx % kUnitsPerRow;
+    const bool valid = r < rows_here;
+    CpAsync16(q_smem + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7),
+              valid ? pr.q + (first_row + r) * kKvDim + u * 8 : pr.q, valid);
+  }
+  CpAsyncCommit();
+
+  // The two rows this thread holds in every accumulator: wrow + g and wrow + g + 8.
+  int my_node[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = item.row_begin + wrow + g + 8 * h;
+    my_node[h] = r < seq_rows ? r / heads : -1;
+  }
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};  // over this warpgroup's columns, this lane's quarter
+  const float scale_log2 = pr.scale * kLog2e;
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+
+  const int num_tiles = (item.col_end - item.col_begin + kCols - 1) / kCols;
+  LoadKvTile(pr.kv, SlotAt(slots, item.col_begin + lane, item.col_end),
+             SlotAt(slots, item.col_begin + 32 + lane, item.col_end), item.col_begin, item.col_end,
+             kv_smem, warp, lane);
+  int next_lo = SlotAt(slots, item.col_begin + kCols + lane, item.col_end);
+  int next_hi = SlotAt(slots, item.col_begin + kCols + 32 + lane, item.col_end);
+
+  // Descriptors (K-major, 128-byte swizzle): A = Q rows 0..63; B = K rows 32wg .. 32wg+31.
+  const uint64_t q_desc = wgmma::MakeDescriptor(q_smem, 16, 1024);
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int tile_col = item.col_begin + tile * kCols;
+    const uint32_t kv_tile = kv_smem + (tile & 1) * kTileBytes;
+    CpAsyncWaitAll();
+    wgmma::FenceProxyAsyncShared();
+    __syncthreads();  // tile j (and Q) landed for all; both warpgroups are done with the other
+                      // stage
+    // Stamp k + 2: tile k's data is in (k = 0: the prologue, Q and the first tile, is over).
+    if (kTimeline && threadIdx.x == 0 && tile < kTimelineTiles) stamps[2 + tile] = clock64();
+
+    float s[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s[i] = 0.f;
+    wgmma::PinRegisters(s);
+    wgmma::Fence();
+    const uint64_t k_desc =
+        wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
+    if (kMath)
+#pragma unroll
+      for (int ks = 0; ks < kKvDim / 16; ++ks) {
+        const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
+        wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
+                            wgmma::AdvanceDescriptor(k_desc, off));
+      }
+    wgmma::Commit();
+    // The gather of tile j+1 is issued while the tensor cores run S: its address arithmetic and
+    // cp.async issue then cost no tensor time.
+    if (tile + 1 < num_tiles && kGathers) {
+      LoadKvTile(pr.kv, next_lo, next_hi, tile_col + kCols, item.col_end,
+                 kv_smem + ((tile + 1) & 1) * kTileBytes, warp, lane);
+      next_lo = SlotAt(slots, tile_col + 2 * kCols + lane, item.col_end);
+      next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
+    }
+    wgmma::WaitAll();
+    wgmma::PinRegisters(s);
+
+    // s[4i + e]: row wrow + g + 8 (e >> 1), column 32wg + 8i + 2c + (e & 1) of the tile.
+    const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= item.col_end;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int v = 0; v < 16; ++v) {
+      const int h = (v >> 1) & 1;
+      float x = s[v] * scale_log2;
+      if (!all_visible) {
+        const int t = tile_col + wg * 32 + 8 * (v >> 2) + 2 * c + (v & 1);
+        const bool visible =
+            t < item.col_end &&
+            (t < prefix_len || (my_node[h] >= 0 && ColumnVisible(mask_rows, words_per_row,
+                                                                 prefix_len, my_node[h], t)));
+        x = visible ? x : -INFINITY;
+      }
+      s[v] = x;
+      tile_max[h] = fmaxf(tile_max[h], x);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 2));
+      if (c == 0) max_xchg[wg * kRows + wrow + g + 8 * h] = tile_max[h];
+    }
+    __syncthreads();  // both warpgroups' tile maxima are visible
+
+    float alpha[2];
+    float base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float other = max_xchg[(1 - wg) * kRows + wrow + g + 8 * h];
+      const float new_max = fmaxf(row_max[h], fmaxf(tile_max[h], other));
+      // A row that has seen nothing yet keeps max -inf; subtracting 0 then keeps exp2 finite.
+      base[h] = new_max == -INFINITY ? 0.f : new_max;
+      alpha[h] = exp2f(row_max[h] - base[h]);
+      row_max[h] = new_max;
+    }
+    float sum[2] = {0.f, 0.f};
+    // This warpgroup's P as wgmma A fragments: 16 tokens per k-step, accumulator column groups
+    // 2k and 2k + 1 (rows g and g + 8 of the warp).
+    uint32_t p_frag[2][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float p0 = exp2f(s[4 * i + 2 * h] - base[h]);
+        const float p1 = exp2f(s[4 * i + 2 * h + 1] - base[h]);
+        sum[h] += p0 + p1;
+        const int row = wrow + g + 8 * h;
+        const uint32_t packed = mma::PackBf16x2(p0, p1);
+        p_frag[i >> 1][(i & 1) * 2 + h] = packed;
+        // P row `row`, tokens 32wg + 8i + 2c, +1: unit 4wg + i of the swizzled row, word c.
+        *reinterpret_cast<uint32_t*>(p_smem + SwizzledOffset(row, wg * 4 + i) + 4 * c) = packed;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * alpha[h] + sum[h];
+    // Rescale, skipped when no row of this warp moved its max (the common case deep in a long
+    // prefix). The vote is warp-uniform, so every warp reconverges before the wgmma below.
+    if (__any_sync(kFullMask, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        o[4 * i] *= alpha[0];
+        o[4 * i + 1] *= alpha[0];
+        o[4 * i + 2] *= alpha[1];
+        o[4 * i + 3] *= alpha[1];
+      }
+    }
+    // O += P V in two halves of k: this warpgroup's own 32 tokens with P from registers, issued
+    // before the barrier that brings the other warpgroup's 32 (so the barrier waits under tensor
+    // work; v14, plans/0004), then those from shared memory. B = V read MN-major: rows = tokens,
+    // n = dims 256wg .. 256wg+255 over chunks 4wg .. 4wg+3 (LBO = one chunk), SBO = 8 token rows.
+    wgmma::PinRegisters(o);
+    wgmma::Fence();
+    const uint64_t v_desc =
+        wgmma::MakeDescriptor(kv_tile + wg * 4 * kChunkBytes, kChunkBytes, 1024);
+    if (kMath) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        wgmma::MmaM64N256K16RegATransB(o, p_frag[k],
+                                       wgmma::AdvanceDescriptor(v_desc, (2 * wg + k) * 16 * 128));
+      }
+    }
+    wgmma::Commit();
+    wgmma::FenceProxyAsyncShared();
+    __syncthreads();  // the other warpgroup's 32 columns of P are in shared memory
+    const uint64_t p_desc = wgmma::MakeDescriptor(smem_base + kPOffset, 16, 1024);
+    if (kMath) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int kk = 2 * (1 - wg) + k;
+        wgmma::MmaM64N256K16TransB(o, wgmma::AdvanceDescriptor(p_desc, kk * 32),
+                                   wgmma::AdvanceDescriptor(v_desc, kk * 16 * 128));
+      }
+    }
+    wgmma::Commit();
+    wgmma::WaitAll();
+    wgmma::PinRegisters(o);
+    // The register A operand is read asynchronously: its registers stay unclaimed until here.
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p_frag[k][e])::"memory");
+    }
+  }
+
+  if (kTimeline && threadIdx.x == 0) stamps[2 + kTimelineTiles] = clock64();
+    // Row sums: this lane's quarter, then the quad, then both warpgroups (warpgroup 0 first, so
+    // every run adds in the same order).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float x = row_sum[h];
+    x += __shfl_xor_sync(kFullMask, x, 1);
+    x += __shfl_xor_sync(kFullMask, x, 2);
+    if (c == 0) sum_xchg[wg * kRows + wrow + g + 8 * h] = x;
+  }
+  __syncthreads();
+
+  // The LSE of each row (one writer per row), and the row's 1/sum for the O scaling below.
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = wrow + g + 8 * h;
+    const float total = sum_xchg[r] + sum_xchg[kRows + r];
+    inv[h] = total > 0.f ? 1.f / total : 0.f;
+    if (r < rows_here && wg == 0 && c == 0) {
+      flash::WriteLse(params, item, first_row, r, flash::RowLse(row_max[h], total));
+    }
+  }
+  // Staged: the rows go to shared memory (the KV stages are free: no gather is in flight and every
+  // wgmma has completed), then leave as one bulk copy per row.
+  uint8_t* stage = smem + kKvOffset;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = wrow + g + 8 * h;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int col = wg * 256 + 8 * i + 2 * c;
+      const float x0 = o[4 * i + 2 * h] * inv[h];
+      const float x1 = o[4 * i + 2 * h + 1] * inv[h];
+      *reinterpret_cast<uint32_t*>(stage + r * flash::kStageStride + col * 2) =
+          mma::PackBf16x2(x0, x1);
+    }
+  }
+  uint8_t* dst = flash::OutRows(params, item, first_row);
+  wgmma::FenceProxyAsyncShared();  // st.shared above, read by the async (bulk copy) proxy
+  __syncthreads();
+  if (tid < rows_here) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(
+                     dst + static_cast<int64_t>(tid) * flash::kOutRowBytes),
+                 "r"(smem_base + kKvOffset + tid * flash::kStageStride), "r"(flash::kOutRowBytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  }
+  if (kTimeline) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      stamps[3 + kTimelineTiles] = clock64();
+      stamps[4 + kTimelineTiles] = GlobalTimerNs();
+      uint32_t sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      stamps[5 + kTimelineTiles] = sm;
+    }
+  }
+}
+
+}  // namespace verifyd::flash_sm90
