@@ -40,23 +40,27 @@
 // first slot alone. Columns past col_end are zero-filled so a masked column never multiplies
 // garbage (0 * NaN) into O.
 //
-// Output: an item that covers all columns writes bf16 O and the LSE directly; a split writes fp32
-// O normalised by its own sum plus its LSE, and mla_verify_combine.cu merges the splits. Either way
-// O leaves through shared memory as whole-row 16-byte stores (fp32 in two 256-column halves).
+// Output: an item that covers all columns writes O (bf16) and the LSE directly; a split writes its
+// O normalised by its own sum (bf16 as well, since v16) plus its LSE, and mla_verify_combine.cu
+// merges the splits. Either way O is staged in the idle KV buffers (64 rows of 1024 B, padded by
+// 32: 67.6 KB of their 74.75 KB) and leaves as whole-row 16-byte coalesced stores.
 #include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
-#include "verify/mla_dims.h"
+#include "kernels/mla_verify_flash_common.cuh"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_mma.cuh"
 #include "kernels/tree_visibility.cuh"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
 
+using flash::kFullMask;
+using flash::kLog2e;
+using flash::kRows;
 using mma::CpAsync16;
 using mma::CpAsyncCommit;
 using mma::CpAsyncWaitAll;
@@ -65,7 +69,6 @@ using mma::LdMatrixX4Trans;
 using mma::MmaBf16;
 using mma::SmemAddr;
 
-constexpr int kRows = kFlashBlockRows;
 constexpr int kCols = kFlashBlockCols;
 constexpr int kStride = kKvDim + 8;             // bf16 per padded shared row (1168 B)
 constexpr int kChunksPerRow = kKvDim / 8;       // 16-byte chunks per KV row
@@ -82,10 +85,7 @@ constexpr int kSmemBytes = kKvBytes + kSPartialBytes + kPBytes + kQRopeBytes + 3
 static_assert(kRows * kStride * 2 <= kKvBytes, "the Q staging tile must fit in the KV buffers");
 static_assert(kSmemBytes <= 99 * 1024, "sm_120 allows 99 KB of dynamic shared memory per block");
 static_assert(kCols % (kFlashThreads / 32) == 0, "each warp copies whole rows of a tile");
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr unsigned kFullMask = 0xffffffffu;
+static_assert(kRows * flash::kStageStride <= kKvBytes, "the staged O fits the KV buffers");
 
 // Issues the cp.async copies of KV columns [tile_col, tile_col + 32) into `dst`. Warp w copies rows
 // [4w, 4w + 4): lane i copies 16-byte chunks i, i + 32, i + 64 (< 72) of each, so a row's address
@@ -119,12 +119,6 @@ __device__ __forceinline__ int TileSlot(const int32_t* slots, int tile_col, int 
   return col < col_end ? slots[col] : 0;
 }
 
-// How the epilogue writes O: from the accumulators, or staged (shipped; see the epilogue).
-constexpr int kEpilogueRegisters = 0;
-constexpr int kEpilogueStaged = 2;
-static_assert(kRows * (kVDim / 2 * 4 + 32) <= kKvBytes, "a staged half of O fits the KV buffers");
-
-template <int kEpilogue>
 __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVerifyParams params) {
   extern __shared__ __align__(128) uint8_t smem[];
   bf16_bits* kv_smem = reinterpret_cast<bf16_bits*>(smem);
@@ -146,16 +140,15 @@ __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVeri
   const int rg = warp & 3;
   const int kg = warp >> 2;
 
-  const int q_begin = pr.qo_indptr[item.seq];
-  const int num_nodes = pr.qo_indptr[item.seq + 1] - q_begin;
-  const int prefix_len = pr.prefix_len[item.seq];
-  const int heads = pr.num_heads;
-  const int seq_rows = num_nodes * heads;
-  const int rows_here = min(kRows, seq_rows - item.row_begin);
-  const int64_t first_row = static_cast<int64_t>(q_begin) * heads + item.row_begin;
-  const int32_t* slots = pr.slots + pr.slot_indptr[item.seq];
-  const uint64_t* mask_rows = pr.mask_bits + pr.mask_indptr[item.seq];
-  const int words_per_row = (num_nodes + 63) / 64;
+  const flash::ItemRows rows = flash::DecodeItem(pr, item);
+  const int prefix_len = rows.prefix_len;
+  const int heads = rows.heads;
+  const int seq_rows = rows.seq_rows;
+  const int rows_here = rows.rows_here;
+  const int64_t first_row = rows.first_row;
+  const int32_t* slots = rows.slots;
+  const uint64_t* mask_rows = rows.mask_rows;
+  const int words_per_row = rows.words_per_row;
 
   // Prologue: stage Q through the KV buffers, then keep it in registers as A fragments.
   for (int chunk = tid; chunk < kRows * kChunksPerRow; chunk += kFlashThreads) {
@@ -355,80 +348,54 @@ __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVeri
   __syncthreads();
 
   const bool direct = item.partial < 0;
-  if (kEpilogue == kEpilogueRegisters) {
+  // Staged through the (now idle) KV buffers and written as whole rows with 16-byte coalesced
+  // stores: the accumulator layout's 8-byte stores (32 bytes of a row per 4 lanes) cost ~3x
+  // longer when every CTA ends at once (plans/0004-kernel.md v10). Outputs and partials are both
+  // bf16 rows: one pass of 64 rows, padded by 32 bytes (67.6 KB of the 74 KB of KV buffers).
+  // The loop over passes is left from fp32 partials (two halves); it goes in the next commit.
+  CpAsyncWaitAll();  // nothing is in flight after the last tile; this makes it certain
+  uint8_t* stage = smem;
+  constexpr int elem = 2;  // bf16 rows, outputs and partials alike
+  const int pass_cols = kVDim;
+  const int stride = pass_cols * elem + 32;
+  uint8_t* dst = direct
+                     ? reinterpret_cast<uint8_t*>(pr.out + first_row * kVDim)
+                     : reinterpret_cast<uint8_t*>(
+                           params.partial_o + static_cast<int64_t>(item.partial) * kRows * kVDim);
+  for (int pass = 0; pass < kVDim / pass_cols; ++pass) {
+    const int col_begin = pass * pass_cols;
+    if (warp * 64 >= col_begin && warp * 64 < col_begin + pass_cols) {
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
+      for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const int r = mt * 16 + g + 8 * hi;
-        if (r >= rows_here) continue;
-        const float sum = row_sum_smem[r];
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        for (int hi = 0; hi < 2; ++hi) {
+          const int r = mt * 16 + g + 8 * hi;
+          const float sum = row_sum_smem[r];
+          const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const int col = warp * 64 + nt * 8 + 2 * c;
-          const float x0 = o[mt][nt][2 * hi] * inv;
-          const float x1 = o[mt][nt][2 * hi + 1] * inv;
-          if (direct) {
-            *reinterpret_cast<uint32_t*>(pr.out + (first_row + r) * kVDim + col) =
-                mma::PackBf16x2(x0, x1);
-          } else {
-            *reinterpret_cast<uint32_t*>(
-                params.partial_o + (static_cast<int64_t>(item.partial) * kRows + r) * kVDim + col) =
-                mma::PackBf16x2(x0, x1);
+          for (int nt = 0; nt < 8; ++nt) {
+            const int col = warp * 64 + nt * 8 + 2 * c - col_begin;
+            const float x0 = o[mt][nt][2 * hi] * inv;
+            const float x1 = o[mt][nt][2 * hi + 1] * inv;
+            *reinterpret_cast<uint32_t*>(stage + r * stride + col * 2) = mma::PackBf16x2(x0, x1);
           }
         }
       }
     }
-  } else {
-    // Staged through the (now idle) KV buffers and written as whole rows with 16-byte coalesced
-    // stores: the accumulator layout's 8-byte stores (32 bytes of a row per 4 lanes) cost ~3x
-    // longer when every CTA ends at once (plans/0004-kernel.md v10). Outputs and partials are both
-    // bf16 rows: one pass of 64 rows, padded by 32 bytes (67.6 KB of the 74 KB of KV buffers).
-    CpAsyncWaitAll();  // nothing is in flight after the last tile; this makes it certain
-    uint8_t* stage = smem;
-    constexpr int elem = 2;  // bf16 rows, outputs and partials alike
-    const int pass_cols = kVDim;
-    const int stride = pass_cols * elem + 32;
-    uint8_t* dst = direct
-                       ? reinterpret_cast<uint8_t*>(pr.out + first_row * kVDim)
-                       : reinterpret_cast<uint8_t*>(
-                             params.partial_o + static_cast<int64_t>(item.partial) * kRows * kVDim);
-    for (int pass = 0; pass < kVDim / pass_cols; ++pass) {
-      const int col_begin = pass * pass_cols;
-      if (warp * 64 >= col_begin && warp * 64 < col_begin + pass_cols) {
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
-#pragma unroll
-          for (int hi = 0; hi < 2; ++hi) {
-            const int r = mt * 16 + g + 8 * hi;
-            const float sum = row_sum_smem[r];
-            const float inv = sum > 0.f ? 1.f / sum : 0.f;
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-              const int col = warp * 64 + nt * 8 + 2 * c - col_begin;
-              const float x0 = o[mt][nt][2 * hi] * inv;
-              const float x1 = o[mt][nt][2 * hi + 1] * inv;
-              *reinterpret_cast<uint32_t*>(stage + r * stride + col * 2) = mma::PackBf16x2(x0, x1);
-            }
-          }
-        }
-      }
-      __syncthreads();
-      const int units_per_row = pass_cols * elem / 16;
-      for (int idx = tid; idx < rows_here * units_per_row; idx += kFlashThreads) {
-        const int r = idx / units_per_row;
-        const int u = idx % units_per_row;
-        *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(r) * kVDim * elem + col_begin * elem +
-                                  u * 16) =
-            *reinterpret_cast<const uint4*>(stage + r * stride + u * 16);
-      }
-      __syncthreads();  // the next pass overwrites the stage
+    __syncthreads();
+    const int units_per_row = pass_cols * elem / 16;
+    for (int idx = tid; idx < rows_here * units_per_row; idx += kFlashThreads) {
+      const int r = idx / units_per_row;
+      const int u = idx % units_per_row;
+      *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(r) * kVDim * elem + col_begin * elem +
+                                u * 16) =
+          *reinterpret_cast<const uint4*>(stage + r * stride + u * 16);
     }
+    __syncthreads();  // the next pass overwrites the stage
   }
   if (tid < rows_here) {
     const float sum = row_sum_smem[tid];
-    const float lse = sum > 0.f ? (row_max_smem[tid] + log2f(sum)) * kLn2 : -INFINITY;
+    const float lse = sum > 0.f ? (row_max_smem[tid] + log2f(sum)) * flash::kLn2 : -INFINITY;
     if (direct) {
       if (pr.lse != nullptr) pr.lse[first_row + tid] = lse;
     } else {
@@ -441,25 +408,10 @@ __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVeri
 
 int FlashSmemBytes() { return kSmemBytes; }
 
-const void* FlashKernelSymbol() {
-  return reinterpret_cast<const void*>(&MlaVerifyFlashKernel<kEpilogueStaged>);
-}
+const void* FlashKernelSymbol() { return reinterpret_cast<const void*>(&MlaVerifyFlashKernel); }
 
 void LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
-  // VERIFYD_FLASH_EPILOGUE=0: the accumulator-store epilogue (benchmark A/B only; read once).
-  static const bool registers_epilogue = [] {
-    const char* e = std::getenv("VERIFYD_FLASH_EPILOGUE");
-    return e != nullptr && std::atoi(e) == kEpilogueRegisters;
-  }();
-  if (registers_epilogue) {
-    cudaFuncSetAttribute(&MlaVerifyFlashKernel<kEpilogueRegisters>,
-                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    MlaVerifyFlashKernel<kEpilogueRegisters>
-        <<<params.num_work, kFlashThreads, kSmemBytes, stream>>>(params);
-    return;
-  }
-  MlaVerifyFlashKernel<kEpilogueStaged>
-      <<<params.num_work, kFlashThreads, kSmemBytes, stream>>>(params);
+  MlaVerifyFlashKernel<<<params.num_work, kFlashThreads, kSmemBytes, stream>>>(params);
 }
 
 }  // namespace verifyd

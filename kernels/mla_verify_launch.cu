@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -36,19 +34,12 @@ absl::Status CheckProblemShape(const VerifyProblem& p) {
 
 // The Hopper kernel is used only where it can run: device major 9 and an sm_90a image in this
 // library (cudaFuncGetAttributes fails when no image fits the device). Kill switch: if the wgmma
-// path ever misbehaves, set this to false and every caller gets the portable kernel.
+// path ever misbehaves, set this to false and kAuto gives every caller the portable kernel.
 constexpr bool kHopperPathEnabled = true;
-
-// Read at every launch (a getenv is cheap), so a test can run both paths in one process.
-bool ForcedPortable() {
-  const char* env = std::getenv("VERIFYD_FORCE_PORTABLE");
-  return env != nullptr && env[0] != '\0' && std::strcmp(env, "0") != 0;
-}
 
 // Per device: 0 unknown, 1 portable, 2 Hopper. Decided once; the checks are not stream operations,
 // so they are legal during graph capture too.
-bool UseHopperPath() {
-  if (!kHopperPathEnabled || ForcedPortable()) return false;
+bool HopperImageRunsHere() {
   static std::atomic<int8_t> choice[64] = {};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
@@ -66,9 +57,30 @@ bool UseHopperPath() {
   return known == 2;
 }
 
+bool UsesHopper(FlashPath path) {
+  switch (path) {
+    case FlashPath::kPortable:
+      return false;
+    case FlashPath::kHopper:
+      return true;
+    case FlashPath::kAuto:
+      break;
+  }
+  return kHopperPathEnabled && HopperImageRunsHere();
+}
+
 }  // namespace
 
-const char* FlashKernelPath() { return UseHopperPath() ? "sm90a-wgmma" : "portable-mma-sync"; }
+bool HopperFlashAvailable() { return HopperImageRunsHere(); }
+
+std::vector<FlashPath> AvailableFlashPaths() {
+  if (HopperFlashAvailable()) return {FlashPath::kHopper, FlashPath::kPortable};
+  return {FlashPath::kPortable};
+}
+
+const char* FlashKernelName(FlashPath path) {
+  return UsesHopper(path) ? "sm90a-wgmma" : "portable-mma-sync";
+}
 
 absl::StatusOr<int> CurrentDeviceSmCount() {
   int device = 0;
@@ -107,12 +119,16 @@ MlaVerifyParams MakeMlaVerifyParams(const VerifyProblem& problem, const SplitPla
 
 absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan,
                              const WorkspaceLayout& layout, void* workspace, cudaStream_t stream,
-                             VerifyStages stages) {
+                             VerifyStages stages, FlashPath path) {
   if (absl::Status s = CheckProblemShape(problem); !s.ok()) return s;
   if (plan.work.empty())
     return absl::InvalidArgumentError("plan.work is empty: plan the batch first");
   if (workspace == nullptr) return absl::InvalidArgumentError("workspace must be set");
-  const bool hopper = UseHopperPath();
+  if (path == FlashPath::kHopper && !HopperFlashAvailable()) {
+    return absl::FailedPreconditionError(
+        "FlashPath::kHopper: this device or library has no sm_90a image of the Hopper kernel");
+  }
+  const bool hopper = UsesHopper(path);
   // Setting the attribute is not a stream operation, so it is legal while a stream is capturing.
   VERIFYD_CUDA_CHECK(cudaFuncSetAttribute(hopper ? HopperFlashKernelSymbol() : FlashKernelSymbol(),
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,

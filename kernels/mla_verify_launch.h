@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,17 +37,28 @@ absl::Status UploadPlan(const SplitPlan& plan, const WorkspaceLayout& layout, vo
 // Which kernels LaunchMlaVerify enqueues: both (what every caller wants), or one of them for the
 // benchmark's time breakdown (kCombineOnly needs a flash run of the same plan before it).
 enum class VerifyStages { kFlashAndCombine, kFlashOnly, kCombineOnly };
+// Which flash kernel runs. kAuto (the product's): the sm_90a wgmma kernel on a compute-capability-9
+// device when this library holds its image, else the portable mma.sync kernel. kPortable and
+// kHopper force one, for the tests and the benchmark, which check and time both on one device;
+// kHopper where it cannot run is an error (FailedPrecondition), never a silent fallback.
+enum class FlashPath { kAuto, kPortable, kHopper };
 absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan,
                              const WorkspaceLayout& layout, void* workspace, cudaStream_t stream,
-                             VerifyStages stages = VerifyStages::kFlashAndCombine);
+                             VerifyStages stages = VerifyStages::kFlashAndCombine,
+                             FlashPath path = FlashPath::kAuto);
 // The kernels' parameters for a planned launch (LaunchMlaVerify builds the same).
 MlaVerifyParams MakeMlaVerifyParams(const VerifyProblem& problem, const SplitPlan& plan,
                                     const WorkspaceLayout& layout, void* workspace);
 
-// Which flash kernel LaunchMlaVerify runs on the current device: "sm90a-wgmma" on a
-// compute-capability-9 device when the library holds the sm_90a image, else "portable-mma-sync".
-// Setting VERIFYD_FORCE_PORTABLE=1 in the environment forces the portable kernel (tests run both).
-const char* FlashKernelPath();
+// Whether the current device can run the Hopper kernel (compute capability 9 and an sm_90a image in
+// this library).
+bool HopperFlashAvailable();
+// The flash paths the current device can run: {kHopper, kPortable} where the Hopper kernel can run,
+// else {kPortable}. Tests and the benchmark loop over these.
+std::vector<FlashPath> AvailableFlashPaths();
+// The kernel `path` runs on the current device: "sm90a-wgmma" or "portable-mma-sync" (kAuto
+// resolved; kHopper where it cannot run still says "sm90a-wgmma").
+const char* FlashKernelName(FlashPath path = FlashPath::kAuto);
 
 // The naive on-GPU oracle (same problem layout; no plan, no workspace).
 absl::Status LaunchMlaVerifyNaive(const VerifyProblem& problem, cudaStream_t stream);

@@ -86,7 +86,7 @@ absl::StatusOr<KernelOutput> DeviceProblem::Download() {
   return result;
 }
 
-absl::StatusOr<KernelOutput> DeviceProblem::RunFlash(int num_sms) {
+absl::StatusOr<KernelOutput> DeviceProblem::RunFlash(int num_sms, FlashPath path) {
   VERIFYD_ASSIGN_OR_RETURN(SplitPlan plan,
                            PlanSplits(prefix_len_, q_len_, problem_.num_heads, num_sms));
   const WorkspaceLayout layout = LayoutWorkspace(plan);
@@ -96,7 +96,8 @@ absl::StatusOr<KernelOutput> DeviceProblem::RunFlash(int num_sms) {
   VERIFYD_CUDA_CHECK(cudaMemset(workspace.get(), 0xFF, layout.total_bytes));
   VERIFYD_RETURN_IF_ERROR(PoisonOutputs());
   VERIFYD_RETURN_IF_ERROR(UploadPlan(plan, layout, workspace.get(), nullptr));
-  VERIFYD_RETURN_IF_ERROR(LaunchMlaVerify(problem_, plan, layout, workspace.get(), nullptr));
+  VERIFYD_RETURN_IF_ERROR(LaunchMlaVerify(problem_, plan, layout, workspace.get(), nullptr,
+                                          VerifyStages::kFlashAndCombine, path));
   return Download();
 }
 

@@ -45,7 +45,8 @@ class DeviceProblem {
   // The device-pointer view (kv, q, indices on the GPU; out and lse point at device buffers).
   const VerifyProblem& problem() const { return problem_; }
   // num_sms shapes the split plan; tests pass odd values to force many or no splits.
-  absl::StatusOr<KernelOutput> RunFlash(int num_sms);
+  // The flash kernel of `path` (kAuto: the launcher's choice) under the plan made for num_sms.
+  absl::StatusOr<KernelOutput> RunFlash(int num_sms, FlashPath path = FlashPath::kAuto);
   absl::StatusOr<KernelOutput> RunNaive();
 
  private:

@@ -1,7 +1,6 @@
 // The flash kernel (and the naive on-GPU oracle) against the float64 CPU oracle, on fresh random
 // inputs: the issue's H, Q and L values, every tree shape, mixed batches, forced split plans; plus
 // bit-exactness across slot layouts and repeated runs.
-#include <cstdlib>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -18,26 +17,6 @@ namespace {
 constexpr double kTolerance = 1e-2;
 // H200: 132 SMs; the real count is what the daemon passes, tests also force other plans.
 constexpr int kSms = 132;
-
-// Every flash path this device has: the launcher's own choice and, when that is the Hopper kernel,
-// the portable kernel forced through VERIFYD_FORCE_PORTABLE (so one run checks both).
-class FlashPath {
- public:
-  static std::vector<bool> ForcePortableValues() {
-    unsetenv("VERIFYD_FORCE_PORTABLE");
-    if (std::string(FlashKernelPath()) == "portable-mma-sync") return {false};
-    return {false, true};
-  }
-  explicit FlashPath(bool force_portable) {
-    if (force_portable) {
-      setenv("VERIFYD_FORCE_PORTABLE", "1", 1);
-    } else {
-      unsetenv("VERIFYD_FORCE_PORTABLE");
-    }
-  }
-  ~FlashPath() { unsetenv("VERIFYD_FORCE_PORTABLE"); }
-  std::string Name() const { return FlashKernelPath(); }
-};
 
 struct Case {
   std::string name;
@@ -114,14 +93,13 @@ TEST_P(FlashVsOracle, MatchesFloat64) {
   ComputeVerifyF64(host.problem(), &ref_out, &ref_lse);
   auto dev = DeviceProblem::Upload(host);
   ASSERT_TRUE(dev.ok()) << dev.status();
-  for (bool force_portable : FlashPath::ForcePortableValues()) {
-    FlashPath path(force_portable);
-    SCOPED_TRACE(path.Name());
-    auto flash = dev->RunFlash(kSms);
+  for (FlashPath path : AvailableFlashPaths()) {
+    SCOPED_TRACE(FlashKernelName(path));
+    auto flash = dev->RunFlash(kSms, path);
     ASSERT_TRUE(flash.ok()) << flash.status();
     EXPECT_LE(RelativeError(flash->out, ref_out), kTolerance);
     EXPECT_LE(RelativeError(flash->lse, ref_lse), kTolerance);
-    std::printf("%-28s %-18s out err %.2e, lse err %.2e\n", c.name.c_str(), path.Name().c_str(),
+    std::printf("%-28s %-18s out err %.2e, lse err %.2e\n", c.name.c_str(), FlashKernelName(path),
                 RelativeError(flash->out, ref_out), RelativeError(flash->lse, ref_lse));
   }
   auto naive = dev->RunNaive();
@@ -147,12 +125,11 @@ void ExpectEveryPlanMatchesFloat64(const std::vector<SequenceSpec>& seqs,
   ComputeVerifyF64(host.problem(), &ref_out, &ref_lse);
   auto dev = DeviceProblem::Upload(host);
   ASSERT_TRUE(dev.ok()) << dev.status();
-  for (bool force_portable : FlashPath::ForcePortableValues()) {
-    FlashPath path(force_portable);
-    SCOPED_TRACE(path.Name());
+  for (FlashPath path : AvailableFlashPaths()) {
+    SCOPED_TRACE(FlashKernelName(path));
     for (int sms : sm_counts) {
       SCOPED_TRACE("num_sms=" + std::to_string(sms));
-      auto flash = dev->RunFlash(sms);
+      auto flash = dev->RunFlash(sms, path);
       ASSERT_TRUE(flash.ok()) << flash.status();
       EXPECT_LE(RelativeError(flash->out, ref_out), kTolerance);
       EXPECT_LE(RelativeError(flash->lse, ref_lse), kTolerance);
@@ -195,12 +172,11 @@ TEST(FlashBitExact, ScatteredEqualsContiguousAndRunsRepeat) {
   auto dev_s = DeviceProblem::Upload(scattered);
   auto dev_c = DeviceProblem::Upload(contiguous);
   ASSERT_TRUE(dev_s.ok() && dev_c.ok());
-  for (bool force_portable : FlashPath::ForcePortableValues()) {
-    FlashPath path(force_portable);
-    SCOPED_TRACE(path.Name());
-    auto a = dev_s->RunFlash(kSms);
-    auto b = dev_c->RunFlash(kSms);
-    auto again = dev_s->RunFlash(kSms);
+  for (FlashPath path : AvailableFlashPaths()) {
+    SCOPED_TRACE(FlashKernelName(path));
+    auto a = dev_s->RunFlash(kSms, path);
+    auto b = dev_c->RunFlash(kSms, path);
+    auto again = dev_s->RunFlash(kSms, path);
     ASSERT_TRUE(a.ok() && b.ok() && again.ok());
     EXPECT_TRUE(a->out == b->out) << "scattered and contiguous slot tables differ";
     EXPECT_TRUE(a->lse == b->lse);
@@ -213,6 +189,26 @@ TEST(FlashBitExact, ScatteredEqualsContiguousAndRunsRepeat) {
   EXPECT_TRUE(na->out == nb->out) << "naive: scattered and contiguous differ";
 }
 
+// What the product runs (kAuto) is the first path the tests check: the Hopper kernel where it can
+// run, else the portable one (same bytes).
+TEST(FlashPaths, AutoRunsTheFirstAvailablePath) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  using enum TreeShape;
+  HostProblem host = MakeRandomProblem({{3000, 33, kRandom}, {64, 9, kChain}}, 16, seed,
+                                       /*scattered=*/true, 5);
+  auto dev = DeviceProblem::Upload(host);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  const FlashPath first = AvailableFlashPaths().front();
+  EXPECT_STREQ(FlashKernelName(FlashPath::kAuto), FlashKernelName(first));
+  auto a = dev->RunFlash(kSms, FlashPath::kAuto);
+  auto b = dev->RunFlash(kSms, first);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->out == b->out);
+  EXPECT_TRUE(a->lse == b->lse);
+}
+
 // The largest shapes are too slow for the float64 oracle: there flash is checked against the naive
 // kernel, which the tests above check against float64.
 TEST(FlashVsNaive, LargeShapes) {
@@ -223,6 +219,10 @@ TEST(FlashVsNaive, LargeShapes) {
       {"S6_like", 128, {{65536, 64, kRandom}}},
       {"S5_like", 8, std::vector<SequenceSpec>(32, {4096, 8, kRandom})},
       {"S3_like", 64, {{65536, 33, kForest}}},
+      // SPEC §5's S8 and SH as they are (issue 16): 1024 rows x 131K columns, and an L that is no
+      // multiple of the tile (185000 = 2890 tiles of 64 + 40).
+      {"S8", 8, {{131072, 128, kRandom}}},
+      {"SH", 8, {{185000, 16, kRandom}}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(Describe(c) + " seed=" + std::to_string(seed));
@@ -234,14 +234,13 @@ TEST(FlashVsNaive, LargeShapes) {
     std::vector<double> naive_out(naive->out.size()), naive_lse(naive->lse.size());
     for (size_t i = 0; i < naive_out.size(); ++i) naive_out[i] = Bf16ToFloat(naive->out[i]);
     for (size_t i = 0; i < naive_lse.size(); ++i) naive_lse[i] = naive->lse[i];
-    for (bool force_portable : FlashPath::ForcePortableValues()) {
-      FlashPath path(force_portable);
-      SCOPED_TRACE(path.Name());
-      auto flash = dev->RunFlash(kSms);
+    for (FlashPath path : AvailableFlashPaths()) {
+      SCOPED_TRACE(FlashKernelName(path));
+      auto flash = dev->RunFlash(kSms, path);
       ASSERT_TRUE(flash.ok());
       EXPECT_LE(RelativeError(flash->out, naive_out), kTolerance);
       EXPECT_LE(RelativeError(flash->lse, naive_lse), kTolerance);
-      std::printf("%-10s %-18s flash vs naive out err %.2e\n", c.name.c_str(), path.Name().c_str(),
+      std::printf("%-10s %-18s flash vs naive out err %.2e\n", c.name.c_str(), FlashKernelName(path),
                   RelativeError(flash->out, naive_out));
     }
   }

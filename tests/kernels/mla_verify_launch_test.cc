@@ -70,5 +70,21 @@ TEST(MlaVerifyLaunch, RejectsBadProblemsNamingTheField) {
   EXPECT_EQ(LaunchMlaVerifyNaive(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// FlashPath::kHopper where the Hopper kernel cannot run (no device, or not compute capability 9)
+// is an error, not a quiet fallback to the portable kernel; kPortable is always there.
+TEST(MlaVerifyLaunch, HopperPathWhereItCannotRunIsAnError) {
+  if (HopperFlashAvailable()) GTEST_SKIP() << "this device runs the Hopper kernel";
+  FakeProblem fake;
+  auto plan = PlanSplits(std::vector<int32_t>{1}, std::vector<int32_t>{1}, 2, 132);
+  ASSERT_TRUE(plan.ok());
+  const WorkspaceLayout layout = LayoutWorkspace(*plan);
+  std::vector<uint8_t> workspace(layout.total_bytes + 16);
+  const absl::Status s = LaunchMlaVerify(fake.Make(), *plan, layout, workspace.data(), nullptr,
+                                         VerifyStages::kFlashAndCombine, FlashPath::kHopper);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(AvailableFlashPaths(), std::vector<FlashPath>{FlashPath::kPortable});
+  EXPECT_STREQ(FlashKernelName(FlashPath::kAuto), "portable-mma-sync");
+}
+
 }  // namespace
 }  // namespace verifyd

@@ -1,5 +1,5 @@
 // Kernel benchmark (SPEC §5): measures the device's copy bandwidth and bf16 matmul rate, then times
-// the flash kernel on S1-S7 against the floor max(bytes / bandwidth, FLOPs / matmul rate), with
+// the flash kernel on S1-S8 and SH against the floor max(bytes / bandwidth, FLOPs / matmul rate), with
 // scattered (page size 1, random) vs contiguous slots, graph replay vs eager, and the naive kernel.
 // Prints one line per shape as it goes and a short table last. Every timed loop (the ceilings too)
 // runs after 100 ms of its own work; "/floor" uses those sustained ceilings, "/burst" the best rate
@@ -10,9 +10,12 @@
 //                         [--copies N]   (KV replicas to rotate through; default: > 400 MB)
 //                         [--breakdown]  (flash vs combine time per shape, and an L sweep)
 //                         [--timeline]   (per-CTA clock stamps of the sm_90a kernel)
-// On a Hopper device both flash paths are measured (sm90a-wgmma, then portable-mma-sync forced).
-// VERIFYD_FLASH_DIAG=1 (no KV gathers in the main loop) or 2 (no wgmma) with --launcher-path-only
-// times the sm_90a kernel without one side, to tell which one bounds it (plans/0004 v13).
+//                         [--diag]       (the sm_90a kernel without its KV gathers, without its
+//                                         wgmma: which side bounds it, plans/0004 session 4)
+// On a Hopper device both flash paths are measured (FlashPath::kHopper, then kPortable);
+// --launcher-path-only measures kAuto alone. The timeline and diag instruments are other
+// instantiations of the shipped sm_90a kernel, built into this program only
+// (mla_verify_flash_sm90_probes.cu).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -30,6 +33,7 @@
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_launch.h"
 #include "kernels/split_planner.h"
+#include "tools/bench/mla_verify_flash_sm90_probes.h"
 #include "verify/tree_mask.h"
 
 namespace verifyd::bench {
@@ -419,7 +423,7 @@ void Breakdown(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
   std::printf(
       "breakdown %s [%s] B=%d H=%d Q=%d L=%d: %zu CTAs, <=%d cols each, %zu combine items: "
       "flash+combine %.1f us, flash %.1f us, combine %.1f us\n",
-      s.name, FlashKernelPath(), s.batch, s.heads, s.q, s.l, plan->work.size(), max_cols,
+      s.name, FlashKernelName(), s.batch, s.heads, s.q, s.l, plan->work.size(), max_cols,
       plan->combine.size(), all * 1e3, flash * 1e3, combine * 1e3);
   std::fflush(stdout);
   cudaFree(workspace);
@@ -430,32 +434,32 @@ void Breakdown(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
 // the prologue (Q and the first KV tile), the first tiles and the steady per-tile time, the
 // epilogue (partials out), and the span from the first start to the last end.
 void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
-  if (std::string(FlashKernelPath()) != "sm90a-wgmma") return;
+  if (!HopperFlashAvailable()) return;
   ShapeData d = BuildShape(s, rng);
   UploadedPlan up = PlanAndUpload(s, sms);
   const SplitPlan* plan = &up.plan;
   const WorkspaceLayout& layout = up.layout;
   uint8_t* workspace = up.workspace;
   const int n = static_cast<int>(plan->work.size());
-  auto* timeline = DeviceAlloc<uint64_t>(size_t(n) * kFlashTimelineStride);
+  auto* timeline = DeviceAlloc<uint64_t>(size_t(n) * kSm90TimelineStride);
   WarmUp(10, [&](int i) {
     BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, true), *plan, layout, workspace, nullptr));
   });
   const MlaVerifyParams params =
       MakeMlaVerifyParams(ProblemFor(d, 10 % d.copies, true), *plan, layout, workspace);
-  BENCH_CUDA(LaunchHopperFlashKernelTimeline(params, timeline, nullptr));
+  BENCH_CUDA(LaunchSm90Instrumented(Sm90Instrument::kTimeline, params, timeline, nullptr));
   BENCH_CUDA(cudaDeviceSynchronize());
-  std::vector<uint64_t> t(size_t(n) * kFlashTimelineStride);
+  std::vector<uint64_t> t(size_t(n) * kSm90TimelineStride);
   BENCH_CUDA(cudaMemcpy(t.data(), timeline, t.size() * 8, cudaMemcpyDeviceToHost));
-  constexpr int T = kFlashTimelineTiles;
+  const int T = kSm90TimelineTiles;
   uint64_t first_start = UINT64_MAX, last_end = 0;
   for (int b = 0; b < n; ++b) {
-    first_start = std::min(first_start, t[size_t(b) * kFlashTimelineStride]);
-    last_end = std::max(last_end, t[size_t(b) * kFlashTimelineStride + 4 + T]);
+    first_start = std::min(first_start, t[size_t(b) * kSm90TimelineStride]);
+    last_end = std::max(last_end, t[size_t(b) * kSm90TimelineStride + 4 + T]);
   }
   std::vector<double> skew, prologue, tile0, tile1, steady, epilogue, total, end, mhz, steady_kclk;
   for (int b = 0; b < n; ++b) {
-    const uint64_t* c = &t[size_t(b) * kFlashTimelineStride];
+    const uint64_t* c = &t[size_t(b) * kSm90TimelineStride];
     const double ns_per_clk = double(c[4 + T] - c[0]) / double(c[3 + T] - c[1]);
     auto us = [&](uint64_t a, uint64_t z) { return double(z - a) * ns_per_clk * 1e-3; };
     const int tiles = (plan->work[b].col_end - plan->work[b].col_begin + 63) / 64;
@@ -491,12 +495,46 @@ void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
   FreeShape(d);
 }
 
+// Which side bounds the sm_90a kernel (plans/0004, session 4): flash + combine as shipped, then
+// with the flash kernel's main loop stripped of its KV gathers, then of its wgmma (same plan, same
+// combine; the stripped kernels' outputs are garbage, only their time counts).
+void Diagnose(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
+  if (!HopperFlashAvailable()) return;
+  ShapeData d = BuildShape(s, rng);
+  UploadedPlan up = PlanAndUpload(s, sms);
+  auto shipped = [&](int i) {
+    BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, true), up.plan, up.layout, up.workspace,
+                             nullptr, VerifyStages::kFlashAndCombine, FlashPath::kHopper));
+  };
+  auto stripped = [&](Sm90Instrument instrument) {
+    return [&, instrument](int i) {
+      const MlaVerifyParams params = MakeMlaVerifyParams(ProblemFor(d, i % d.copies, true),
+                                                         up.plan, up.layout, up.workspace);
+      BENCH_CUDA(LaunchSm90Instrumented(instrument, params, nullptr, nullptr));
+      if (!up.plan.combine.empty()) {
+        BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, true), up.plan, up.layout,
+                                 up.workspace, nullptr, VerifyStages::kCombineOnly));
+      }
+    };
+  };
+  const double full = MedianMs(5, iters, shipped);
+  const double no_gathers = MedianMs(5, iters, stripped(Sm90Instrument::kNoGathers));
+  const double no_math = MedianMs(5, iters, stripped(Sm90Instrument::kNoMath));
+  std::printf("diag %s [sm90a-wgmma] B=%d H=%d Q=%d L=%d: full %.1f us, no gathers %.1f us, "
+              "no wgmma %.1f us\n",
+              s.name, s.batch, s.heads, s.q, s.l, full * 1e3, no_gathers * 1e3, no_math * 1e3);
+  std::fflush(stdout);
+  cudaFree(up.workspace);
+  FreeShape(d);
+}
+
 int Main(int argc, char** argv) {
   int iters = 50;
   bool run_naive = true;
   bool both_paths = true;
   bool breakdown = false;
   bool timeline = false;
+  bool diag = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
@@ -513,6 +551,8 @@ int Main(int argc, char** argv) {
       breakdown = true;
     else if (!std::strcmp(argv[i], "--timeline"))
       timeline = true;
+    else if (!std::strcmp(argv[i], "--diag"))
+      diag = true;
   }
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -530,10 +570,12 @@ int Main(int argc, char** argv) {
       matmul / 1e12, matmul_ceiling.sustained_mhz, matmul_ceiling.burst / 1e12,
       matmul_ceiling.burst_mhz);
 
-  const std::vector<Shape> shapes = {{"S1", 1, 8, 16, 65536},  {"S2", 1, 64, 9, 16384},
-                                     {"S3", 1, 64, 33, 65536}, {"S4", 8, 16, 16, 8192},
-                                     {"S5", 32, 8, 8, 4096},   {"S6", 1, 128, 64, 131072},
-                                     {"S7", 1, 8, 16, 262144}};
+  // SPEC §5: S1-S7, and S8 / SH (issue 16: a long Q at H = 8, and L no multiple of the tile).
+  const std::vector<Shape> shapes = {{"S1", 1, 8, 16, 65536},   {"S2", 1, 64, 9, 16384},
+                                     {"S3", 1, 64, 33, 65536},  {"S4", 8, 16, 16, 8192},
+                                     {"S5", 32, 8, 8, 4096},    {"S6", 1, 128, 64, 131072},
+                                     {"S7", 1, 8, 16, 262144},  {"S8", 1, 8, 128, 131072},
+                                     {"SH", 1, 8, 16, 185000}};
   const int sms = prop.multiProcessorCount;
   std::mt19937_64 rng(20261129);
   if (breakdown) {
@@ -562,6 +604,13 @@ int Main(int argc, char** argv) {
     }
     return 0;
   }
+  if (diag) {
+    for (const Shape& s : shapes) {
+      if (!only.empty() && only.find(s.name) == std::string::npos) continue;
+      Diagnose(s, rng, sms, iters);
+    }
+    return 0;
+  }
   std::vector<Row> rows;
   for (const Shape& s : shapes) {
     if (!only.empty() && only.find(s.name) == std::string::npos) continue;
@@ -571,9 +620,10 @@ int Main(int argc, char** argv) {
     const WorkspaceLayout& layout = up.layout;
     uint8_t* workspace = up.workspace;
 
+    FlashPath path = FlashPath::kAuto;
     auto launch = [&](int i, bool scattered, cudaStream_t stream) {
       BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, scattered), *plan, layout, workspace,
-                               stream));
+                               stream, VerifyStages::kFlashAndCombine, path));
     };
     double naive_ms = 0;
     if (run_naive) {
@@ -581,15 +631,15 @@ int Main(int argc, char** argv) {
       naive.out = d.out_naive;
       naive_ms = MedianMs(0, 1, [&](int) { BENCH_OK(LaunchMlaVerifyNaive(naive, nullptr)); });
     }
-    // Each flash path this device has (the launcher's choice, then the portable kernel forced),
+    // Each flash path this device has (the Hopper kernel where it runs, then the portable one),
     // measured against the same ceilings and the same naive output.
-    unsetenv("VERIFYD_FORCE_PORTABLE");
-    const bool two_paths = std::string(FlashKernelPath()) != "portable-mma-sync" && both_paths;
-    for (int pass = 0; pass < (two_paths ? 2 : 1); ++pass) {
-      if (pass == 1) setenv("VERIFYD_FORCE_PORTABLE", "1", 1);
+    const std::vector<FlashPath> paths =
+        both_paths ? AvailableFlashPaths() : std::vector<FlashPath>{FlashPath::kAuto};
+    for (const FlashPath p : paths) {
+      path = p;
       Row row;
       row.name = s.name;
-      row.path = FlashKernelPath();
+      row.path = FlashKernelName(path);
       row.ctas = static_cast<int>(plan->work.size());
       const double contiguous_ms = MedianMs(5, iters, [&](int i) { launch(i, false, nullptr); });
       row.mhz = SmClockDuringMhz(std::max(4, static_cast<int>(20.0 / contiguous_ms)),
@@ -661,7 +711,6 @@ int Main(int argc, char** argv) {
       std::fflush(stdout);
       rows.push_back(row);
     }
-    unsetenv("VERIFYD_FORCE_PORTABLE");
     cudaFree(workspace);
     FreeShape(d);
   }

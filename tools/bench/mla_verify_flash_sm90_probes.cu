@@ -1,0 +1,45 @@
+// The sm_90a flash kernel's benchmark instruments (plans/0004: v10's timeline, session 4's "no
+// gathers" / "no wgmma" split of the lock-step kernel's time): the same kernel template as the
+// product, other instantiations, compiled for sm_90a into the benchmark alone.
+#include "tools/bench/mla_verify_flash_sm90_probes.h"
+
+#include "kernels/mla_verify_flash_sm90.cuh"
+
+namespace verifyd::bench {
+
+using flash_sm90::MlaVerifyFlashSm90Kernel;
+using flash_sm90::Sm90Probe;
+
+const int kSm90TimelineTiles = flash_sm90::kTimelineTiles;
+const int kSm90TimelineStride = flash_sm90::kTimelineStride;
+
+namespace {
+
+template <Sm90Probe kProbe>
+cudaError_t Launch(const MlaVerifyParams& params, uint64_t* timeline, cudaStream_t stream) {
+  // Not a stream operation: legal while a stream is capturing.
+  const cudaError_t set =
+      cudaFuncSetAttribute(&MlaVerifyFlashSm90Kernel<kProbe>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, flash_sm90::kSmemBytes);
+  if (set != cudaSuccess) return set;
+  MlaVerifyFlashSm90Kernel<kProbe>
+      <<<params.num_work, kHopperFlashThreads, flash_sm90::kSmemBytes, stream>>>(params, timeline);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchSm90Instrumented(Sm90Instrument instrument, const MlaVerifyParams& params,
+                                   uint64_t* timeline, cudaStream_t stream) {
+  switch (instrument) {
+    case Sm90Instrument::kTimeline:
+      return Launch<Sm90Probe::kTimeline>(params, timeline, stream);
+    case Sm90Instrument::kNoGathers:
+      return Launch<Sm90Probe::kNoGathers>(params, nullptr, stream);
+    case Sm90Instrument::kNoMath:
+      return Launch<Sm90Probe::kNoMath>(params, nullptr, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace verifyd::bench
