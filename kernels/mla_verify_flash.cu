@@ -347,60 +347,40 @@ __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVeri
   }
   __syncthreads();
 
-  const bool direct = item.partial < 0;
-  // Staged through the (now idle) KV buffers and written as whole rows with 16-byte coalesced
-  // stores: the accumulator layout's 8-byte stores (32 bytes of a row per 4 lanes) cost ~3x
-  // longer when every CTA ends at once (plans/0004-kernel.md v10). Outputs and partials are both
-  // bf16 rows: one pass of 64 rows, padded by 32 bytes (67.6 KB of the 74 KB of KV buffers).
-  // The loop over passes is left from fp32 partials (two halves); it goes in the next commit.
+  // O staged through the (now idle) KV buffers and written as whole rows with 16-byte coalesced
+  // stores: the accumulator layout's 8-byte stores (32 bytes of a row per 4 lanes) cost ~3x longer
+  // when every CTA ends at once (plans/0004-kernel.md v10).
   CpAsyncWaitAll();  // nothing is in flight after the last tile; this makes it certain
   uint8_t* stage = smem;
-  constexpr int elem = 2;  // bf16 rows, outputs and partials alike
-  const int pass_cols = kVDim;
-  const int stride = pass_cols * elem + 32;
-  uint8_t* dst = direct
-                     ? reinterpret_cast<uint8_t*>(pr.out + first_row * kVDim)
-                     : reinterpret_cast<uint8_t*>(
-                           params.partial_o + static_cast<int64_t>(item.partial) * kRows * kVDim);
-  for (int pass = 0; pass < kVDim / pass_cols; ++pass) {
-    const int col_begin = pass * pass_cols;
-    if (warp * 64 >= col_begin && warp * 64 < col_begin + pass_cols) {
+  uint8_t* dst = flash::OutRows(params, item, first_row);
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
+  for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-          const int r = mt * 16 + g + 8 * hi;
-          const float sum = row_sum_smem[r];
-          const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    for (int hi = 0; hi < 2; ++hi) {
+      const int r = mt * 16 + g + 8 * hi;
+      const float sum = row_sum_smem[r];
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
-            const int col = warp * 64 + nt * 8 + 2 * c - col_begin;
-            const float x0 = o[mt][nt][2 * hi] * inv;
-            const float x1 = o[mt][nt][2 * hi + 1] * inv;
-            *reinterpret_cast<uint32_t*>(stage + r * stride + col * 2) = mma::PackBf16x2(x0, x1);
-          }
-        }
+      for (int nt = 0; nt < 8; ++nt) {
+        const int col = warp * 64 + nt * 8 + 2 * c;
+        const float x0 = o[mt][nt][2 * hi] * inv;
+        const float x1 = o[mt][nt][2 * hi + 1] * inv;
+        *reinterpret_cast<uint32_t*>(stage + r * flash::kStageStride + col * 2) =
+            mma::PackBf16x2(x0, x1);
       }
     }
-    __syncthreads();
-    const int units_per_row = pass_cols * elem / 16;
-    for (int idx = tid; idx < rows_here * units_per_row; idx += kFlashThreads) {
-      const int r = idx / units_per_row;
-      const int u = idx % units_per_row;
-      *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(r) * kVDim * elem + col_begin * elem +
-                                u * 16) =
-          *reinterpret_cast<const uint4*>(stage + r * stride + u * 16);
-    }
-    __syncthreads();  // the next pass overwrites the stage
+  }
+  __syncthreads();
+  constexpr int kUnitsPerRow = flash::kOutRowBytes / 16;
+  for (int idx = tid; idx < rows_here * kUnitsPerRow; idx += kFlashThreads) {
+    const int r = idx / kUnitsPerRow;
+    const int u = idx % kUnitsPerRow;
+    *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(r) * flash::kOutRowBytes + u * 16) =
+        *reinterpret_cast<const uint4*>(stage + r * flash::kStageStride + u * 16);
   }
   if (tid < rows_here) {
     const float sum = row_sum_smem[tid];
-    const float lse = sum > 0.f ? (row_max_smem[tid] + log2f(sum)) * flash::kLn2 : -INFINITY;
-    if (direct) {
-      if (pr.lse != nullptr) pr.lse[first_row + tid] = lse;
-    } else {
-      params.partial_lse[static_cast<int64_t>(item.partial) * kRows + tid] = lse;
-    }
+    flash::WriteLse(params, item, first_row, tid, flash::RowLse(row_max_smem[tid], sum));
   }
 }
 
