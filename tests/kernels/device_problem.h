@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/split_planner.h"
 #include "verify/verify_problem.h"
+#include "kernels/mla_verify_launch.h"
 #include "tests/testing/problem_builder.h"
 
 namespace verifyd::test {

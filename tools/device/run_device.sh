@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (run tool, carry ["bundle"]): runs every GPU test binary of ./bundle (the wgmma
-# unit test first; the flash test checks every flash path on a Hopper device: seesaw, lockstep,
-# portable), a race check of the flash kernels, then the benchmark (every path). Full logs go to $OUT; stdout gets summaries, the table last.
+# unit test first; the flash test checks both flash paths on a Hopper device: FlashPath::kHopper and
+# kPortable), a race check of the flash kernels, then the benchmark (every path). Full logs go to $OUT; stdout gets summaries, the table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/verifyd-gpu-out}
