@@ -62,7 +62,7 @@ __device__ __forceinline__ float RowLse(float row_max, float sum) {
 
 // Row r's LSE: to the output (when the caller asked for it) or to the item's partial slot.
 __device__ __forceinline__ void WriteLse(const MlaVerifyParams& params, const FlashWorkItem& item,
-                                        int64_t first_row, int r, float lse) {
+                                         int64_t first_row, int r, float lse) {
   if (item.partial < 0) {
     if (params.problem.lse != nullptr) params.problem.lse[first_row + r] = lse;
   } else {
@@ -74,9 +74,10 @@ __device__ __forceinline__ void WriteLse(const MlaVerifyParams& params, const Fl
 // covers every column, else its partial slot (bf16 as well, normalised by its own sum).
 __device__ __forceinline__ uint8_t* OutRows(const MlaVerifyParams& params,
                                             const FlashWorkItem& item, int64_t first_row) {
-  return item.partial < 0 ? reinterpret_cast<uint8_t*>(params.problem.out + first_row * kVDim)
-                          : reinterpret_cast<uint8_t*>(
-                                params.partial_o + static_cast<int64_t>(item.partial) * kRows * kVDim);
+  return item.partial < 0
+             ? reinterpret_cast<uint8_t*>(params.problem.out + first_row * kVDim)
+             : reinterpret_cast<uint8_t*>(params.partial_o +
+                                          static_cast<int64_t>(item.partial) * kRows * kVDim);
 }
 
 }  // namespace verifyd::flash

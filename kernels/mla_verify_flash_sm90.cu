@@ -9,7 +9,9 @@ using flash_sm90::Sm90Probe;
 
 int HopperFlashSmemBytes() { return flash_sm90::kSmemBytes; }
 
-const void* HopperFlashKernelSymbol() { return reinterpret_cast<const void*>(&MlaVerifyFlashSm90Kernel<Sm90Probe::kNone>); }
+const void* HopperFlashKernelSymbol() {
+  return reinterpret_cast<const void*>(&MlaVerifyFlashSm90Kernel<Sm90Probe::kNone>);
+}
 
 void LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
   MlaVerifyFlashSm90Kernel<Sm90Probe::kNone>

@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "verify/mla_dims.h"
 #include "kernels/mla_verify_launch.h"
 #include "tests/kernels/device_problem.h"
 #include "tests/testing/problem_builder.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd::test {
 namespace {
@@ -240,8 +240,8 @@ TEST(FlashVsNaive, LargeShapes) {
       ASSERT_TRUE(flash.ok());
       EXPECT_LE(RelativeError(flash->out, naive_out), kTolerance);
       EXPECT_LE(RelativeError(flash->lse, naive_lse), kTolerance);
-      std::printf("%-10s %-18s flash vs naive out err %.2e\n", c.name.c_str(), FlashKernelName(path),
-                  RelativeError(flash->out, naive_out));
+      std::printf("%-10s %-18s flash vs naive out err %.2e\n", c.name.c_str(),
+                  FlashKernelName(path), RelativeError(flash->out, naive_out));
     }
   }
 }

@@ -1,10 +1,10 @@
 // Kernel benchmark (SPEC §5): measures the device's copy bandwidth and bf16 matmul rate, then times
-// the flash kernel on S1-S8 and SH against the floor max(bytes / bandwidth, FLOPs / matmul rate), with
-// scattered (page size 1, random) vs contiguous slots, graph replay vs eager, and the naive kernel.
-// Prints one line per shape as it goes and a short table last. Every timed loop (the ceilings too)
-// runs after 100 ms of its own work; "/floor" uses those sustained ceilings, "/burst" the best rate
-// measured either way (the GEMM from a cold start runs at a higher clock, before the power limit),
-// and "MHz" is the SM clock while the shape's loop runs (plans/0004, session 5).
+// the flash kernel on S1-S8 and SH against the floor max(bytes / bandwidth, FLOPs / matmul rate),
+// with scattered (page size 1, random) vs contiguous slots, graph replay vs eager, and the naive
+// kernel. Prints one line per shape as it goes and a short table last. Every timed loop (the
+// ceilings too) runs after 100 ms of its own work; "/floor" uses those sustained ceilings, "/burst"
+// the best rate measured either way (the GEMM from a cold start runs at a higher clock, before the
+// power limit), and "MHz" is the SM clock while the shape's loop runs (plans/0004, session 5).
 //
 // Usage: mla_verify_bench [--iters N] [--shapes S1,S3,...] [--no-naive] [--launcher-path-only]
 //                         [--copies N]   (KV replicas to rotate through; default: > 400 MB)
@@ -29,11 +29,11 @@
 #include <string>
 #include <vector>
 
-#include "verify/mla_dims.h"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_launch.h"
 #include "kernels/split_planner.h"
 #include "tools/bench/mla_verify_flash_sm90_probes.h"
+#include "verify/mla_dims.h"
 #include "verify/tree_mask.h"
 
 namespace verifyd::bench {
@@ -508,8 +508,8 @@ void Diagnose(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
   };
   auto stripped = [&](Sm90Instrument instrument) {
     return [&, instrument](int i) {
-      const MlaVerifyParams params = MakeMlaVerifyParams(ProblemFor(d, i % d.copies, true),
-                                                         up.plan, up.layout, up.workspace);
+      const MlaVerifyParams params =
+          MakeMlaVerifyParams(ProblemFor(d, i % d.copies, true), up.plan, up.layout, up.workspace);
       BENCH_CUDA(LaunchSm90Instrumented(instrument, params, nullptr, nullptr));
       if (!up.plan.combine.empty()) {
         BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, true), up.plan, up.layout,
@@ -520,9 +520,10 @@ void Diagnose(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
   const double full = MedianMs(5, iters, shipped);
   const double no_gathers = MedianMs(5, iters, stripped(Sm90Instrument::kNoGathers));
   const double no_math = MedianMs(5, iters, stripped(Sm90Instrument::kNoMath));
-  std::printf("diag %s [sm90a-wgmma] B=%d H=%d Q=%d L=%d: full %.1f us, no gathers %.1f us, "
-              "no wgmma %.1f us\n",
-              s.name, s.batch, s.heads, s.q, s.l, full * 1e3, no_gathers * 1e3, no_math * 1e3);
+  std::printf(
+      "diag %s [sm90a-wgmma] B=%d H=%d Q=%d L=%d: full %.1f us, no gathers %.1f us, "
+      "no wgmma %.1f us\n",
+      s.name, s.batch, s.heads, s.q, s.l, full * 1e3, no_gathers * 1e3, no_math * 1e3);
   std::fflush(stdout);
   cudaFree(up.workspace);
   FreeShape(d);
@@ -571,11 +572,10 @@ int Main(int argc, char** argv) {
       matmul_ceiling.burst_mhz);
 
   // SPEC §5: S1-S7, and S8 / SH (issue 16: a long Q at H = 8, and L no multiple of the tile).
-  const std::vector<Shape> shapes = {{"S1", 1, 8, 16, 65536},   {"S2", 1, 64, 9, 16384},
-                                     {"S3", 1, 64, 33, 65536},  {"S4", 8, 16, 16, 8192},
-                                     {"S5", 32, 8, 8, 4096},    {"S6", 1, 128, 64, 131072},
-                                     {"S7", 1, 8, 16, 262144},  {"S8", 1, 8, 128, 131072},
-                                     {"SH", 1, 8, 16, 185000}};
+  const std::vector<Shape> shapes = {
+      {"S1", 1, 8, 16, 65536},  {"S2", 1, 64, 9, 16384},   {"S3", 1, 64, 33, 65536},
+      {"S4", 8, 16, 16, 8192},  {"S5", 32, 8, 8, 4096},    {"S6", 1, 128, 64, 131072},
+      {"S7", 1, 8, 16, 262144}, {"S8", 1, 8, 128, 131072}, {"SH", 1, 8, 16, 185000}};
   const int sms = prop.multiProcessorCount;
   std::mt19937_64 rng(20261129);
   if (breakdown) {
