@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/cuda_check.h"
 #include "kernels/mla_verify_launch.h"
+#include "kernels/tree_kv_write.h"
 #include "base/status_macros.h"
 #include "verify/verify_reference.h"
 
@@ -43,6 +44,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(CudaBackendOpti
 
 CudaBackend::~CudaBackend() {
   if (stream_->MakeDeviceCurrent().ok()) stream_->Synchronize().IgnoreError();
+  for (RingStaging& ring : external_staging_) {
+    if (ring.uploaded != nullptr && cudaEventDestroy(ring.uploaded) != cudaSuccess) {
+      cudaGetLastError();
+    }
+  }
 }
 
 absl::StatusOr<int64_t> CudaBackend::AvailableMemoryBytes() const {
@@ -100,14 +106,15 @@ void CudaBackend::ForgetSequence(SequenceId sequence) {
   if (mirror_) mirror_->Forget(sequence);
 }
 
-absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem,
-                                        absl::Span<const VerifySlotList> slot_lists) {
+absl::StatusOr<CudaBackend::PlannedCall> CudaBackend::PlanCall(
+    int layer, VerifyProblem& problem, absl::Span<const VerifySlotList> slot_lists,
+    absl::FunctionRef<absl::Status(absl::Span<const VerifySlotList>)> check_lists,
+    std::chrono::steady_clock::time_point* clock) {
   if (storage_ == nullptr) return absl::FailedPreconditionError("CudaBackend has no storage");
   if (layer < 0 || layer >= storage_->num_layers()) {
     return absl::InvalidArgumentError(
         absl::StrCat("layer = ", layer, " must be < ", storage_->num_layers()));
   }
-  auto clock = std::chrono::steady_clock::now();
   VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
   problem.kv = storage_->layer_device_data(layer);
   problem.num_slots = storage_->capacity_slots();
@@ -115,7 +122,8 @@ absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem,
   // Everything is checked before any of it reaches a kernel: an index out of range there would
   // fault the device and take every sequence down with it. With slot lists, only the entries the
   // mirror uploads are checked (in Plan): the rest is on the device already, checked on its way.
-  absl::Span<const VerifySlotList> lists = slot_lists;
+  PlannedCall planned;
+  planned.lists = slot_lists;
   if (slot_lists.empty()) {
     VERIFYD_RETURN_IF_ERROR(ValidateVerifyProblem(problem));
     host_lists_.clear();
@@ -126,11 +134,12 @@ absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem,
       host_lists_.push_back(VerifySlotList{0, 0, absl::MakeConstSpan(list, prefix),
                                            absl::MakeConstSpan(list + prefix, nodes)});
     }
-    lists = host_lists_;
+    planned.lists = host_lists_;
   } else {
     VERIFYD_RETURN_IF_ERROR(ValidateProblemWithSlotLists(problem, slot_lists));
   }
-  Lap(&clock, &phase_times_.check_ns);
+  VERIFYD_RETURN_IF_ERROR(check_lists(planned.lists));
+  Lap(clock, &phase_times_.check_ns);
   // The tree KV of this layer (one WriteRows per sequence) goes down in one copy and one kernel,
   // ahead of the attention in stream order.
   VERIFYD_RETURN_IF_ERROR(storage_->FlushWrites());
@@ -139,14 +148,24 @@ absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem,
   for (int b = 0; b < problem.batch; ++b) {
     q_len_[b] = problem.qo_indptr[b + 1] - problem.qo_indptr[b];
   }
-  VERIFYD_ASSIGN_OR_RETURN(const CachedPlan* plan,
+  VERIFYD_ASSIGN_OR_RETURN(planned.plan,
                            plans_.Get(absl::MakeConstSpan(problem.prefix_len, problem.batch),
                                       q_len_, problem.num_heads));
-  VERIFYD_ASSIGN_OR_RETURN(const SlotMirrorPlan* slots,
-                           mirror_->Plan(lists, storage_->capacity_slots()));
-  Lap(&clock, &phase_times_.plan_ns);
+  VERIFYD_ASSIGN_OR_RETURN(planned.slots, mirror_->Plan(planned.lists, storage_->capacity_slots()));
+  Lap(clock, &phase_times_.plan_ns);
+  return planned;
+}
+
+absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem,
+                                        absl::Span<const VerifySlotList> slot_lists) {
+  auto clock = std::chrono::steady_clock::now();
+  VERIFYD_ASSIGN_OR_RETURN(
+      const PlannedCall planned,
+      PlanCall(layer, problem, slot_lists,
+               [](absl::Span<const VerifySlotList>) { return absl::OkStatus(); }, &clock));
   ++phase_times_.calls;
-  const absl::Status ran = RunPlanned(layer, problem, lists, *plan, *slots, clock);
+  const absl::Status ran =
+      RunPlanned(layer, problem, planned.lists, *planned.plan, *planned.slots, clock);
   // The mirror recorded this call's uploads as done; when they may not have reached the arena,
   // nothing it remembers can be trusted.
   if (!ran.ok()) mirror_->Clear();
@@ -156,7 +175,8 @@ absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem,
 absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
                                      absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
                                      const SlotMirrorPlan& slots,
-                                     std::chrono::steady_clock::time_point clock) {
+                                     std::chrono::steady_clock::time_point clock,
+                                     ExternalRun* external) {
   const VerifyStagingLayout layout = LayoutVerifyStaging(
       problem, static_cast<size_t>(slots.num_values), plan.packed.size(), plan.layout.total_bytes);
 
@@ -169,33 +189,68 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
     VERIFYD_CUDA_CHECK(
         cudaMemsetAsync(slot_arena_.get(), 0, slot_arena_.capacity(), stream_->get()));
   }
-  VERIFYD_RETURN_IF_ERROR(staging_.Reserve(layout.upload_copy_bytes, *stream_).status());
+  // A host call's staging is free (the previous one synchronized before returning); an external
+  // call's ring buffer is free once its last upload ran.
+  RingStaging* ring = nullptr;
+  PinnedBuffer* staging = &staging_;
+  if (external != nullptr) {
+    ring = &external_staging_[layer % kExternalStagingRing];
+    staging = &ring->buffer;
+    if (ring->uploaded == nullptr) {
+      VERIFYD_CUDA_CHECK(cudaEventCreateWithFlags(&ring->uploaded, cudaEventDisableTiming));
+    }
+    if (ring->pending) {
+      if (cudaEventQuery(ring->uploaded) == cudaErrorNotReady) {
+        cudaGetLastError();
+        ++external_counters_.staging_waits;
+        VERIFYD_CUDA_CHECK(cudaEventSynchronize(ring->uploaded));
+      }
+      ring->pending = false;
+    }
+  }
+  VERIFYD_RETURN_IF_ERROR(staging->Reserve(layout.upload_copy_bytes, *stream_).status());
   VERIFYD_RETURN_IF_ERROR(inputs_.Reserve(layout.input_bytes, *stream_).status());
-  VERIFYD_RETURN_IF_ERROR(outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
-  VERIFYD_RETURN_IF_ERROR(host_outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
-  const DirectCopies direct = ChooseDirectCopies(layout, problem, host_ranges_);
+  if (external == nullptr) {
+    VERIFYD_RETURN_IF_ERROR(outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
+    VERIFYD_RETURN_IF_ERROR(host_outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
+  }
+  // External tensors are read and written in place: nothing of q, out or lse is staged.
+  const DirectCopies direct =
+      external != nullptr ? DirectCopies{true, true, problem.lse != nullptr}
+                          : ChooseDirectCopies(layout, problem, host_ranges_);
   const StagedCopy upload = StagedUpload(layout, direct);
   const StagedCopy readback = StagedOutputs(layout, direct);
-  // The previous call synchronized the stream before returning, so the staging buffer is free.
-  FillVerifyStaging(layout, problem, slots.list_offset, plan.packed, staging_.get(), &copier_,
+  FillVerifyStaging(layout, problem, slots.list_offset, plan.packed, staging->get(), &copier_,
                     /*stage_q=*/!direct.q);
-  WriteSlotUploads(lists, slots, staging_.as<SlotScatterHeader>(layout.slot_header),
-                   staging_.as<SlotScatterRun>(layout.slot_runs),
-                   staging_.as<int32_t>(layout.slot_values));
+  WriteSlotUploads(lists, slots, staging->as<SlotScatterHeader>(layout.slot_header),
+                   staging->as<SlotScatterRun>(layout.slot_runs),
+                   staging->as<int32_t>(layout.slot_values));
   int32_t* arena = slot_arena_.as<int32_t>();
-  const VerifyProblem device_problem =
+  VerifyProblem device_problem =
       PlaceVerifyProblem(layout, problem, inputs_.get(), outputs_.get(), arena);
+  if (external != nullptr) {
+    device_problem.q = problem.q;
+    device_problem.out = problem.out;
+    device_problem.lse = problem.lse;
+  }
   void* workspace = inputs_.as<void>(layout.workspace);
   Lap(&clock, &phase_times_.stage_ns);
 
   auto enqueue = [&](cudaStream_t stream) -> absl::Status {
     VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(upload.offset),
-                                       staging_.as<void>(upload.offset), upload.bytes,
+                                       staging->as<void>(upload.offset), upload.bytes,
                                        cudaMemcpyHostToDevice, stream));
     VERIFYD_RETURN_IF_ERROR(LaunchSlotScatter(inputs_.as<SlotScatterHeader>(layout.slot_header),
                                               inputs_.as<SlotScatterRun>(layout.slot_runs),
                                               inputs_.as<int32_t>(layout.slot_values), arena,
                                               stream));
+    if (external != nullptr) {
+      // The tree KV goes into the pool before the attention reads it (stream order).
+      VERIFYD_RETURN_IF_ERROR(LaunchTreeKvWrite(
+          const_cast<bf16_bits*>(problem.kv), problem.num_slots, external->call->tree_kv,
+          problem.total_q, problem.batch, device_problem.qo_indptr, device_problem.prefix_len,
+          device_problem.slot_indptr, device_problem.slots, stream));
+    }
     VERIFYD_RETURN_IF_ERROR(
         LaunchMlaVerify(device_problem, plan.plan, plan.layout, workspace, stream));
     if (readback.bytes > 0) {
@@ -206,8 +261,19 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
     return absl::OkStatus();
   };
   // Outside any graph (the header says why), in stream order around it; exact sizes, so nothing
-  // of the caller's memory beyond its tensors is written.
+  // of the caller's memory beyond its tensors is written. An external call's flag operations
+  // stand where the copies stand.
   auto enqueue_direct_input = [&]() -> absl::Status {
+    if (external != nullptr) {
+      const ExternalFlag& ready = external->call->order.ready;
+      if (ready.word != nullptr) {
+        VERIFYD_CU_CHECK(external->driver->stream_wait_value32(
+            stream_->get(), reinterpret_cast<CUdeviceptr>(ready.word), ready.value,
+            CU_STREAM_WAIT_VALUE_GEQ));
+      }
+      external->ready_enqueued = true;
+      return absl::OkStatus();
+    }
     if (direct.q) {
       VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(layout.q), problem.q, layout.q_bytes,
                                          cudaMemcpyHostToDevice, stream_->get()));
@@ -215,6 +281,17 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
     return absl::OkStatus();
   };
   auto enqueue_direct_outputs = [&]() -> absl::Status {
+    if (external != nullptr) {
+      const ExternalFlag& done = external->call->order.done;
+      VERIFYD_CUDA_CHECK(cudaEventRecord(ring->uploaded, stream_->get()));
+      ring->pending = true;
+      if (done.word != nullptr) {
+        VERIFYD_CU_CHECK(external->driver->stream_write_value32(
+            stream_->get(), reinterpret_cast<CUdeviceptr>(done.word), done.value,
+            CU_STREAM_WRITE_VALUE_DEFAULT));
+      }
+      return absl::OkStatus();
+    }
     if (direct.out) {
       VERIFYD_CUDA_CHECK(cudaMemcpyAsync(problem.out, outputs_.as<void>(layout.out),
                                          layout.out_bytes, cudaMemcpyDeviceToHost, stream_->get()));
@@ -238,8 +315,9 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
     bucket.lse = problem.lse != nullptr;
     bucket.combine = !plan.plan.combine.empty();
     bucket.direct = direct;
+    bucket.external = external != nullptr;
     VerifyGraphParams params;
-    params.staging = staging_.get();
+    params.staging = staging->get();
     params.device_inputs = inputs_.get();
     params.device_outputs = outputs_.get();
     params.host_outputs = host_outputs_.get();
@@ -252,6 +330,12 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
     params.scale = problem.scale;
     params.total_q = problem.total_q;
     params.layout = layout;
+    if (external != nullptr) {
+      params.external_q = problem.q;
+      params.external_tree_kv = external->call->tree_kv;
+      params.external_out = problem.out;
+      params.external_lse = problem.lse;
+    }
     outcome = graphs_.Run(bucket, params, enqueue, stream_->get());
   } else if (absl::Status enqueued = enqueue(stream_->get()); !enqueued.ok()) {
     outcome = enqueued;
@@ -260,23 +344,33 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
     if (absl::Status output = enqueue_direct_outputs(); !output.ok()) outcome = output;
   }
   if (!outcome.ok()) {
-    // Part of the sequence may be queued: let it finish before the next call refills the staging.
-    stream_->Synchronize().IgnoreError();
+    // Part of the sequence may be queued. A host call lets it finish before the next call refills
+    // the staging; an external call's failure path signals first (the stream may be waiting for
+    // the ready flag), and its ring buffer is not reused until this stream position has passed.
+    if (external == nullptr) {
+      stream_->Synchronize().IgnoreError();
+    } else if (cudaEventRecord(ring->uploaded, stream_->get()) == cudaSuccess) {
+      ring->pending = true;
+    } else {
+      cudaGetLastError();
+    }
     return outcome.status();
   }
   if (*outcome == GraphOutcome::kEager || *outcome == GraphOutcome::kWarmup) ++eager_runs_;
   Lap(&clock, &phase_times_.enqueue_ns);
-  // The one wait of a Verify: the host needs the outputs.
-  VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
-  Lap(&clock, &phase_times_.wait_ns);
-  if (!direct.out) copier_.Copy(problem.out, host_outputs_.as<void>(layout.out), layout.out_bytes);
-  if (problem.lse != nullptr && !direct.lse) {
-    std::memcpy(problem.lse, host_outputs_.as<void>(layout.lse), layout.lse_bytes);
+  if (external == nullptr) {
+    // The one wait of a Verify: the host needs the outputs.
+    VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
+    Lap(&clock, &phase_times_.wait_ns);
+    if (!direct.out) copier_.Copy(problem.out, host_outputs_.as<void>(layout.out), layout.out_bytes);
+    if (problem.lse != nullptr && !direct.lse) {
+      std::memcpy(problem.lse, host_outputs_.as<void>(layout.lse), layout.lse_bytes);
+    }
+    direct_copies_.q += direct.q;
+    direct_copies_.out += direct.out;
+    direct_copies_.lse += direct.lse;
+    Lap(&clock, &phase_times_.copy_out_ns);
   }
-  direct_copies_.q += direct.q;
-  direct_copies_.out += direct.out;
-  direct_copies_.lse += direct.lse;
-  Lap(&clock, &phase_times_.copy_out_ns);
   if (graph_observer_ && options_.cuda_graphs) {
     switch (*outcome) {
       case GraphOutcome::kInstantiated:

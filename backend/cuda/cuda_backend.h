@@ -22,6 +22,21 @@
 // on failure), and a range is unregistered only when its mapping's last holder lets it go, while
 // the call that uses it holds a pin on it until after ComputeVerify returned
 // (service/verifyd_service.cc: RegionPins live in the task or the waiting handler's frame).
+//
+// External tensors (the co-located data plane, backend/external_tensors.h; plans/0018): q, tree KV,
+// out and lse lie in another process's device memory, opened from a CUDA IPC handle
+// (cuda_ipc_region.h). ComputeVerifyExternal enqueues, on the same stream and without waiting for
+// it: cuStreamWaitValue32(ready >= value) → the call's one H2D upload of its index arrays → the
+// slot scatter → the tree-KV write from the caller's buffer into the pool → flash + combine
+// reading q and writing out / lse in place → cuStreamWriteValue32(done = value). The middle part
+// is the same graph as ComputeVerify's (the bucket says external; the tensors' addresses are graph
+// parameters, stable while the scheduler reuses its buffers); the two flag operations stay
+// outside it, like the direct copies. The host never synchronizes, so a scheduler can enqueue a
+// whole step ahead: the pinned staging of such calls is a ring of kExternalStagingRing buffers
+// chosen by layer (one graph per layer, not per ring position), each guarded by an event that the
+// host waits for only when it reuses a buffer whose upload has not run yet. A call that fails
+// after its flags are known still enqueues the ready wait, fills out and lse with 0xFF bytes (NaN
+// in bf16 and fp32) and writes the done flag, so the scheduler's stream never hangs.
 #pragma once
 
 #include <chrono>
@@ -30,10 +45,12 @@
 #include <memory>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "verify/verify_problem.h"
 #include "backend/cuda/cuda_device_memory.h"
+#include "backend/cuda/cuda_driver.h"
 #include "backend/cuda/cuda_kv_storage.h"
 #include "backend/compute_backend.h"
 #include "backend/cuda/cuda_graph_cache.h"
@@ -67,6 +84,13 @@ struct CudaBackendPhaseTimes {
   int64_t enqueue_ns = 0;   // graph launch / update / capture, or the eager launches
   int64_t wait_ns = 0;      // the one stream synchronization (the GPU's time shows here)
   int64_t copy_out_ns = 0;  // pinned outputs into the caller's out / lse
+};
+
+// Calls on external tensors (ComputeVerifyExternal).
+struct ExternalCallCounters {
+  int64_t calls = 0;         // enqueued (successful returns)
+  int64_t failures = 0;      // returned an error; outputs NaN-filled and done signalled
+  int64_t staging_waits = 0;  // the host waited for a ring buffer's previous upload
 };
 
 // Calls whose tensors went straight between registered host memory and the device.
@@ -110,6 +134,21 @@ class CudaBackend : public ComputeBackend {
   // cudaHostUnregister; the range is forgotten first, so no later call copies from it directly.
   void UnregisterHostMemory(void* data) override;
 
+  // A CUDA IPC memory handle of a device allocation in another process on this device
+  // (cuda_ipc_region.h says what is refused).
+  absl::StatusOr<std::unique_ptr<ExternalRegion>> OpenExternalRegion(
+      const ExternalMemoryHandle& handle) override;
+  // Enqueues the call (class comment) and returns without waiting for the stream. The caller has
+  // checked that q, tree_kv, out and lse (total_q × num_heads rows, and total_q tree rows) and the
+  // flag words lie inside opened regions, and keeps those regions open until the done flag is
+  // written. Every device pointer must be 16-byte aligned (flags 4). tree_slots must be the slot
+  // lists' tree entries (one per node, batch order). Errors: INVALID_ARGUMENT for the problem as
+  // ComputeVerify, and for tree_slots, alignment or a missing tensor; after any error whose flags
+  // are usable the ready wait, the NaN fill and the done write are enqueued all the same.
+  absl::Status ComputeVerifyExternal(const ExternalVerify& call,
+                                     absl::Span<const VerifySlotList> slot_lists) override;
+  const ExternalCallCounters& external_counters() const { return external_counters_; }
+
   const GraphCounters& graph_counters() const { return graphs_.counters(); }
   int64_t eager_runs() const { return eager_runs_; }
   int64_t plans_made() const { return plans_.plans_made(); }
@@ -130,10 +169,44 @@ class CudaBackend : public ComputeBackend {
         plans_(num_sms, options_.plan_cache_entries),
         graphs_(options_.max_graphs) {}
 
+  // What RunPlanned needs for an external call, and what it did with its ready flag.
+  struct ExternalRun {
+    const ExternalVerify* call = nullptr;
+    const CudaDriverApi* driver = nullptr;
+    bool ready_enqueued = false;  // the ready wait is on the stream
+  };
+  // A call validated and planned: its lists (the caller's or the concatenated arrays as lists),
+  // its split plan and what the mirror uploads.
+  struct PlannedCall {
+    absl::Span<const VerifySlotList> lists;
+    const CachedPlan* plan = nullptr;
+    const SlotMirrorPlan* slots = nullptr;
+  };
+  // Shared by ComputeVerify and ComputeVerifyExternal: sets kv / num_slots, validates, runs
+  // `check_lists` on the validated lists (before the mirror records anything), flushes queued
+  // writes, plans. A failure changes nothing.
+  absl::StatusOr<PlannedCall> PlanCall(
+      int layer, VerifyProblem& problem, absl::Span<const VerifySlotList> slot_lists,
+      absl::FunctionRef<absl::Status(absl::Span<const VerifySlotList>)> check_lists,
+      std::chrono::steady_clock::time_point* clock);
   // Everything after the mirror planned the call; a failure here leaves the arena unknown.
+  // `external` null: a host call (synchronizes and copies out); else an external call (does not).
   absl::Status RunPlanned(int layer, const VerifyProblem& problem,
                           absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
-                          const SlotMirrorPlan& slots, std::chrono::steady_clock::time_point clock);
+                          const SlotMirrorPlan& slots, std::chrono::steady_clock::time_point clock,
+                          ExternalRun* external = nullptr);
+  // The failure half of the external contract: the ready wait (unless enqueued already), 0xFF
+  // over out and lse, the done write.
+  absl::Status SignalExternalFailure(const ExternalRun& run);
+
+  // Pinned staging of external calls (class comment): buffer `layer % size`, reusable once
+  // `uploaded` (recorded after the call's launch) has completed.
+  static constexpr int kExternalStagingRing = 8;
+  struct RingStaging {
+    PinnedBuffer buffer;
+    cudaEvent_t uploaded = nullptr;
+    bool pending = false;
+  };
 
   CudaBackendOptions options_;
   std::shared_ptr<CudaStream> stream_;
@@ -156,6 +229,8 @@ class CudaBackend : public ComputeBackend {
   int64_t eager_runs_ = 0;
   CudaBackendPhaseTimes phase_times_;
   DirectCopyCounters direct_copies_;
+  RingStaging external_staging_[kExternalStagingRing];
+  ExternalCallCounters external_counters_;
   std::function<void(GraphEvent)> graph_observer_;
 };
 

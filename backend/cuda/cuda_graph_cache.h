@@ -36,12 +36,16 @@ struct VerifyGraphBucket {
   // Tensors copied straight from / into registered host memory, outside the graph: the graph's
   // own copies then cover only the staged rest (other copy nodes, or none).
   DirectCopies direct;
+  // A call on external tensors (ComputeVerifyExternal): q, tree KV, out and lse in a registered
+  // device region, read and written by the kernels in place; one more kernel (the tree-KV write)
+  // and no output copy.
+  bool external = false;
 
   bool operator==(const VerifyGraphBucket&) const = default;
   template <typename H>
   friend H AbslHashValue(H h, const VerifyGraphBucket& b) {
     return H::combine(std::move(h), b.layer, b.batch, b.total_q_bucket, b.num_heads, b.lse,
-                      b.combine, b.direct.q, b.direct.out, b.direct.lse);
+                      b.combine, b.direct.q, b.direct.out, b.direct.lse, b.external);
   }
 };
 
@@ -64,6 +68,13 @@ struct VerifyGraphParams {
   float scale = 0.f;
   int total_q = 0;
   VerifyStagingLayout layout;
+  // External calls: the caller's device tensors, baked into the kernels' parameters. A scheduler
+  // reuses its per-layer buffers from step to step, so these repeat and the graph is replayed;
+  // other addresses update it (a capture, no new instantiation).
+  const void* external_q = nullptr;
+  const void* external_tree_kv = nullptr;
+  const void* external_out = nullptr;
+  const void* external_lse = nullptr;
 
   bool operator==(const VerifyGraphParams&) const = default;
 };
