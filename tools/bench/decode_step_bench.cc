@@ -1,0 +1,504 @@
+// The decode-step bench of SPEC §5 / issue 14: a fake model on the same GPU as verifyd's CUDA
+// backend. Per layer the model runs its own GPU work (a bf16 GEMM of ~50 µs, cuBLAS) and then
+// Verify for that layer (the tree KV written into the pool, attention over L prefix tokens + the
+// tree); after the last layer, a commit (the accepted tree slots join the prefix, fresh tree slots
+// for the next step). Ways, all measured in this one run (ratios are against the in-process way
+// of the same run):
+//   model only       the GEMMs alone (what the model costs without attention)
+//   in-process       one process, one stream: the GEMM and ComputeVerifyExternal on the
+//                    backend's stream (the lower bound: no flags, no second context)
+//   in-process+flags one process, two streams ordered by device-memory flags (the flag cost alone)
+//   two processes    the model process owns q / tree KV / out / lse / flags (CUDA IPC); a server
+//                    process (this binary, --role=server) opens them and enqueues every layer's
+//                    ComputeVerifyExternal ahead; the streams order each other through the flags:
+//                    the co-located data plane's device-tensor + stream-order way, driven directly
+//                    (the channel will feed the same calls)
+// each with graphs on and off. Run it once plain and once under MPS (tools/device/decode_step.sh);
+// the server inherits the environment, so both processes are MPS clients or neither.
+// Prints one table: ms per step, p50 / p99 of the per-layer time (CUDA events on the model's
+// stream between consecutive layers), ÷ in-process, per-layer cost over in-process.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_driver.h"
+#include "backend/cuda/cuda_kv_storage.h"
+#include "base/cuda_check.h"
+#include "base/status_macros.h"
+#include "tools/bench/decode_step_fill.h"
+#include "verify/mla_dims.h"
+#include "verify/tree_mask.h"
+
+ABSL_FLAG(int, layers, 61, "model layers");
+ABSL_FLAG(int, prefix, 185000, "L: committed tokens at the first step");
+ABSL_FLAG(int, nodes, 16, "Q: tree nodes per step");
+ABSL_FLAG(int, heads, 8, "H");
+ABSL_FLAG(int, accept, 4, "tree nodes accepted per step (join the prefix at the commit)");
+ABSL_FLAG(int, steps, 40, "timed decode steps per way");
+ABSL_FLAG(int, warmup, 5, "untimed steps first (graph warm-up and capture)");
+ABSL_FLAG(int, gemm_n, 1024, "the model GEMM is 4096 x gemm_n x 4096 bf16 (1024: ~50 us)");
+ABSL_FLAG(std::string, ways, "model,inproc,flags,twoproc", "ways to run, comma-separated");
+ABSL_FLAG(std::string, role, "model", "model | server (internal: the two-process way's server)");
+ABSL_FLAG(std::string, handle, "", "server: the region's IPC handle, hex");
+ABSL_FLAG(bool, graphs, true, "server: CUDA graphs");
+
+namespace verifyd {
+namespace {
+
+#define BENCH_CHECK(expr)                                                          \
+  do {                                                                             \
+    const absl::Status bench_status_ = (expr);                                     \
+    if (!bench_status_.ok()) {                                                     \
+      std::fprintf(stderr, "%s: %s\n", #expr, bench_status_.ToString().c_str()); \
+      std::exit(1);                                                                \
+    }                                                                              \
+  } while (0)
+
+absl::Status CublasStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, " failed: cublasStatus ", static_cast<int>(s)));
+}
+
+struct Dims {
+  int layers, prefix, nodes, heads, accept, steps, warmup;
+  int total_steps() const { return steps + warmup; }
+  int64_t capacity() const { return prefix + int64_t{total_steps() + 1} * nodes + 64; }
+};
+
+Dims ReadDims() {
+  return Dims{absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_prefix),
+              absl::GetFlag(FLAGS_nodes),  absl::GetFlag(FLAGS_heads),
+              absl::GetFlag(FLAGS_accept), absl::GetFlag(FLAGS_steps),
+              absl::GetFlag(FLAGS_warmup)};
+}
+
+// The model's tensors of one layer in its region, and the two flag words after them.
+struct Region {
+  std::vector<size_t> q, kv, out, lse;
+  size_t ready = 0, done = 0, bytes = 0;
+};
+size_t Align256(size_t b) { return (b + 255) & ~size_t{255}; }
+Region LayOut(const Dims& d) {
+  Region r;
+  size_t at = 0;
+  const size_t rows = static_cast<size_t>(d.nodes) * d.heads;
+  for (int l = 0; l < d.layers; ++l) {
+    r.q.push_back(at);
+    r.kv.push_back(at = Align256(at + rows * kKvDim * 2));
+    r.out.push_back(at = Align256(at + size_t(d.nodes) * kKvDim * 2));
+    r.lse.push_back(at = Align256(at + rows * kVDim * 2));
+    at = Align256(at + rows * 4);
+  }
+  r.ready = at;
+  r.done = at + 256;
+  r.bytes = at + 512;
+  return r;
+}
+
+// The model's own GPU work per layer.
+class Gemm {
+ public:
+  absl::Status Init(int n, cudaStream_t stream) {
+    n_ = n;
+    VERIFYD_RETURN_IF_ERROR(CublasStatus(cublasCreate(&handle_), "cublasCreate"));
+    VERIFYD_CUDA_CHECK(cudaMalloc(&a_, size_t{4096} * 4096 * 2));
+    VERIFYD_CUDA_CHECK(cudaMalloc(&b_, size_t{4096} * n * 2));
+    VERIFYD_CUDA_CHECK(cudaMalloc(&c_, size_t{4096} * n * 2));
+    VERIFYD_RETURN_IF_ERROR(FillRandom(a_, int64_t{4096} * 4096, 1, 1.f, stream));
+    VERIFYD_RETURN_IF_ERROR(FillRandom(b_, int64_t{4096} * n, 2, 1.f, stream));
+    return absl::OkStatus();
+  }
+  absl::Status Run(cudaStream_t stream) {
+    const float one = 1.f, zero = 0.f;
+    VERIFYD_RETURN_IF_ERROR(CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"));
+    return CublasStatus(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, 4096, n_, 4096, &one, a_,
+                                     CUDA_R_16BF, 4096, b_, CUDA_R_16BF, 4096, &zero, c_,
+                                     CUDA_R_16BF, 4096, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT),
+                        "cublasGemmEx");
+  }
+  ~Gemm() {
+    if (handle_ != nullptr) cublasDestroy(handle_);
+    cudaFree(a_), cudaFree(b_), cudaFree(c_);
+  }
+
+ private:
+  int n_ = 0;
+  cublasHandle_t handle_ = nullptr;
+  void *a_ = nullptr, *b_ = nullptr, *c_ = nullptr;
+};
+
+// verifyd's side: the backend, its pool (prefilled on the device), one sequence's slot lists and
+// tree, and the per-layer call.
+class VerifySide {
+ public:
+  absl::Status Init(const Dims& d, bool graphs) {
+    d_ = d;
+    CudaBackendOptions options;
+    options.cuda_graphs = graphs;
+    VERIFYD_ASSIGN_OR_RETURN(backend_, CudaBackend::Create(options));
+    VERIFYD_ASSIGN_OR_RETURN(storage_, backend_->CreateStorage(d.layers, d.capacity()));
+    auto* pool = const_cast<bf16_bits*>(
+        static_cast<CudaKvStorage&>(*storage_).layer_device_data(0));
+    // Prefill: the KV of L tokens × every layer comes from device memory (never the host).
+    VERIFYD_RETURN_IF_ERROR(
+        FillRandom(pool, d.layers * d.capacity() * kKvDim, 7, 1.f, backend_->stream().get()));
+    for (int t = 0; t < d.prefix; ++t) prefix_.push_back(next_slot_++);
+    NewTree();
+    // A random tree, the same every step (its shape does not change the kernel time).
+    std::vector<int32_t> parents(d.nodes);
+    for (int i = 0; i < d.nodes; ++i) parents[i] = i == 0 ? -1 : (i * 7 + 3) % i;
+    VERIFYD_ASSIGN_OR_RETURN(TreeMask mask, TreeMask::FromParents(parents, d.nodes));
+    mask_bits_ = mask.bits();
+    qo_indptr_ = {0, d.nodes};
+    mask_indptr_ = {0, static_cast<int32_t>(mask_bits_.size())};
+    return backend_->stream().Synchronize();
+  }
+  // One layer on tensors at `base` + the region's offsets; flags null in the one-stream way.
+  absl::Status Enqueue(int layer, uint8_t* base, const Region& r, uint32_t value, bool flags) {
+    ExternalVerify call;
+    call.layer = layer;
+    VerifyProblem& p = call.problem;
+    p.q = reinterpret_cast<const bf16_bits*>(base + r.q[layer]);
+    p.out = reinterpret_cast<bf16_bits*>(base + r.out[layer]);
+    p.lse = reinterpret_cast<float*>(base + r.lse[layer]);
+    p.num_heads = d_.heads;
+    p.scale = 1.f / std::sqrt(192.f);
+    p.batch = 1;
+    p.total_q = d_.nodes;
+    p.qo_indptr = qo_indptr_.data();
+    prefix_len_ = static_cast<int32_t>(prefix_.size());
+    p.prefix_len = &prefix_len_;
+    p.mask_indptr = mask_indptr_.data();
+    p.mask_bits = mask_bits_.data();
+    call.tree_kv = reinterpret_cast<const bf16_bits*>(base + r.kv[layer]);
+    call.tree_slots = tree_;
+    if (flags) {
+      call.order.ready = {reinterpret_cast<uint32_t*>(base + r.ready), value};
+      call.order.done = {reinterpret_cast<uint32_t*>(base + r.done), value};
+    }
+    const VerifySlotList list{1, 1, prefix_, tree_};
+    return backend_->ComputeVerifyExternal(call, absl::MakeConstSpan(&list, 1));
+  }
+  // The step's commit: the first `accept` tree nodes join the prefix; a fresh tree follows.
+  void Commit() {
+    prefix_.insert(prefix_.end(), tree_.begin(), tree_.begin() + d_.accept);
+    NewTree();
+  }
+  CudaBackend& backend() { return *backend_; }
+  std::string Stats() const {
+    const CudaBackendPhaseTimes& t = backend_->phase_times();
+    const double calls = std::max<int64_t>(t.calls, 1);
+    return absl::StrFormat(
+        "host per call %.1f us (check %.1f plan %.1f stage %.1f enqueue %.1f); graphs: %d "
+        "replays, %d captures, %d updates; eager %d; staging waits %d",
+        (t.check_ns + t.plan_ns + t.stage_ns + t.enqueue_ns) / calls / 1e3, t.check_ns / calls / 1e3,
+        t.plan_ns / calls / 1e3, t.stage_ns / calls / 1e3, t.enqueue_ns / calls / 1e3,
+        static_cast<int>(backend_->graph_counters().replays),
+        static_cast<int>(backend_->graph_counters().captures),
+        static_cast<int>(backend_->graph_counters().updates),
+        static_cast<int>(backend_->eager_runs()),
+        static_cast<int>(backend_->external_counters().staging_waits));
+  }
+
+ private:
+  void NewTree() {
+    tree_.clear();
+    for (int i = 0; i < d_.nodes; ++i) tree_.push_back(next_slot_++);
+  }
+  Dims d_{};
+  std::unique_ptr<CudaBackend> backend_;
+  std::unique_ptr<KvStorage> storage_;
+  std::vector<int32_t> prefix_, tree_, qo_indptr_, mask_indptr_;
+  std::vector<uint64_t> mask_bits_;
+  int32_t prefix_len_ = 0;
+  int32_t next_slot_ = 0;
+};
+
+// Per-layer and per-step times from events recorded on the model's stream after every layer.
+struct Timing {
+  double ms_per_step = 0, p50_us = 0, p99_us = 0;
+};
+class LayerClock {
+ public:
+  absl::Status Init(const Dims& d) {
+    events_.resize(static_cast<size_t>(d.steps) * d.layers + 1);
+    for (cudaEvent_t& e : events_) VERIFYD_CUDA_CHECK(cudaEventCreate(&e));
+    return absl::OkStatus();
+  }
+  ~LayerClock() {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  // Event n of the timed part (0: before the first timed layer).
+  absl::Status Mark(size_t n, cudaStream_t stream) {
+    VERIFYD_CUDA_CHECK(cudaEventRecord(events_[n], stream));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Timing> Read(const Dims& d) {
+    VERIFYD_CUDA_CHECK(cudaEventSynchronize(events_.back()));
+    std::vector<double> layer_us;
+    for (size_t i = 1; i < events_.size(); ++i) {
+      float ms = 0;
+      VERIFYD_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
+      layer_us.push_back(ms * 1e3);
+    }
+    float total = 0;
+    VERIFYD_CUDA_CHECK(cudaEventElapsedTime(&total, events_.front(), events_.back()));
+    std::sort(layer_us.begin(), layer_us.end());
+    Timing t;
+    t.ms_per_step = total / d.steps;
+    t.p50_us = layer_us[layer_us.size() / 2];
+    t.p99_us = layer_us[std::min(layer_us.size() - 1, layer_us.size() * 99 / 100)];
+    return t;
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+};
+
+// The model's buffers: q and tree KV random (as the model's projections would leave them).
+absl::StatusOr<uint8_t*> MakeModelRegion(const Dims& d, const Region& r, cudaStream_t stream) {
+  void* base = nullptr;
+  VERIFYD_CUDA_CHECK(cudaMalloc(&base, r.bytes));
+  VERIFYD_CUDA_CHECK(cudaMemsetAsync(base, 0, r.bytes, stream));
+  auto* b = static_cast<uint8_t*>(base);
+  for (int l = 0; l < d.layers; ++l) {
+    VERIFYD_RETURN_IF_ERROR(
+        FillRandom(b + r.q[l], int64_t{d.nodes} * d.heads * kKvDim, 100 + l, 0.25f, stream));
+    VERIFYD_RETURN_IF_ERROR(FillRandom(b + r.kv[l], int64_t{d.nodes} * kKvDim, 200 + l, 1.f, stream));
+  }
+  VERIFYD_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return b;
+}
+
+// One stream (flags=false: the backend's) or two (flags=true: the model's own, ordered by flags).
+absl::StatusOr<Timing> RunInProcess(const Dims& d, bool graphs, bool flags, bool with_verify) {
+  VerifySide side;
+  VERIFYD_RETURN_IF_ERROR(side.Init(d, graphs));
+  cudaStream_t verify_stream = side.backend().stream().get();
+  cudaStream_t model = verify_stream;
+  if (flags) VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&model, cudaStreamNonBlocking));
+  const Region r = LayOut(d);
+  VERIFYD_ASSIGN_OR_RETURN(uint8_t* base, MakeModelRegion(d, r, model));
+  VERIFYD_ASSIGN_OR_RETURN(const CudaDriverApi* driver, GetCudaDriverApi());
+  Gemm gemm;
+  VERIFYD_RETURN_IF_ERROR(gemm.Init(absl::GetFlag(FLAGS_gemm_n), model));
+  LayerClock clock;
+  VERIFYD_RETURN_IF_ERROR(clock.Init(d));
+  size_t mark = 0;
+  for (int s = 0; s < d.total_steps(); ++s) {
+    const bool timed = s >= d.warmup;
+    if (s == d.warmup) VERIFYD_RETURN_IF_ERROR(clock.Mark(mark++, model));
+    for (int l = 0; l < d.layers; ++l) {
+      const uint32_t value = static_cast<uint32_t>(s * d.layers + l + 1);
+      VERIFYD_RETURN_IF_ERROR(gemm.Run(model));
+      if (with_verify) {
+        if (flags) {
+          VERIFYD_CU_CHECK(driver->stream_write_value32(
+              model, reinterpret_cast<CUdeviceptr>(base + r.ready), value, 0));
+        }
+        VERIFYD_RETURN_IF_ERROR(side.Enqueue(l, base, r, value, flags));
+        if (flags) {
+          VERIFYD_CU_CHECK(driver->stream_wait_value32(
+              model, reinterpret_cast<CUdeviceptr>(base + r.done), value,
+              CU_STREAM_WAIT_VALUE_GEQ));
+        }
+      }
+      if (timed) VERIFYD_RETURN_IF_ERROR(clock.Mark(mark++, model));
+    }
+    side.Commit();
+  }
+  VERIFYD_ASSIGN_OR_RETURN(Timing t, clock.Read(d));
+  VERIFYD_CUDA_CHECK(cudaDeviceSynchronize());
+  if (with_verify) std::fprintf(stderr, "  verifyd side: %s\n", side.Stats().c_str());
+  VERIFYD_CUDA_CHECK(cudaFree(base));
+  if (flags) VERIFYD_CUDA_CHECK(cudaStreamDestroy(model));
+  return t;
+}
+
+std::string Hex(const void* data, size_t n) {
+  std::string s;
+  for (size_t i = 0; i < n; ++i) absl::StrAppend(&s, absl::Hex(static_cast<const uint8_t*>(data)[i], absl::kZeroPad2));
+  return s;
+}
+
+// The two-process way: this process is the model; a server process serves Verify.
+absl::StatusOr<Timing> RunTwoProcesses(const Dims& d, bool graphs, const char* self) {
+  cudaStream_t model;
+  VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&model, cudaStreamNonBlocking));
+  const Region r = LayOut(d);
+  VERIFYD_ASSIGN_OR_RETURN(uint8_t* base, MakeModelRegion(d, r, model));
+  cudaIpcMemHandle_t ipc;
+  VERIFYD_CUDA_CHECK(cudaIpcGetMemHandle(&ipc, base));
+  VERIFYD_ASSIGN_OR_RETURN(const CudaDriverApi* driver, GetCudaDriverApi());
+  Gemm gemm;
+  VERIFYD_RETURN_IF_ERROR(gemm.Init(absl::GetFlag(FLAGS_gemm_n), model));
+  LayerClock clock;
+  VERIFYD_RETURN_IF_ERROR(clock.Init(d));
+
+  int up[2];
+  if (pipe(up) != 0) return absl::InternalError("pipe failed");
+  std::vector<std::string> args = {
+      self, "--role=server", absl::StrCat("--handle=", Hex(&ipc, sizeof(ipc))),
+      absl::StrCat("--graphs=", graphs), absl::StrCat("--layers=", d.layers),
+      absl::StrCat("--prefix=", d.prefix), absl::StrCat("--nodes=", d.nodes),
+      absl::StrCat("--heads=", d.heads), absl::StrCat("--accept=", d.accept),
+      absl::StrCat("--steps=", d.steps), absl::StrCat("--warmup=", d.warmup)};
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    dup2(up[1], STDOUT_FILENO);
+    close(up[0]), close(up[1]);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(self, argv.data());
+    _exit(127);
+  }
+  close(up[1]);
+  // The server says "ready" once its pool is prefilled and the region open.
+  char line[64] = {};
+  size_t got = 0;
+  while (got < sizeof(line) - 1 && read(up[0], line + got, 1) == 1 && line[got] != '\n') ++got;
+  close(up[0]);
+  if (std::strncmp(line, "ready", 5) != 0) {
+    waitpid(pid, nullptr, 0);
+    return absl::InternalError(absl::StrCat("the server did not start: '", line, "'"));
+  }
+  size_t mark = 0;
+  for (int s = 0; s < d.total_steps(); ++s) {
+    if (s == d.warmup) VERIFYD_RETURN_IF_ERROR(clock.Mark(mark++, model));
+    for (int l = 0; l < d.layers; ++l) {
+      const uint32_t value = static_cast<uint32_t>(s * d.layers + l + 1);
+      VERIFYD_RETURN_IF_ERROR(gemm.Run(model));
+      VERIFYD_CU_CHECK(driver->stream_write_value32(
+          model, reinterpret_cast<CUdeviceptr>(base + r.ready), value, 0));
+      VERIFYD_CU_CHECK(driver->stream_wait_value32(
+          model, reinterpret_cast<CUdeviceptr>(base + r.done), value, CU_STREAM_WAIT_VALUE_GEQ));
+      if (s >= d.warmup) VERIFYD_RETURN_IF_ERROR(clock.Mark(mark++, model));
+    }
+  }
+  VERIFYD_ASSIGN_OR_RETURN(Timing t, clock.Read(d));
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::InternalError(absl::StrCat("the server failed (status ", status, ")"));
+  }
+  VERIFYD_CUDA_CHECK(cudaFree(base));
+  VERIFYD_CUDA_CHECK(cudaStreamDestroy(model));
+  return t;
+}
+
+int Server() {
+  const Dims d = ReadDims();
+  const std::string hex = absl::GetFlag(FLAGS_handle);
+  std::string raw;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    raw.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  VerifySide side;
+  BENCH_CHECK(side.Init(d, absl::GetFlag(FLAGS_graphs)));
+  const Region r = LayOut(d);
+  absl::StatusOr<std::unique_ptr<ExternalRegion>> region =
+      side.backend().OpenExternalRegion({raw, r.bytes, 0});
+  BENCH_CHECK(region.status());
+  auto* base = static_cast<uint8_t*>((*region)->data());
+  std::printf("ready\n");
+  std::fflush(stdout);
+  for (int s = 0; s < d.total_steps(); ++s) {
+    for (int l = 0; l < d.layers; ++l) {
+      BENCH_CHECK(side.Enqueue(l, base, r, static_cast<uint32_t>(s * d.layers + l + 1), true));
+    }
+    side.Commit();
+  }
+  BENCH_CHECK(side.backend().stream().Synchronize());
+  std::fprintf(stderr, "  verifyd side: %s\n", side.Stats().c_str());
+  return 0;
+}
+
+struct Row {
+  std::string way;
+  Timing t;
+};
+
+int Model(const char* self) {
+  const Dims d = ReadDims();
+  absl::StatusOr<bool> mps = MpsActive(0);
+  BENCH_CHECK(mps.status());
+  std::printf("decode_step_bench: layers %d, B=1, H=%d, Q=%d, L=%d (+%d per step), %d timed steps "
+              "after %d; MPS %s\n",
+              d.layers, d.heads, d.nodes, d.prefix, d.accept, d.steps, d.warmup,
+              *mps ? "on" : "off");
+  std::fflush(stdout);
+  const std::string ways = absl::GetFlag(FLAGS_ways);
+  auto wants = [&](const char* w) { return ways.find(w) != std::string::npos; };
+  std::vector<Row> rows;
+  auto run = [&](const std::string& name, absl::StatusOr<Timing> t) {
+    if (!t.ok()) {
+      std::printf("%-28s failed: %s\n", name.c_str(), t.status().ToString().c_str());
+      return;
+    }
+    rows.push_back({name, *t});
+    std::fprintf(stderr, "%-28s %.3f ms/step\n", name.c_str(), t->ms_per_step);
+  };
+  if (wants("model")) run("model only (GEMMs)", RunInProcess(d, true, false, false));
+  for (const bool graphs : {true, false}) {
+    const char* g = graphs ? "graphs" : "eager";
+    if (wants("inproc")) {
+      run(absl::StrCat("in-process, ", g), RunInProcess(d, graphs, false, true));
+    }
+    if (wants("flags")) {
+      run(absl::StrCat("in-process+flags, ", g), RunInProcess(d, graphs, true, true));
+    }
+    if (wants("twoproc")) run(absl::StrCat("two processes, ", g), RunTwoProcesses(d, graphs, self));
+  }
+  // Ratios against the in-process way with graphs of this run.
+  const Row* base = nullptr;
+  for (const Row& row : rows) {
+    if (row.way == "in-process, graphs") base = &row;
+  }
+  std::printf("\n| way (MPS %s) | ms/step | layer p50 µs | layer p99 µs | ÷ in-process | "
+              "per-layer over in-process µs |\n|---|---|---|---|---|---|\n",
+              *mps ? "on" : "off");
+  for (const Row& row : rows) {
+    std::printf("| %s | %.3f | %.1f | %.1f | ", row.way.c_str(), row.t.ms_per_step, row.t.p50_us,
+                row.t.p99_us);
+    if (base != nullptr) {
+      std::printf("%.3f | %+.1f |\n", row.t.ms_per_step / base->t.ms_per_step,
+                  (row.t.ms_per_step - base->t.ms_per_step) * 1e3 / d.layers);
+    } else {
+      std::printf("- | - |\n");
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace verifyd
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_role) == "server") return verifyd::Server();
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return 1;
+  self[n] = '\0';
+  return verifyd::Model(self);
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# On the GPU machine (run tool, carry ["bundle.tgz"], after tools/device/make_bundle.sh and
+# `tar czf bundle.tgz bundle`): the data plane's GPU checks and the decode-step bench, without and
+# with MPS (plans/0018-data-plane-gpu.md).
+#   1. the CUDA backend's GPU tests that cover the external path and the refactored Verify path
+#   2. MPS on a private pipe directory: the same external test (IPC handles under MPS, the MPS
+#      attribute), then the bench; MPS is stopped before the script ends, whatever happened
+#   3. the bench without MPS
+# Full logs under $OUT; the tables last. BENCH_ARGS passes flags to the bench (e.g. --prefix=20000).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/verifyd-gpu-out}
+mkdir -p "$OUT"
+[ -d bundle ] || tar xzf bundle.tgz
+B=bundle
+cublas_dir=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+  $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
+  if [ -e "$d/libcublas.so.13" ]; then cublas_dir=$d; break; fi
+done
+export LD_LIBRARY_PATH="$PWD/$B/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,driver_version,compute_mode,clocks.sm --format=csv,noheader | tee "$OUT/device.txt"
+
+summary=""
+run_test() {  # name, log suffix
+  local t=$1 log="$OUT/$1$2.txt"
+  timeout -s KILL 90 "$B/bin/$t" --gtest_brief=1 >"$log" 2>&1
+  local rc=$?
+  summary+="$t$2: rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$log" | tr '\n' ' ')"$'\n'
+  grep -E 'FAILED|Failure|error|MPS active' "$log" | head -20
+}
+for t in ${TESTS:-cuda_external_verify_test cuda_backend_test cuda_host_registration_test cuda_decode_mirror_test}; do
+  run_test "$t" ""
+done
+timeout -s KILL 150 "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_plain.txt" 2>"$OUT/bench_plain.err"
+echo "bench (no MPS) rc=$?"
+
+# MPS: private directories; stopped on every exit path.
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/verifyd-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/verifyd-mps-log
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+stop_mps() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; }
+trap stop_mps EXIT
+if nvidia-cuda-mps-control -d; then
+  sleep 1
+  run_test cuda_external_verify_test "_mps"
+  timeout -s KILL 150 "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_mps.txt" 2>"$OUT/bench_mps.err"
+  echo "bench (MPS) rc=$?"
+  ls "$CUDA_MPS_PIPE_DIRECTORY" >"$OUT/mps_pipe_dir.txt" 2>&1
+  cp "$CUDA_MPS_LOG_DIRECTORY"/control.log "$OUT/mps_control.log" 2>/dev/null
+  stop_mps
+  trap - EXIT
+else
+  echo "nvidia-cuda-mps-control -d failed"
+fi
+unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+echo "== tests"; printf '%s' "$summary"
+echo "== bench logs"; cat "$OUT/bench_plain.err" "$OUT/bench_mps.err" 2>/dev/null | grep -v '^$' | tail -30
+echo "== bench, no MPS"; cat "$OUT/bench_plain.txt"
+echo "== bench, MPS"; cat "$OUT/bench_mps.txt" 2>/dev/null
