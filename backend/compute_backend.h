@@ -90,7 +90,10 @@ class ComputeBackend {
   virtual void UnregisterHostMemory(void* data) { (void)data; }
 
   // The co-located data plane (external_tensors.h). A backend that cannot open external memory
-  // answers UNIMPLEMENTED, and the service refuses registrations on it.
+  // answers UNIMPLEMENTED, and the service refuses registrations on it. OpenExternalRegion runs
+  // on a gRPC handler thread (it may take milliseconds) while ComputeVerify runs on the executor;
+  // the region's destructor runs on whichever thread drops the last holder, never while a call
+  // uses it.
   virtual absl::StatusOr<std::unique_ptr<ExternalRegion>> OpenExternalRegion(
       const ExternalMemoryHandle& handle) {
     (void)handle;
@@ -107,6 +110,25 @@ class ComputeBackend {
     return absl::UnimplementedError(
         absl::StrCat("the ", name(), " backend does not compute on external tensors"));
   }
+  // NaN-fills the outputs of a call that will not be computed and writes its done flag, ordered
+  // like ComputeVerifyExternal (external_tensors.h, ExternalFailure). An error means the flag
+  // could not be written either.
+  virtual absl::Status FailVerifyExternal(const ExternalFailure& failure) {
+    (void)failure;
+    return absl::UnimplementedError(
+        absl::StrCat("the ", name(), " backend does not compute on external tensors"));
+  }
+  // Releases a device-side wait for `ready` that will never be satisfied (the scheduler that
+  // should write it is gone): a backend whose ready wait sits on a device stream (cuda) writes
+  // the flag itself from elsewhere, so the stream and every later call go on. A backend that
+  // waits on a host thread (cpu) uses ExternalOrder::cancelled instead and has nothing to do.
+  virtual absl::Status ReleaseExternalWait(const ExternalFlag& ready) {
+    (void)ready;
+    return absl::OkStatus();
+  }
+  // Whether this process's work on the device shares it through MPS (cuda: the device's
+  // CU_DEVICE_ATTRIBUTE_MPS_ENABLED, read at creation); false for a backend without a device.
+  virtual bool mps_active() const { return false; }
 };
 
 }  // namespace verifyd

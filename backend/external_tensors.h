@@ -12,6 +12,7 @@
 // fills its outputs with NaN first), so the scheduler never hangs.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -53,6 +54,9 @@ struct ExternalFlag {
 struct ExternalOrder {
   ExternalFlag ready;
   ExternalFlag done;
+  // Set by the daemon when the call's channel closes (the scheduler went away): a backend whose
+  // ready wait blocks a host thread (cpu) stops waiting and fails the call with ABORTED. Null: none.
+  const std::atomic<bool>* cancelled = nullptr;
 };
 
 // One Verify on external tensors. `problem` is a VerifyProblem whose q/out/lse point into opened
@@ -65,6 +69,18 @@ struct ExternalVerify {
   VerifyProblem problem;
   const bf16_bits* tree_kv = nullptr;
   absl::Span<const int32_t> tree_slots;
+  ExternalOrder order;
+};
+
+// A call that fails before its compute (bad input found after the descriptor was taken, a channel
+// closed under it): its outputs become NaN and its done flag is written, in the same order as a
+// computed call (after the ready flag, when there is one), so the scheduler's stream never hangs
+// and never reads stale outputs as results. Null pointers: nothing to fill.
+struct ExternalFailure {
+  bf16_bits* out = nullptr;  // [out_elements] bf16, set to NaN
+  int64_t out_elements = 0;
+  float* lse = nullptr;  // [lse_elements] fp32, set to NaN
+  int64_t lse_elements = 0;
   ExternalOrder order;
 };
 

@@ -38,12 +38,20 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(CudaBackendOpti
   }
   VERIFYD_ASSIGN_OR_RETURN(std::shared_ptr<CudaStream> stream, CudaStream::Create(options.device));
   VERIFYD_ASSIGN_OR_RETURN(int num_sms, CurrentDeviceSmCount());
-  return std::unique_ptr<CudaBackend>(
+  // Reporting only (startup line, Stats, gauge): a driver too old to answer means no MPS report,
+  // not a backend that cannot verify.
+  const bool mps = MpsActive(options.device).value_or(false);
+  auto backend = std::unique_ptr<CudaBackend>(
       new CudaBackend(std::move(options), std::move(stream), num_sms));
+  backend->mps_active_ = mps;
+  return backend;
 }
 
 CudaBackend::~CudaBackend() {
   if (stream_->MakeDeviceCurrent().ok()) stream_->Synchronize().IgnoreError();
+  if (rescue_stream_ != nullptr && cudaStreamDestroy(rescue_stream_) != cudaSuccess) {
+    cudaGetLastError();
+  }
   for (RingStaging& ring : external_staging_) {
     if (ring.uploaded != nullptr && cudaEventDestroy(ring.uploaded) != cudaSuccess) {
       cudaGetLastError();
@@ -203,7 +211,10 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
       if (cudaEventQuery(ring->uploaded) == cudaErrorNotReady) {
         cudaGetLastError();
         ++external_counters_.staging_waits;
+        // Time the GPU is behind, not host work: counted as a wait, not as staging.
+        Lap(&clock, &phase_times_.stage_ns);
         VERIFYD_CUDA_CHECK(cudaEventSynchronize(ring->uploaded));
+        Lap(&clock, &phase_times_.wait_ns);
       }
       ring->pending = false;
     }

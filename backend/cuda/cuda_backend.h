@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -147,7 +148,17 @@ class CudaBackend : public ComputeBackend {
   // are usable the ready wait, the NaN fill and the done write are enqueued all the same.
   absl::Status ComputeVerifyExternal(const ExternalVerify& call,
                                      absl::Span<const VerifySlotList> slot_lists) override;
+  // ExternalFailure's contract: the ready wait, 0xFF over out and lse, the done write, enqueued
+  // on the stream in order with the calls before it; returns without waiting.
+  absl::Status FailVerifyExternal(const ExternalFailure& failure) override;
+  // Writes `ready.value` to the ready flag from a second stream and waits for that write: a call
+  // whose scheduler died before writing its ready flag would otherwise hold this backend's stream
+  // (and every later call) forever. The daemon calls it for each enqueued call of a channel it
+  // closes (plans/0018); the released calls compute on whatever the buffers hold and write their
+  // done flags, which nobody reads any more.
+  absl::Status ReleaseExternalWait(const ExternalFlag& ready) override;
   const ExternalCallCounters& external_counters() const { return external_counters_; }
+  bool mps_active() const override { return mps_active_; }
 
   const GraphCounters& graph_counters() const { return graphs_.counters(); }
   int64_t eager_runs() const { return eager_runs_; }
@@ -197,11 +208,14 @@ class CudaBackend : public ComputeBackend {
                           ExternalRun* external = nullptr);
   // The failure half of the external contract: the ready wait (unless enqueued already), 0xFF
   // over out and lse, the done write.
-  absl::Status SignalExternalFailure(const ExternalRun& run);
+  absl::Status EnqueueFailure(const ExternalFailure& failure, const CudaDriverApi& driver,
+                              bool ready_enqueued);
 
   // Pinned staging of external calls (class comment): buffer `layer % size`, reusable once
   // `uploaded` (recorded after the call's launch) has completed.
-  static constexpr int kExternalStagingRing = 8;
+  // 64 ≥ the layers of the models served (61): a scheduler enqueueing a whole step ahead never
+  // makes the executor wait; it waits only when it runs more than a step ahead of the GPU.
+  static constexpr int kExternalStagingRing = 64;
   struct RingStaging {
     PinnedBuffer buffer;
     cudaEvent_t uploaded = nullptr;
@@ -231,6 +245,10 @@ class CudaBackend : public ComputeBackend {
   DirectCopyCounters direct_copies_;
   RingStaging external_staging_[kExternalStagingRing];
   ExternalCallCounters external_counters_;
+  bool mps_active_ = false;
+  // ReleaseExternalWait's stream, created on first use; it runs on the daemon's channel threads.
+  std::mutex rescue_mu_;
+  cudaStream_t rescue_stream_ = nullptr;
   std::function<void(GraphEvent)> graph_observer_;
 };
 

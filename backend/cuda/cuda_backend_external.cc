@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "backend/cuda/cuda_backend.h"
@@ -77,35 +78,62 @@ absl::Status CheckTreeSlots(absl::Span<const int32_t> tree_slots,
 absl::StatusOr<std::unique_ptr<ExternalRegion>> CudaBackend::OpenExternalRegion(
     const ExternalMemoryHandle& handle) {
   VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<CudaIpcRegion> region,
-                           CudaIpcRegion::Open(handle, stream_->device()));
+                           CudaIpcRegion::Open(handle, stream_));
   return std::unique_ptr<ExternalRegion>(std::move(region));
 }
 
-absl::Status CudaBackend::SignalExternalFailure(const ExternalRun& run) {
-  const ExternalVerify& call = *run.call;
-  const VerifyProblem& p = call.problem;
+absl::Status CudaBackend::FailVerifyExternal(const ExternalFailure& failure) {
+  VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
+  VERIFYD_ASSIGN_OR_RETURN(const CudaDriverApi* driver, GetCudaDriverApi());
+  VERIFYD_RETURN_IF_ERROR(CheckFlags(failure.order));
+  if (failure.out_elements < 0 || failure.lse_elements < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("out_elements = ", failure.out_elements,
+                                                   " and lse_elements = ", failure.lse_elements,
+                                                   " must be >= 0"));
+  }
+  ++external_counters_.failures;
+  return EnqueueFailure(failure, *driver, /*ready_enqueued=*/false);
+}
+
+absl::Status CudaBackend::EnqueueFailure(const ExternalFailure& failure,
+                                         const CudaDriverApi& driver, bool ready_enqueued) {
   cudaStream_t stream = stream_->get();
-  if (!run.ready_enqueued && call.order.ready.word != nullptr) {
-    VERIFYD_CU_CHECK(run.driver->stream_wait_value32(
-        stream, reinterpret_cast<CUdeviceptr>(call.order.ready.word), call.order.ready.value,
-        CU_STREAM_WAIT_VALUE_GEQ));
+  const ExternalFlag& ready = failure.order.ready;
+  if (!ready_enqueued && ready.word != nullptr) {
+    VERIFYD_CU_CHECK(driver.stream_wait_value32(stream, reinterpret_cast<CUdeviceptr>(ready.word),
+                                                ready.value, CU_STREAM_WAIT_VALUE_GEQ));
   }
-  // 0xFF bytes: 0xFFFF is a NaN in bf16, 0xFFFFFFFF in fp32. The extents are the ones the caller
-  // checked against the regions (the header's contract), so nothing else is touched.
-  if (p.total_q > 0 && p.num_heads > 0) {
-    const size_t rows = static_cast<size_t>(p.total_q) * static_cast<size_t>(p.num_heads);
-    if (p.out != nullptr) {
-      VERIFYD_CUDA_CHECK(cudaMemsetAsync(p.out, 0xFF, rows * kVDim * sizeof(bf16_bits), stream));
-    }
-    if (p.lse != nullptr) {
-      VERIFYD_CUDA_CHECK(cudaMemsetAsync(p.lse, 0xFF, rows * sizeof(float), stream));
-    }
+  // 0xFF bytes: 0xFFFF is a NaN in bf16, 0xFFFFFFFF in fp32.
+  if (failure.out != nullptr && failure.out_elements > 0) {
+    VERIFYD_CUDA_CHECK(cudaMemsetAsync(
+        failure.out, 0xFF, static_cast<size_t>(failure.out_elements) * sizeof(bf16_bits), stream));
   }
-  if (call.order.done.word != nullptr) {
-    VERIFYD_CU_CHECK(run.driver->stream_write_value32(
-        stream, reinterpret_cast<CUdeviceptr>(call.order.done.word), call.order.done.value,
-        CU_STREAM_WRITE_VALUE_DEFAULT));
+  if (failure.lse != nullptr && failure.lse_elements > 0) {
+    VERIFYD_CUDA_CHECK(cudaMemsetAsync(
+        failure.lse, 0xFF, static_cast<size_t>(failure.lse_elements) * sizeof(float), stream));
   }
+  const ExternalFlag& done = failure.order.done;
+  if (done.word != nullptr) {
+    VERIFYD_CU_CHECK(driver.stream_write_value32(stream, reinterpret_cast<CUdeviceptr>(done.word),
+                                                 done.value, CU_STREAM_WRITE_VALUE_DEFAULT));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ReleaseExternalWait(const ExternalFlag& ready) {
+  if (ready.word == nullptr) return absl::OkStatus();
+  VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
+  VERIFYD_ASSIGN_OR_RETURN(const CudaDriverApi* driver, GetCudaDriverApi());
+  VERIFYD_RETURN_IF_ERROR(CheckFlags(ExternalOrder{ready, {}}));
+  std::lock_guard<std::mutex> lock(rescue_mu_);
+  if (rescue_stream_ == nullptr) {
+    VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&rescue_stream_, cudaStreamNonBlocking));
+  }
+  // Another stream: the backend's own is the one blocked on this flag.
+  VERIFYD_CU_CHECK(driver->stream_write_value32(rescue_stream_,
+                                                reinterpret_cast<CUdeviceptr>(ready.word),
+                                                ready.value, CU_STREAM_WRITE_VALUE_DEFAULT));
+  VERIFYD_CUDA_CHECK(cudaStreamSynchronize(rescue_stream_));
   return absl::OkStatus();
 }
 
@@ -123,6 +151,9 @@ absl::Status CudaBackend::ComputeVerifyExternal(const ExternalVerify& call,
   VerifyProblem problem = call.problem;
   bool planned_ok = false;
   absl::Status status = CheckTensors(call);
+  if (status.ok() && call.order.cancelled != nullptr && call.order.cancelled->load()) {
+    status = absl::AbortedError("the call's channel was closed before it was enqueued");
+  }
   if (status.ok()) {
     absl::StatusOr<PlannedCall> planned = PlanCall(
         call.layer, problem, slot_lists,
@@ -146,7 +177,13 @@ absl::Status CudaBackend::ComputeVerifyExternal(const ExternalVerify& call,
   // The mirror recorded uploads that may not have been enqueued.
   if (planned_ok) mirror_->Clear();
   ++external_counters_.failures;
-  if (absl::Status signalled = SignalExternalFailure(run); !signalled.ok()) {
+  // The extents are the ones the caller checked against the regions (the header's contract).
+  const VerifyProblem& p = call.problem;
+  const int64_t rows = p.total_q > 0 && p.num_heads > 0 ? int64_t{p.total_q} * p.num_heads : 0;
+  const ExternalFailure failure{p.out, rows * kVDim, p.lse, p.lse != nullptr ? rows : 0,
+                                call.order};
+  if (absl::Status signalled = EnqueueFailure(failure, *run.driver, run.ready_enqueued);
+      !signalled.ok()) {
     return absl::InternalError(absl::StrCat(status.message(), "; and signalling the failure failed: ",
                                             signalled.message()));
   }

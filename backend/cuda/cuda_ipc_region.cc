@@ -12,7 +12,8 @@
 namespace verifyd {
 
 absl::StatusOr<std::unique_ptr<CudaIpcRegion>> CudaIpcRegion::Open(
-    const ExternalMemoryHandle& handle, int device) {
+    const ExternalMemoryHandle& handle, std::shared_ptr<CudaStream> stream) {
+  const int device = stream->device();
   cudaIpcMemHandle_t ipc;
   if (handle.handle.size() != sizeof(ipc)) {
     return absl::InvalidArgumentError(absl::StrCat("handle is ", handle.handle.size(),
@@ -25,7 +26,7 @@ absl::StatusOr<std::unique_ptr<CudaIpcRegion>> CudaIpcRegion::Open(
   }
   if (handle.bytes == 0) return absl::InvalidArgumentError("bytes = 0 must be > 0");
   std::memcpy(&ipc, handle.handle.data(), sizeof(ipc));
-  VERIFYD_CUDA_CHECK(cudaSetDevice(device));
+  VERIFYD_RETURN_IF_ERROR(stream->MakeDeviceCurrent());
   VERIFYD_ASSIGN_OR_RETURN(const CudaDriverApi* driver, GetCudaDriverApi());
   void* data = nullptr;
   const cudaError_t opened = cudaIpcOpenMemHandle(&data, ipc, cudaIpcMemLazyEnablePeerAccess);
@@ -47,12 +48,13 @@ absl::StatusOr<std::unique_ptr<CudaIpcRegion>> CudaIpcRegion::Open(
     return absl::InvalidArgumentError(
         absl::StrCat("bytes = ", handle.bytes, " must be <= the allocation's ", size));
   }
-  return std::unique_ptr<CudaIpcRegion>(new CudaIpcRegion(data, handle.bytes, device));
+  return std::unique_ptr<CudaIpcRegion>(new CudaIpcRegion(data, handle.bytes, std::move(stream)));
 }
 
 CudaIpcRegion::~CudaIpcRegion() {
   // A destructor cannot report; a failure only leaks the mapping until the process ends.
-  if (cudaSetDevice(device_) != cudaSuccess || cudaIpcCloseMemHandle(data_) != cudaSuccess) {
+  if (!stream_->MakeDeviceCurrent().ok() || !stream_->Synchronize().ok() ||
+      cudaIpcCloseMemHandle(data_) != cudaSuccess) {
     cudaGetLastError();
   }
 }

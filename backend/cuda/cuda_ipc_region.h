@@ -12,19 +12,24 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "backend/cuda/cuda_device_memory.h"
 #include "backend/external_tensors.h"
 
 namespace verifyd {
 
 class CudaIpcRegion : public ExternalRegion {
  public:
-  // Opens `handle` on `device` (the daemon's). INVALID_ARGUMENT, naming the field and bound, when
-  // the handle is not 64 bytes, names another device, `bytes` is 0 or exceeds the allocation, or
-  // the driver refuses it (a stale handle, one of this process, a foreign one); nothing stays open
-  // then.
+  // Opens `handle` on `stream`'s device (the daemon's). INVALID_ARGUMENT, naming the field and
+  // bound, when the handle is not 64 bytes, names another device, `bytes` is 0 or exceeds the
+  // allocation, or the driver refuses it (a stale handle, one of this process, a foreign one);
+  // nothing stays open then.
   static absl::StatusOr<std::unique_ptr<CudaIpcRegion>> Open(const ExternalMemoryHandle& handle,
-                                                             int device);
-  // Closes the mapping (cudaIpcCloseMemHandle). The caller guarantees no queued call uses it.
+                                                             std::shared_ptr<CudaStream> stream);
+  // Waits for the backend's stream, then closes the mapping (cudaIpcCloseMemHandle).
+  // ComputeVerifyExternal returns before the device has run the call, so the caller's pins end
+  // before the device stops using the region: the wait makes closing safe whenever the last
+  // holder lets go. It also means a call still waiting for a ready flag that will never come
+  // holds the destructor: the daemon releases such waits (ReleaseExternalWait) first.
   ~CudaIpcRegion() override;
   CudaIpcRegion(const CudaIpcRegion&) = delete;
   CudaIpcRegion& operator=(const CudaIpcRegion&) = delete;
@@ -33,11 +38,11 @@ class CudaIpcRegion : public ExternalRegion {
   uint64_t bytes() const override { return bytes_; }
 
  private:
-  CudaIpcRegion(void* data, uint64_t bytes, int device)
-      : data_(data), bytes_(bytes), device_(device) {}
+  CudaIpcRegion(void* data, uint64_t bytes, std::shared_ptr<CudaStream> stream)
+      : data_(data), bytes_(bytes), stream_(std::move(stream)) {}
   void* data_;
   uint64_t bytes_;
-  int device_;
+  std::shared_ptr<CudaStream> stream_;
 };
 
 }  // namespace verifyd
