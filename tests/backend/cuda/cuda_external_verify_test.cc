@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -365,6 +366,86 @@ TEST_F(CudaExternalVerifyTest, MisalignedFlagOrTensorIsRefusedWithoutEnqueueing)
   ASSERT_EQ(cudaMemcpy(lse.data(), call.problem.lse, lse.size() * 4, cudaMemcpyDeviceToHost),
             cudaSuccess);
   EXPECT_TRUE(AllNan(out, lse));
+  ASSERT_EQ(cudaFree(device), cudaSuccess);
+}
+
+// A scheduler that dies before writing its ready flag leaves the backend's stream waiting; the
+// daemon releases it (ReleaseExternalWait) and the stream goes on: the waiting call computes (here
+// on real inputs, so it matches the oracle) and a FailVerifyExternal queued behind it NaN-fills
+// its outputs and writes the done flag.
+TEST_F(CudaExternalVerifyTest, ReleaseExternalWaitUnblocksTheStream) {
+  const Step step = MakeStep(test::TestSeed());
+  auto made = test::MakeBackend(true, kLayers, step.problems[0].num_slots);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ASSERT_TRUE(FillPool(*made->storage, step).ok());
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, step.bytes), cudaSuccess);
+  auto* base = static_cast<uint8_t*>(device);
+  ASSERT_EQ(cudaMemset(base, 0xFF, step.bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(base + step.ready, 0, 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(base + step.done, 0, 4), cudaSuccess);
+  HostProblem p = step.problems[0];
+  const Placement& pl = step.placed[0];
+  ASSERT_EQ(cudaMemcpy(base + pl.q, p.q.data(), p.q.size() * 2, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(base + pl.kv, step.tree_kv[0].data(), step.tree_kv[0].size() * 2,
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  auto* ready = reinterpret_cast<uint32_t*>(base + step.ready);
+  auto* done = reinterpret_cast<uint32_t*>(base + step.done);
+  ExternalVerify call;
+  call.problem = p.problem();
+  call.problem.q = reinterpret_cast<const bf16_bits*>(base + pl.q);
+  call.problem.out = reinterpret_cast<bf16_bits*>(base + pl.out);
+  call.problem.lse = reinterpret_cast<float*>(base + pl.lse);
+  call.tree_kv = reinterpret_cast<const bf16_bits*>(base + pl.kv);
+  call.tree_slots = step.trees[0];
+  call.order = {{ready, 7}, {done, 7}};
+  ASSERT_TRUE(made->backend->ComputeVerifyExternal(call, {}).ok());
+  const Placement& failed = step.placed[1];
+  const HostProblem& q1 = step.problems[1];
+  const ExternalFailure failure{reinterpret_cast<bf16_bits*>(base + failed.out),
+                                static_cast<int64_t>(q1.out.size()),
+                                reinterpret_cast<float*>(base + failed.lse),
+                                static_cast<int64_t>(q1.lse.size()),
+                                {{ready, 8}, {done, 8}}};
+  ASSERT_TRUE(made->backend->FailVerifyExternal(failure).ok());
+  // Nobody wrote the ready flag: the stream is still waiting.
+  EXPECT_EQ(cudaStreamQuery(made->backend->stream().get()), cudaErrorNotReady);
+  ASSERT_TRUE(made->backend->ReleaseExternalWait({ready, 8}).ok());
+  ASSERT_TRUE(made->backend->stream().Synchronize().ok());
+  uint32_t done_value = 0;
+  ASSERT_EQ(cudaMemcpy(&done_value, done, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(done_value, 8u);
+  std::vector<bf16_bits> out(p.out.size());
+  std::vector<float> lse(p.lse.size());
+  ASSERT_EQ(cudaMemcpy(out.data(), base + pl.out, out.size() * 2, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(lse.data(), base + pl.lse, lse.size() * 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  const test::Accuracy acc = test::CompareToF64(p.problem(), out, lse);
+  EXPECT_LT(acc.out, kTolerance);
+  EXPECT_LT(acc.lse, kTolerance);
+  std::vector<bf16_bits> failed_out(q1.out.size());
+  std::vector<float> failed_lse(q1.lse.size());
+  ASSERT_EQ(cudaMemcpy(failed_out.data(), base + failed.out, failed_out.size() * 2,
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(failed_lse.data(), base + failed.lse, failed_lse.size() * 4,
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_TRUE(AllNan(failed_out, failed_lse));
+  EXPECT_EQ(made->backend->external_counters().calls, 1);
+  EXPECT_EQ(made->backend->external_counters().failures, 1);
+  // A cancelled channel's call is refused (ABORTED) and still signalled.
+  std::atomic<bool> cancelled{true};
+  call.order = {{ready, 9}, {done, 9}, &cancelled};
+  const absl::Status aborted = made->backend->ComputeVerifyExternal(call, {});
+  EXPECT_EQ(aborted.code(), absl::StatusCode::kAborted) << aborted;
+  ASSERT_TRUE(made->backend->ReleaseExternalWait({ready, 9}).ok());
+  ASSERT_TRUE(made->backend->stream().Synchronize().ok());
+  ASSERT_EQ(cudaMemcpy(&done_value, done, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(done_value, 9u);
   ASSERT_EQ(cudaFree(device), cudaSuccess);
 }
 
