@@ -200,6 +200,7 @@ absl::Status DeviceOperations::Release(const ReleaseCall& call, v1::ReleaseRespo
 void DeviceOperations::Stats(v1::StatsResponse* response) const {
   const StoreStats stats = store_->Stats();
   response->set_backend(backend_->name());
+  response->set_mps_active(backend_->mps_active());
   response->set_layers(static_cast<uint32_t>(options_.layers));
   response->set_heads(static_cast<uint32_t>(options_.heads));
   response->set_max_tree_nodes(static_cast<uint32_t>(options_.max_tree_nodes));

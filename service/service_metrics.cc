@@ -48,6 +48,11 @@ ServiceMetrics::ServiceMetrics()
                  .Help("1 while health is SERVING.")
                  .Register(*registry_)
                  .Add({})),
+      mps_active_(BuildGauge()
+                      .Name("verifyd_mps_active")
+                      .Help("1 when the daemon's GPU work runs as an MPS client (plans/0018).")
+                      .Register(*registry_)
+                      .Add({})),
       rpc_requests_(BuildCounter()
                         .Name("verifyd_rpc_requests_total")
                         .Help("Finished RPCs by method and gRPC status code.")
@@ -151,6 +156,8 @@ void ServiceMetrics::SetBuildInfo(const std::string& version, const std::string&
 }
 
 void ServiceMetrics::SetReady(bool ready) { ready_.Set(ready ? 1 : 0); }
+
+void ServiceMetrics::SetMpsActive(bool active) { mps_active_.Set(active ? 1 : 0); }
 
 void ServiceMetrics::RecordRpc(const std::string& method, const char* code, absl::Duration total) {
   rpc_requests_.Add({{"method", method}, {"code", code}}).Increment();

@@ -28,6 +28,7 @@ class ServiceMetrics {
   // Once the backend is known (cpu|cuda): verifyd_build_info{version,backend} = 1.
   void SetBuildInfo(const std::string& version, const std::string& backend);
   void SetReady(bool ready);
+  void SetMpsActive(bool active);
   // One finished RPC: code is the upper-case gRPC code name.
   void RecordRpc(const std::string& method, const char* code, absl::Duration total);
   void RecordQueue(const std::string& method, absl::Duration waited);
@@ -46,6 +47,7 @@ class ServiceMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Gauge>& build_info_;
   prometheus::Gauge& ready_;
+  prometheus::Gauge& mps_active_;
   prometheus::Family<prometheus::Counter>& rpc_requests_;
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
   prometheus::Family<prometheus::Histogram>& queue_duration_;

@@ -140,7 +140,9 @@ absl::Status VerifydServer::BecomeReady() {
   if (server_ == nullptr) return absl::FailedPreconditionError("BecomeReady before Start");
   VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend, CreateBackend(options_));
   backend_name_ = backend->name();
+  mps_active_ = backend->mps_active();
   metrics_->SetBuildInfo(VERIFYD_VERSION, backend_name_);
+  metrics_->SetMpsActive(mps_active_);
   // The device owns the backend from here on; the hooks below stop using it (Shutdown clears
   // them) before the device is destroyed.
   ComputeBackend* compute = backend.get();
@@ -229,10 +231,10 @@ std::string VerifydServer::StartupLine() const {
                   exposer_ ? absl::StrCat("http://", metrics_address(), "/metrics") : "off");
   absl::StrAppendFormat(
       &line,
-      " backend=%s device=%d layers=%d heads=%d max_tree_nodes=%d "
+      " backend=%s mps=%s device=%d layers=%d heads=%d max_tree_nodes=%d "
       "kv_capacity_tokens=%d softmax_scale=%g lease_seconds=%g shm_max_bytes=%d "
       "version=%s",
-      backend_name_, options_.device, options_.layers, options_.heads, options_.max_tree_nodes,
+      backend_name_, mps_active_ ? "on" : "off", options_.device, options_.layers, options_.heads, options_.max_tree_nodes,
       device_ != nullptr ? device_->capacity_slots() : options_.kv_capacity_tokens,
       options_.softmax_scale, options_.lease_seconds, options_.shm_max_bytes, VERIFYD_VERSION);
   return line;

@@ -45,6 +45,7 @@ class VerifydServer {
 
   ServiceOptions options_;
   std::string backend_name_ = "none";
+  bool mps_active_ = false;
   std::unique_ptr<ServiceMetrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<SharedMemoryRegistry> regions_;

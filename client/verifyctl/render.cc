@@ -47,6 +47,7 @@ std::string FormatStatsTable(const v1::StatsResponse& s) {
   const double cap = static_cast<double>(s.capacity_tokens());
   return Table({
       {"backend", s.backend()},
+      {"mps", s.mps_active() ? "on" : "off"},
       {"layers", absl::StrCat(s.layers())},
       {"heads", absl::StrCat(s.heads())},
       {"max tree nodes", absl::StrCat(s.max_tree_nodes())},
