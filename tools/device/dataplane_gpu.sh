@@ -21,6 +21,19 @@ done
 export LD_LIBRARY_PATH="$PWD/$B/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,compute_mode,clocks.sm --format=csv,noheader | tee "$OUT/device.txt"
 
+# verifyd's own report (startup line, Stats, gauge): started, asked, stopped; argument = label.
+daemon_report() {
+  [ -x "$B/bin/verifyd" ] || return 0
+  local sock=unix:///tmp/verifyd-mps-check.sock
+  "$B/bin/verifyd" --listen="$sock" --metrics=127.0.0.1:9479 --backend=cuda --layers=1 --heads=8 \
+    --max_tree_nodes=64 --kv_capacity_tokens=65536 >"$OUT/daemon_$1.txt" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 200); do "$B/bin/verifyctl" --target="$sock" health >/dev/null 2>&1 && break; sleep 0.1; done
+  echo "$1: $(grep -o 'backend=[a-z]* mps=[a-z]*' "$OUT/daemon_$1.txt")" \
+    "stats: $("$B/bin/verifyctl" --target="$sock" stats 2>&1 | grep -i mps | tr -s ' ')" \
+    "gauge: $(curl -fsS http://127.0.0.1:9479/metrics 2>/dev/null | grep '^verifyd_mps_active')"
+  kill -TERM $pid; wait $pid
+}
 summary=""
 run_test() {  # name, log suffix
   local t=$1 log="$OUT/$1$2.txt"
@@ -32,6 +45,7 @@ run_test() {  # name, log suffix
 for t in ${TESTS:-cuda_external_verify_test cuda_backend_test cuda_host_registration_test cuda_decode_mirror_test}; do
   run_test "$t" ""
 done
+daemon_report plain
 timeout -s KILL 150 "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_plain.txt" 2>"$OUT/bench_plain.err"
 echo "bench (no MPS) rc=$?"
 
@@ -43,8 +57,14 @@ trap stop_mps EXIT
 if nvidia-cuda-mps-control -d; then
   sleep 1
   run_test cuda_external_verify_test "_mps"
+  daemon_report mps
   timeout -s KILL 150 "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_mps.txt" 2>"$OUT/bench_mps.err"
   echo "bench (MPS) rc=$?"
+  # SMALL_ARGS: a second bench where attention is short, so the per-layer overheads stand out.
+  if [ -n "${SMALL_ARGS:-}" ]; then
+    timeout -s KILL 100 "$B/bin/decode_step_bench" $SMALL_ARGS >"$OUT/bench_small_mps.txt" 2>>"$OUT/bench_mps.err"
+    echo "small bench (MPS) rc=$?"
+  fi
   ls "$CUDA_MPS_PIPE_DIRECTORY" >"$OUT/mps_pipe_dir.txt" 2>&1
   cp "$CUDA_MPS_LOG_DIRECTORY"/control.log "$OUT/mps_control.log" 2>/dev/null
   stop_mps
@@ -57,3 +77,4 @@ echo "== tests"; printf '%s' "$summary"
 echo "== bench logs"; cat "$OUT/bench_plain.err" "$OUT/bench_mps.err" 2>/dev/null | grep -v '^$' | tail -30
 echo "== bench, no MPS"; cat "$OUT/bench_plain.txt"
 echo "== bench, MPS"; cat "$OUT/bench_mps.txt" 2>/dev/null
+[ -n "${SMALL_ARGS:-}" ] && { echo "== small bench, MPS"; cat "$OUT/bench_small_mps.txt" 2>/dev/null; }
