@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Writes the per-GPU parts of the bundle for nodes with N GPUs (default 8): daemonset.yaml,
-# service.yaml, servicemonitor.yaml. One verifyd container per GPU (plans/0007-operations.md says why);
+# resourceclaimtemplate.yaml, service.yaml, servicemonitor.yaml. One verifyd container per GPU (plans/0007-operations.md says why);
 # all containers of a pod share one network namespace, so container i takes gRPC port 50051+i and
 # metrics port 9464+i. tests/deploy checks that the shipped files equal `render.sh 8`.
+# GPUs and MPS (plans/0018-data-plane-gpu.md): the pod takes the node's GPUs through one DRA
+# ResourceClaim (resourceclaimtemplate.yaml) that every container references, so the scheduler and
+# the daemons see the same GPUs (a device-plugin request gives each container different ones), and
+# the claim asks NVIDIA's DRA driver to share them through MPS (the driver runs the MPS control
+# daemon and points every container of the claim at it). Daemon i serves GPU i (--device=i).
 set -euo pipefail
 gpus=${1:-8}
 out=${2:-$(dirname "$0")}
@@ -19,9 +24,10 @@ verifyd_container() {
         - name: verifyd-gpu$i
           image: verifyd:0.1.0
           imagePullPolicy: IfNotPresent
-          # The device plugin gives this container one GPU, which CUDA numbers 0.
+          # The pod's GPU claim gives every container all of the node's GPUs; this daemon serves
+          # GPU $i (under MPS, beside the scheduler's work on it).
           args:
-            - --device=0
+            - --device=$i
             - --backend=cuda
             - --listen=unix:///run/verifyd/gpu$i.sock
             # TCP only so the kubelet's gRPC probes can reach the health service; the
@@ -79,10 +85,10 @@ verifyd_container() {
             requests:
               cpu: "4"
               memory: 16Gi
-              nvidia.com/gpu: 1
             limits:
               memory: 16Gi
-              nvidia.com/gpu: 1
+            claims:
+              - name: gpus
           securityContext:
             runAsNonRoot: true
             runAsUser: 65532
@@ -138,6 +144,10 @@ spec:
       terminationGracePeriodSeconds: 60
       securityContext:
         fsGroup: 65532
+      # The node's GPUs, shared by every container below through MPS (resourceclaimtemplate.yaml).
+      resourceClaims:
+        - name: gpus
+          resourceClaimTemplateName: verifyd-gpus
       volumes:
         # The Unix sockets, shared with the scheduler sidecar; memory-backed and gone with the pod.
         - name: verifyd-sockets
@@ -156,8 +166,14 @@ YAML
         # unix:///run/verifyd/gpu<i>.sock. Replace the image and command with your engine's.
         - name: scheduler
           image: inference-engine:replace-me
+          # The same GPUs as the daemons (one claim), so its model and their Verify share each GPU
+          # through MPS instead of switching contexts; it needs its own CPU and memory requests.
+          resources:
+            claims:
+              - name: gpus
           # Same uid as the daemons: their sockets are created 0755 (the container umask), and
-          # connecting to a Unix socket needs write permission on it.
+          # connecting to a Unix socket needs write permission on it. MPS also serves one uid per
+          # GPU at a time: a client of another uid would wait.
           securityContext:
             runAsUser: 65532
             runAsGroup: 65532
@@ -174,6 +190,38 @@ YAML
               mountPath: /dev/shm
 YAML
 } > "$out/daemonset.yaml"
+
+{
+  echo "$header"
+  cat <<YAML
+# The node's $gpus GPUs for one pod, shared through MPS by all its containers (Kubernetes 1.34+
+# DRA, resource.k8s.io/v1, with NVIDIA's DRA driver for GPUs installed; its GpuConfig sharing
+# strategy MPS starts the MPS control daemon for the claim). Why MPS: deploy/README.md "MPS".
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: verifyd-gpus
+  namespace: verifyd
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly:
+            deviceClassName: gpu.nvidia.com
+            allocationMode: ExactCount
+            count: $gpus
+      config:
+        - requests: [gpus]
+          opaque:
+            driver: gpu.nvidia.com
+            parameters:
+              apiVersion: resource.nvidia.com/v1beta1
+              kind: GpuConfig
+              sharing:
+                strategy: MPS
+YAML
+} > "$out/resourceclaimtemplate.yaml"
 
 {
   echo "$header"

@@ -17,11 +17,11 @@ not_run=()
 # The shipped per-GPU files are exactly what render.sh writes for 8-GPU nodes.
 mkdir "$DEPLOY_TMP/render"
 bash "$k8s/render.sh" 8 "$DEPLOY_TMP/render"
-for f in daemonset.yaml service.yaml servicemonitor.yaml; do
+for f in daemonset.yaml resourceclaimtemplate.yaml service.yaml servicemonitor.yaml; do
   diff -u "$k8s/$f" "$DEPLOY_TMP/render/$f" || fail "deploy/k8s/$f differs from render.sh 8: rerun it"
 done
 bash "$k8s/render.sh" 0 "$DEPLOY_TMP/render" 2>/dev/null && fail "render.sh accepted 0 GPUs"
-echo "k8s: daemonset/service/servicemonitor equal render.sh 8"
+echo "k8s: daemonset/resourceclaimtemplate/service/servicemonitor equal render.sh 8"
 
 # Every resource of the kustomization exists, and each document names its apiVersion, kind and
 # metadata.name, without tabs (YAML forbids them in indentation).
@@ -51,9 +51,20 @@ echo "k8s: $(echo $resources | wc -w) resources, each with apiVersion, kind, met
 
 ds=$k8s/daemonset.yaml
 containers=$(grep -cE '^        - name: verifyd-gpu[0-9]+$' "$ds" || true)
-gpu_lines=$(grep -cE '^              nvidia.com/gpu: 1$' "$ds" || true)
-((containers >= 1 && gpu_lines == 2 * containers)) ||
-  fail "daemonset: $containers verifyd containers but $gpu_lines nvidia.com/gpu requests+limits (want 2 each)"
+((containers >= 1)) || fail "daemonset: no verifyd container"
+# GPUs come from the pod's one claim, which every container (the daemons and the scheduler)
+# references, so they share the same GPUs (plans/0018); no device-plugin request may split them.
+claim_refs=$(grep -cE '^              - name: gpus$' "$ds" || true)
+((claim_refs == containers + 1)) ||
+  fail "daemonset: $claim_refs containers reference the GPU claim (want the $containers daemons and the scheduler)"
+! grep -q 'nvidia.com/gpu:' "$ds" || fail "daemonset: a device-plugin GPU request would give containers different GPUs"
+grep -q 'resourceClaimTemplateName: verifyd-gpus' "$ds" || fail "daemonset: the pod does not claim verifyd-gpus"
+grep -q "count: $containers\$" "$k8s/resourceclaimtemplate.yaml" ||
+  fail "resourceclaimtemplate: the claim's count is not the $containers GPUs"
+grep -q 'strategy: MPS' "$k8s/resourceclaimtemplate.yaml" || fail "resourceclaimtemplate: GPUs not shared through MPS"
+for i in $(seq 0 $((containers - 1))); do
+  grep -qE -- "^            - --device=$i\$" "$ds" || fail "daemonset: no daemon serves --device=$i"
+done
 # Port names: unique in the pod, at most 15 characters (IANA service name).
 names=$(grep -oE 'name: (grpc|metrics)-gpu[0-9]+' "$ds" | awk '{print $2}')
 dups=$(sort <<<"$names" | uniq -d)
@@ -81,7 +92,7 @@ for v in $(grep -oE '\$\([A-Z_]+\)' "$ds" | tr -d '$()' | sort -u); do
   grep -qx "$v" <<<"$defined" || fail "daemonset: \$($v) is neither in the ConfigMap nor in env"
 done
 grep -q 'emptyDir:' "$ds" || fail "daemonset: the socket volume must be an emptyDir"
-echo "k8s: $containers verifyd containers, GPU requests, ports, probes, Service, ServiceMonitor and variables consistent"
+echo "k8s: $containers verifyd containers, one shared MPS GPU claim, ports, probes, Service, ServiceMonitor and variables consistent"
 
 if command -v python3 >/dev/null && python3 -c 'import yaml' 2>/dev/null; then
   for r in $resources; do
@@ -119,13 +130,14 @@ if command -v systemd-analyze >/dev/null; then
   ctl_path=/bin/true
   [[ "$verifyd" == none ]] || daemon_path=$verifyd
   [[ "$verifyctl" == none ]] || ctl_path=$verifyctl
-  for f in verifyd@.service verifyd-compact@.service verifyd-compact@.timer; do
+  # The MPS control daemon is not on a machine without NVIDIA's driver: /bin/true stands in.
+  for f in verifyd@.service verifyd-compact@.service verifyd-compact@.timer verifyd-mps@.service; do
     sed -e "s|/usr/local/bin/verifyd |$daemon_path |" -e "s|/usr/local/bin/verifyctl |$ctl_path |" \
-      "$systemd/$f" >"$units/$f"
+      -e "s|/usr/bin/nvidia-cuda-mps-control -d|/bin/true|" "$systemd/$f" >"$units/$f"
   done
   grep -q "$daemon_path" "$units/verifyd@.service" || fail "ExecStart of verifyd@.service not found"
   (cd "$units" && systemd-analyze verify verifyd@0.service verifyd-compact@0.service \
-    verifyd-compact@0.timer) >"$DEPLOY_TMP/verify.log" 2>&1 || {
+    verifyd-compact@0.timer verifyd-mps@0.service) >"$DEPLOY_TMP/verify.log" 2>&1 || {
     cat "$DEPLOY_TMP/verify.log" >&2
     fail "systemd-analyze verify rejected the units"
   }
