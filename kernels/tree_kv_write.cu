@@ -30,10 +30,10 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-absl::Status LaunchTreeKvWrite(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows,
-                               int total_q, int batch, const int32_t* qo_indptr,
-                               const int32_t* prefix_len, const int32_t* slot_indptr,
-                               const int32_t* slots, cudaStream_t stream) {
+absl::Status LaunchTreeKvWrite(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows, int total_q,
+                               int batch, const int32_t* qo_indptr, const int32_t* prefix_len,
+                               const int32_t* slot_indptr, const int32_t* slots,
+                               cudaStream_t stream) {
   if (total_q < 0 || batch < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("total_q = ", total_q, " must be >= 0 and batch = ", batch, " >= 1"));

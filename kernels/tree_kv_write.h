@@ -23,9 +23,9 @@ namespace verifyd {
 // device memory (the device problem's). A slot outside [0, num_slots) is skipped (the host checked
 // every slot it uploaded; this keeps a bad entry from faulting the device). Allocates nothing,
 // never synchronizes (graph-capturable).
-absl::Status LaunchTreeKvWrite(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows,
-                               int total_q, int batch, const int32_t* qo_indptr,
-                               const int32_t* prefix_len, const int32_t* slot_indptr,
-                               const int32_t* slots, cudaStream_t stream);
+absl::Status LaunchTreeKvWrite(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows, int total_q,
+                               int batch, const int32_t* qo_indptr, const int32_t* prefix_len,
+                               const int32_t* slot_indptr, const int32_t* slots,
+                               cudaStream_t stream);
 
 }  // namespace verifyd

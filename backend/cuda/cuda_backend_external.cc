@@ -35,9 +35,8 @@ absl::Status CheckTensors(const ExternalVerify& call) {
   if (p.q == nullptr || call.tree_kv == nullptr || p.out == nullptr) {
     return absl::InvalidArgumentError("q, tree_kv and out must be set");
   }
-  for (const auto& [pointer, name] : {std::pair<const void*, const char*>{p.q, "q"},
-                                      {call.tree_kv, "tree_kv"},
-                                      {p.out, "out"}}) {
+  for (const auto& [pointer, name] :
+       {std::pair<const void*, const char*>{p.q, "q"}, {call.tree_kv, "tree_kv"}, {p.out, "out"}}) {
     if (!Aligned(pointer, 16)) {
       return absl::InvalidArgumentError(absl::StrCat(name, " must be 16-byte aligned"));
     }
@@ -55,17 +54,15 @@ absl::Status CheckTreeSlots(absl::Span<const int32_t> tree_slots,
   size_t total = 0;
   for (const VerifySlotList& list : lists) total += list.tree_slots.size();
   if (tree_slots.size() != total) {
-    return absl::InvalidArgumentError(absl::StrCat("tree_slots has ", tree_slots.size(),
-                                                   " entries; the batch has ", total,
-                                                   " tree nodes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tree_slots has ", tree_slots.size(), " entries; the batch has ", total, " tree nodes"));
   }
   size_t i = 0;
   for (const VerifySlotList& list : lists) {
     for (const int32_t slot : list.tree_slots) {
       if (tree_slots[i] != slot) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tree_slots[", i, "] = ", tree_slots[i],
-                         " must be the slot list's tree entry ", slot));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tree_slots[", i, "] = ", tree_slots[i], " must be the slot list's tree entry ", slot));
       }
       ++i;
     }
@@ -184,8 +181,8 @@ absl::Status CudaBackend::ComputeVerifyExternal(const ExternalVerify& call,
                                 call.order};
   if (absl::Status signalled = EnqueueFailure(failure, *run.driver, run.ready_enqueued);
       !signalled.ok()) {
-    return absl::InternalError(absl::StrCat(status.message(), "; and signalling the failure failed: ",
-                                            signalled.message()));
+    return absl::InternalError(absl::StrCat(
+        status.message(), "; and signalling the failure failed: ", signalled.message()));
   }
   return status;
 }

@@ -55,8 +55,8 @@ absl::Status CuResultToStatus(CUresult result, const char* expr, const char* fil
   const char* name = nullptr;
   absl::StatusOr<const CudaDriverApi*> api = GetCudaDriverApi();
   if (!api.ok() || (*api)->get_error_name(result, &name) != CUDA_SUCCESS) name = nullptr;
-  return absl::InternalError(absl::StrCat(file, ":", line, ": ", expr, " failed: ",
-                                          name != nullptr ? name : "CUresult ",
+  return absl::InternalError(absl::StrCat(file, ":", line, ": ", expr,
+                                          " failed: ", name != nullptr ? name : "CUresult ",
                                           name != nullptr ? "" : absl::StrCat(result)));
 }
 

@@ -16,13 +16,12 @@ absl::StatusOr<std::unique_ptr<CudaIpcRegion>> CudaIpcRegion::Open(
   const int device = stream->device();
   cudaIpcMemHandle_t ipc;
   if (handle.handle.size() != sizeof(ipc)) {
-    return absl::InvalidArgumentError(absl::StrCat("handle is ", handle.handle.size(),
-                                                   " bytes; a CUDA IPC memory handle is ",
-                                                   sizeof(ipc)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "handle is ", handle.handle.size(), " bytes; a CUDA IPC memory handle is ", sizeof(ipc)));
   }
   if (handle.device != device) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device = ", handle.device, " must be the daemon's device ", device));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device = ", handle.device, " must be the daemon's device ", device));
   }
   if (handle.bytes == 0) return absl::InvalidArgumentError("bytes = 0 must be > 0");
   std::memcpy(&ipc, handle.handle.data(), sizeof(ipc));

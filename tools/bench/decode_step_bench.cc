@@ -23,8 +23,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -62,13 +62,13 @@ ABSL_FLAG(bool, graphs, true, "server: CUDA graphs");
 namespace verifyd {
 namespace {
 
-#define BENCH_CHECK(expr)                                                          \
-  do {                                                                             \
-    const absl::Status bench_status_ = (expr);                                     \
-    if (!bench_status_.ok()) {                                                     \
+#define BENCH_CHECK(expr)                                                        \
+  do {                                                                           \
+    const absl::Status bench_status_ = (expr);                                   \
+    if (!bench_status_.ok()) {                                                   \
       std::fprintf(stderr, "%s: %s\n", #expr, bench_status_.ToString().c_str()); \
-      std::exit(1);                                                                \
-    }                                                                              \
+      std::exit(1);                                                              \
+    }                                                                            \
   } while (0)
 
 absl::Status CublasStatus(cublasStatus_t s, const char* what) {
@@ -83,9 +83,8 @@ struct Dims {
 };
 
 Dims ReadDims() {
-  return Dims{absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_prefix),
-              absl::GetFlag(FLAGS_nodes),  absl::GetFlag(FLAGS_heads),
-              absl::GetFlag(FLAGS_accept), absl::GetFlag(FLAGS_steps),
+  return Dims{absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_prefix), absl::GetFlag(FLAGS_nodes),
+              absl::GetFlag(FLAGS_heads),  absl::GetFlag(FLAGS_accept), absl::GetFlag(FLAGS_steps),
               absl::GetFlag(FLAGS_warmup)};
 }
 
@@ -130,8 +129,7 @@ class Gemm {
     VERIFYD_RETURN_IF_ERROR(CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"));
     return CublasStatus(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, 4096, n_, 4096, &one, a_,
                                      CUDA_R_16BF, 4096, b_, CUDA_R_16BF, 4096, &zero, c_,
-                                     CUDA_R_16BF, 4096, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT),
+                                     CUDA_R_16BF, 4096, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                         "cublasGemmEx");
   }
   ~Gemm() {
@@ -155,8 +153,8 @@ class VerifySide {
     options.cuda_graphs = graphs;
     VERIFYD_ASSIGN_OR_RETURN(backend_, CudaBackend::Create(options));
     VERIFYD_ASSIGN_OR_RETURN(storage_, backend_->CreateStorage(d.layers, d.capacity()));
-    auto* pool = const_cast<bf16_bits*>(
-        static_cast<CudaKvStorage&>(*storage_).layer_device_data(0));
+    auto* pool =
+        const_cast<bf16_bits*>(static_cast<CudaKvStorage&>(*storage_).layer_device_data(0));
     // Prefill: the KV of L tokens × every layer comes from device memory (never the host).
     VERIFYD_RETURN_IF_ERROR(
         FillRandom(pool, d.layers * d.capacity() * kKvDim, 7, 1.f, backend_->stream().get()));
@@ -209,9 +207,9 @@ class VerifySide {
     return absl::StrFormat(
         "host per call %.1f us (check %.1f plan %.1f stage %.1f enqueue %.1f); graphs: %d "
         "replays, %d captures, %d updates; eager %d; staging waits %d",
-        (t.check_ns + t.plan_ns + t.stage_ns + t.enqueue_ns) / calls / 1e3, t.check_ns / calls / 1e3,
-        t.plan_ns / calls / 1e3, t.stage_ns / calls / 1e3, t.enqueue_ns / calls / 1e3,
-        static_cast<int>(backend_->graph_counters().replays),
+        (t.check_ns + t.plan_ns + t.stage_ns + t.enqueue_ns) / calls / 1e3,
+        t.check_ns / calls / 1e3, t.plan_ns / calls / 1e3, t.stage_ns / calls / 1e3,
+        t.enqueue_ns / calls / 1e3, static_cast<int>(backend_->graph_counters().replays),
         static_cast<int>(backend_->graph_counters().captures),
         static_cast<int>(backend_->graph_counters().updates),
         static_cast<int>(backend_->eager_runs()),
@@ -282,7 +280,8 @@ absl::StatusOr<uint8_t*> MakeModelRegion(const Dims& d, const Region& r, cudaStr
   for (int l = 0; l < d.layers; ++l) {
     VERIFYD_RETURN_IF_ERROR(
         FillRandom(b + r.q[l], int64_t{d.nodes} * d.heads * kKvDim, 100 + l, 0.25f, stream));
-    VERIFYD_RETURN_IF_ERROR(FillRandom(b + r.kv[l], int64_t{d.nodes} * kKvDim, 200 + l, 1.f, stream));
+    VERIFYD_RETURN_IF_ERROR(
+        FillRandom(b + r.kv[l], int64_t{d.nodes} * kKvDim, 200 + l, 1.f, stream));
   }
   VERIFYD_CUDA_CHECK(cudaStreamSynchronize(stream));
   return b;
@@ -296,7 +295,7 @@ absl::StatusOr<Timing> RunInProcess(const Dims& d, bool graphs, bool flags, bool
   cudaStream_t model = verify_stream;
   if (flags) VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&model, cudaStreamNonBlocking));
   const Region r = LayOut(d);
-  VERIFYD_ASSIGN_OR_RETURN(uint8_t* base, MakeModelRegion(d, r, model));
+  VERIFYD_ASSIGN_OR_RETURN(uint8_t * base, MakeModelRegion(d, r, model));
   VERIFYD_ASSIGN_OR_RETURN(const CudaDriverApi* driver, GetCudaDriverApi());
   Gemm gemm;
   VERIFYD_RETURN_IF_ERROR(gemm.Init(absl::GetFlag(FLAGS_gemm_n), model));
@@ -316,9 +315,9 @@ absl::StatusOr<Timing> RunInProcess(const Dims& d, bool graphs, bool flags, bool
         }
         VERIFYD_RETURN_IF_ERROR(side.Enqueue(l, base, r, value, flags));
         if (flags) {
-          VERIFYD_CU_CHECK(driver->stream_wait_value32(
-              model, reinterpret_cast<CUdeviceptr>(base + r.done), value,
-              CU_STREAM_WAIT_VALUE_GEQ));
+          VERIFYD_CU_CHECK(driver->stream_wait_value32(model,
+                                                       reinterpret_cast<CUdeviceptr>(base + r.done),
+                                                       value, CU_STREAM_WAIT_VALUE_GEQ));
         }
       }
       if (timed) VERIFYD_RETURN_IF_ERROR(clock.Mark(mark++, model));
@@ -335,7 +334,8 @@ absl::StatusOr<Timing> RunInProcess(const Dims& d, bool graphs, bool flags, bool
 
 std::string Hex(const void* data, size_t n) {
   std::string s;
-  for (size_t i = 0; i < n; ++i) absl::StrAppend(&s, absl::Hex(static_cast<const uint8_t*>(data)[i], absl::kZeroPad2));
+  for (size_t i = 0; i < n; ++i)
+    absl::StrAppend(&s, absl::Hex(static_cast<const uint8_t*>(data)[i], absl::kZeroPad2));
   return s;
 }
 
@@ -344,7 +344,7 @@ absl::StatusOr<Timing> RunTwoProcesses(const Dims& d, bool graphs, const char* s
   cudaStream_t model;
   VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&model, cudaStreamNonBlocking));
   const Region r = LayOut(d);
-  VERIFYD_ASSIGN_OR_RETURN(uint8_t* base, MakeModelRegion(d, r, model));
+  VERIFYD_ASSIGN_OR_RETURN(uint8_t * base, MakeModelRegion(d, r, model));
   cudaIpcMemHandle_t ipc;
   VERIFYD_CUDA_CHECK(cudaIpcGetMemHandle(&ipc, base));
   VERIFYD_ASSIGN_OR_RETURN(const CudaDriverApi* driver, GetCudaDriverApi());
@@ -355,12 +355,17 @@ absl::StatusOr<Timing> RunTwoProcesses(const Dims& d, bool graphs, const char* s
 
   int up[2];
   if (pipe(up) != 0) return absl::InternalError("pipe failed");
-  std::vector<std::string> args = {
-      self, "--role=server", absl::StrCat("--handle=", Hex(&ipc, sizeof(ipc))),
-      absl::StrCat("--graphs=", graphs), absl::StrCat("--layers=", d.layers),
-      absl::StrCat("--prefix=", d.prefix), absl::StrCat("--nodes=", d.nodes),
-      absl::StrCat("--heads=", d.heads), absl::StrCat("--accept=", d.accept),
-      absl::StrCat("--steps=", d.steps), absl::StrCat("--warmup=", d.warmup)};
+  std::vector<std::string> args = {self,
+                                   "--role=server",
+                                   absl::StrCat("--handle=", Hex(&ipc, sizeof(ipc))),
+                                   absl::StrCat("--graphs=", graphs),
+                                   absl::StrCat("--layers=", d.layers),
+                                   absl::StrCat("--prefix=", d.prefix),
+                                   absl::StrCat("--nodes=", d.nodes),
+                                   absl::StrCat("--heads=", d.heads),
+                                   absl::StrCat("--accept=", d.accept),
+                                   absl::StrCat("--steps=", d.steps),
+                                   absl::StrCat("--warmup=", d.warmup)};
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
@@ -442,10 +447,10 @@ int Model(const char* self) {
   const Dims d = ReadDims();
   absl::StatusOr<bool> mps = MpsActive(0);
   BENCH_CHECK(mps.status());
-  std::printf("decode_step_bench: layers %d, B=1, H=%d, Q=%d, L=%d (+%d per step), %d timed steps "
-              "after %d; MPS %s\n",
-              d.layers, d.heads, d.nodes, d.prefix, d.accept, d.steps, d.warmup,
-              *mps ? "on" : "off");
+  std::printf(
+      "decode_step_bench: layers %d, B=1, H=%d, Q=%d, L=%d (+%d per step), %d timed steps "
+      "after %d; MPS %s\n",
+      d.layers, d.heads, d.nodes, d.prefix, d.accept, d.steps, d.warmup, *mps ? "on" : "off");
   std::fflush(stdout);
   const std::string ways = absl::GetFlag(FLAGS_ways);
   auto wants = [&](const char* w) { return ways.find(w) != std::string::npos; };
@@ -474,9 +479,10 @@ int Model(const char* self) {
   for (const Row& row : rows) {
     if (row.way == "in-process, graphs") base = &row;
   }
-  std::printf("\n| way (MPS %s) | ms/step | layer p50 µs | layer p99 µs | ÷ in-process | "
-              "per-layer over in-process µs |\n|---|---|---|---|---|---|\n",
-              *mps ? "on" : "off");
+  std::printf(
+      "\n| way (MPS %s) | ms/step | layer p50 µs | layer p99 µs | ÷ in-process | "
+      "per-layer over in-process µs |\n|---|---|---|---|---|---|\n",
+      *mps ? "on" : "off");
   for (const Row& row : rows) {
     std::printf("| %s | %.3f | %.1f | %.1f | ", row.way.c_str(), row.t.ms_per_step, row.t.p50_us,
                 row.t.p99_us);

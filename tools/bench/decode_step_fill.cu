@@ -22,8 +22,7 @@ __global__ void FillRandomKernel(uint16_t* data, int64_t count, uint64_t seed, f
 
 absl::Status FillRandom(void* data, int64_t count, uint64_t seed, float amplitude,
                         cudaStream_t stream) {
-  FillRandomKernel<<<1024, 256, 0, stream>>>(static_cast<uint16_t*>(data), count, seed,
-                                            amplitude);
+  FillRandomKernel<<<1024, 256, 0, stream>>>(static_cast<uint16_t*>(data), count, seed, amplitude);
   VERIFYD_CUDA_CHECK(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -46,8 +46,8 @@ struct Placement {
 };
 
 struct Step {
-  std::vector<HostProblem> problems;        // per layer (same shapes, fresh values)
-  std::vector<std::vector<int32_t>> trees;  // per layer: the tree slots, batch order
+  std::vector<HostProblem> problems;            // per layer (same shapes, fresh values)
+  std::vector<std::vector<int32_t>> trees;      // per layer: the tree slots, batch order
   std::vector<std::vector<bf16_bits>> tree_kv;  // per layer: [total_q][576]
   std::vector<Placement> placed;
   size_t ready = 0, done = 0, bytes = 0;
@@ -108,9 +108,9 @@ std::string TempPath(const char* name) {
 }
 
 struct StepResult {
-  std::vector<absl::Status> statuses;         // per layer
-  std::vector<std::vector<bf16_bits>> out;    // per layer
-  std::vector<std::vector<float>> lse;        // per layer
+  std::vector<absl::Status> statuses;       // per layer
+  std::vector<std::vector<bf16_bits>> out;  // per layer
+  std::vector<std::vector<float>> lse;      // per layer
 };
 
 // Serves one step: the producer enqueues it (flags value base+1 .. base+kLayers), this side
@@ -133,10 +133,9 @@ StepResult ServeStep(test::BackendWithStorage& b, IpcProducer& producer, uint8_t
   for (int layer = 0; layer < kLayers; ++layer) {
     const HostProblem& p = step.problems[layer];
     const Placement& pl = step.placed[layer];
-    layers.push_back(ProducerLayer{pl.q, p.q.size() * sizeof(bf16_bits), pl.kv,
-                                   step.tree_kv[layer].size() * sizeof(bf16_bits), pl.out,
-                                   pl.end - pl.out, step.ready, step.done,
-                                   base + static_cast<uint32_t>(layer) + 1});
+    layers.push_back(ProducerLayer{
+        pl.q, p.q.size() * sizeof(bf16_bits), pl.kv, step.tree_kv[layer].size() * sizeof(bf16_bits),
+        pl.out, pl.end - pl.out, step.ready, step.done, base + static_cast<uint32_t>(layer) + 1});
   }
   // Outputs poisoned by this side first, so nothing left from an earlier step can pass.
   for (int layer = 0; layer < kLayers; ++layer) {
@@ -266,9 +265,8 @@ TEST_F(CudaExternalVerifyTest, TwoProcessStepMatchesFloat64GraphsOnAndOffIdentic
   for (int layer = 0; layer < kLayers; ++layer) {
     EXPECT_TRUE(eager.statuses[layer].ok()) << eager.statuses[layer];
     EXPECT_TRUE(graphed.statuses[layer].ok()) << graphed.statuses[layer];
-    const test::Accuracy acc =
-        test::CompareToF64(HostProblem(step.problems[layer]).problem(), eager.out[layer],
-                           eager.lse[layer]);
+    const test::Accuracy acc = test::CompareToF64(HostProblem(step.problems[layer]).problem(),
+                                                  eager.out[layer], eager.lse[layer]);
     EXPECT_LT(acc.out, kTolerance) << "layer " << layer;
     EXPECT_LT(acc.lse, kTolerance) << "layer " << layer;
     EXPECT_EQ(eager.out[layer], graphed.out[layer]) << "layer " << layer;
@@ -291,8 +289,8 @@ TEST_F(CudaExternalVerifyTest, FailingCallInTheMiddleSignalsAndFillsNan) {
     EXPECT_TRUE(AllNan(r.out[1], r.lse[1]));
     for (const int layer : {0, 2}) {
       EXPECT_TRUE(r.statuses[layer].ok()) << r.statuses[layer];
-      const test::Accuracy acc =
-          test::CompareToF64(HostProblem(step.problems[layer]).problem(), r.out[layer], r.lse[layer]);
+      const test::Accuracy acc = test::CompareToF64(HostProblem(step.problems[layer]).problem(),
+                                                    r.out[layer], r.lse[layer]);
       EXPECT_LT(acc.out, kTolerance) << "layer " << layer;
       EXPECT_LT(acc.lse, kTolerance) << "layer " << layer;
     }

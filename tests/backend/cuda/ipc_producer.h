@@ -30,8 +30,8 @@ class IpcProducer {
 
   const std::string& handle() const { return handle_; }
   // Sends a step (the producer enqueues it at once and answers when its stream is done).
-  absl::Status SendStep(const std::string& in_path, const std::string& out_path,
-                        uint64_t delay_us, const std::vector<ProducerLayer>& layers);
+  absl::Status SendStep(const std::string& in_path, const std::string& out_path, uint64_t delay_us,
+                        const std::vector<ProducerLayer>& layers);
   // Waits up to `timeout` for the step's answer; DEADLINE_EXCEEDED when none came.
   absl::Status AwaitStep(std::chrono::milliseconds timeout);
 

@@ -81,14 +81,14 @@ bool RunStep(uint8_t* base, cudaStream_t stream, const verifyd::CudaDriverApi& d
         !Check(cudaMemcpyAsync(base + l.kv_off, in_host + in_at + l.q_bytes, l.kv_bytes,
                                cudaMemcpyHostToDevice, stream),
                "tree kv copy") ||
-        !CheckCu(driver.stream_write_value32(stream,
-                                             reinterpret_cast<CUdeviceptr>(base + l.ready_off),
-                                             l.value, CU_STREAM_WRITE_VALUE_DEFAULT),
-                 "cuStreamWriteValue32") ||
-        !CheckCu(driver.stream_wait_value32(stream,
-                                            reinterpret_cast<CUdeviceptr>(base + l.done_off),
-                                            l.value, CU_STREAM_WAIT_VALUE_GEQ),
-                 "cuStreamWaitValue32") ||
+        !CheckCu(
+            driver.stream_write_value32(stream, reinterpret_cast<CUdeviceptr>(base + l.ready_off),
+                                        l.value, CU_STREAM_WRITE_VALUE_DEFAULT),
+            "cuStreamWriteValue32") ||
+        !CheckCu(
+            driver.stream_wait_value32(stream, reinterpret_cast<CUdeviceptr>(base + l.done_off),
+                                       l.value, CU_STREAM_WAIT_VALUE_GEQ),
+            "cuStreamWaitValue32") ||
         !Check(cudaMemcpyAsync(out_host + out_at, base + l.out_off, l.out_bytes,
                                cudaMemcpyDeviceToHost, stream),
                "out copy")) {
