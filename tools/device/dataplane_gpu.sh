@@ -77,4 +77,4 @@ echo "== tests"; printf '%s' "$summary"
 echo "== bench logs"; cat "$OUT/bench_plain.err" "$OUT/bench_mps.err" 2>/dev/null | grep -v '^$' | tail -30
 echo "== bench, no MPS"; cat "$OUT/bench_plain.txt"
 echo "== bench, MPS"; cat "$OUT/bench_mps.txt" 2>/dev/null
-[ -n "${SMALL_ARGS:-}" ] && { echo "== small bench, MPS"; cat "$OUT/bench_small_mps.txt" 2>/dev/null; }
+if [ -n "${SMALL_ARGS:-}" ]; then echo "== small bench, MPS"; cat "$OUT/bench_small_mps.txt"; fi
