@@ -8,6 +8,14 @@
 
 namespace verifyd {
 
+void SetExpectedPosition(AppendPosition at, v1::AppendRequest* request) {
+  if (at.create) {
+    request->set_create(true);
+  } else {
+    request->set_expected_fill(at.fill);
+  }
+}
+
 absl::StatusOr<std::vector<v1::AppendRequest>> SplitAppend(const v1::AppendRequest& request,
                                                            int64_t max_message_bytes) {
   if (static_cast<int64_t>(request.ByteSizeLong()) <= max_message_bytes) return {{request}};
@@ -43,6 +51,21 @@ absl::StatusOr<std::vector<v1::AppendRequest>> SplitAppend(const v1::AppendReque
     v1::AppendRequest& chunk = chunks.emplace_back();
     chunk.set_sequence_id(request.sequence_id());
     chunk.set_layer_begin(request.layer_begin());
+    const uint64_t before = static_cast<uint64_t>(t0);
+    switch (request.expected_position_case()) {
+      case v1::AppendRequest::kCreate:
+        if (t0 == 0) {
+          chunk.set_create(request.create());
+        } else {
+          chunk.set_expected_fill(before);
+        }
+        break;
+      case v1::AppendRequest::kExpectedFill:
+        chunk.set_expected_fill(request.expected_fill() + before);
+        break;
+      case v1::AppendRequest::EXPECTED_POSITION_NOT_SET:
+        break;
+    }
     v1::Tensor* out = chunk.mutable_kv();
     out->set_dtype(v1::DTYPE_BF16);
     out->add_shape(layers);

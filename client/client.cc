@@ -142,7 +142,22 @@ absl::StatusOr<v1::AppendResponse> Client::Append(const v1::AppendRequest& reque
   v1::AppendResponse response;
   int64_t tokens_done = 0;
   for (size_t i = 0; i < chunks->size(); ++i) {
-    const v1::AppendRequest& chunk = (*chunks)[i];
+    v1::AppendRequest& chunk = (*chunks)[i];
+    // A request that did not say where it writes still gets every later chunk checked against
+    // the fill the previous chunk left (when the range's layers agree), so an expiry or a Release
+    // between chunks is FAILED_PRECONDITION, never a silent re-creation (SPEC §2).
+    if (i > 0 && chunk.expected_position_case() == v1::AppendRequest::EXPECTED_POSITION_NOT_SET) {
+      const int64_t begin = chunk.layer_begin();
+      const int64_t end = begin + chunk.kv().shape(0);
+      if (end <= response.layer_fill_size()) {
+        bool equal = true;
+        for (int64_t l = begin + 1; l < end; ++l) {
+          equal = equal && response.layer_fill(static_cast<int>(l)) ==
+                               response.layer_fill(static_cast<int>(begin));
+        }
+        if (equal) chunk.set_expected_fill(response.layer_fill(static_cast<int>(begin)));
+      }
+    }
     absl::Status status = Call("Append", false, call, [&](grpc::ClientContext& context) {
       return FromGrpc(stub_->Append(&context, chunk, &response));
     });
@@ -160,10 +175,11 @@ absl::StatusOr<v1::AppendResponse> Client::Append(const v1::AppendRequest& reque
 absl::StatusOr<v1::AppendResponse> Client::AppendKv(uint64_t sequence_id, uint32_t layer_begin,
                                                     int64_t layer_count, int64_t tokens,
                                                     absl::Span<const uint16_t> kv,
-                                                    const CallOptions& call) {
+                                                    AppendPosition at, const CallOptions& call) {
   v1::AppendRequest request;
   request.set_sequence_id(sequence_id);
   request.set_layer_begin(layer_begin);
+  SetExpectedPosition(at, &request);
   const int64_t shape[] = {layer_count, tokens, 576};
   auto tensor = tensor::MakeBf16(shape, kv);
   if (!tensor.ok()) {

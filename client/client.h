@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/append_chunking.h"
 #include "client/shared_memory_region.h"
 #include "verifyd/v1/verifyd.grpc.pb.h"
 
@@ -89,10 +90,12 @@ class Client {
   absl::StatusOr<v1::AppendResponse> Append(const v1::AppendRequest& request,
                                             const CallOptions& call = {});
   // kv: bf16 [layer_count, tokens, 576] (row-major), appended to layers
-  // [layer_begin, layer_begin + layer_count).
+  // [layer_begin, layer_begin + layer_count). `at` says where the caller expects to write
+  // (AppendPosition::Create() for a new sequence, Fill(n) for one whose layers hold n tokens);
+  // a mismatch is FAILED_PRECONDITION and writes nothing (SPEC §2).
   absl::StatusOr<v1::AppendResponse> AppendKv(uint64_t sequence_id, uint32_t layer_begin,
                                               int64_t layer_count, int64_t tokens,
-                                              absl::Span<const uint16_t> kv,
+                                              absl::Span<const uint16_t> kv, AppendPosition at,
                                               const CallOptions& call = {});
   absl::StatusOr<v1::VerifyResponse> Verify(const v1::VerifyRequest& request,
                                             const CallOptions& call = {});
@@ -126,7 +129,7 @@ class Client {
   absl::StatusOr<v1::AppendResponse> AppendKvShared(uint64_t sequence_id, uint32_t layer_begin,
                                                     int64_t layer_count, int64_t tokens,
                                                     absl::Span<const uint16_t> kv,
-                                                    SharedMemoryRegion& region,
+                                                    AppendPosition at, SharedMemoryRegion& region,
                                                     const CallOptions& call = {});
   // Verify with q ([sum Q, H, 576]) and tree_kv ([sum Q, 576]) copied into `region` and out/lse
   // written by the daemon into it (layout: SharedVerifyBytes). `request` carries layer,

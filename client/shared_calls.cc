@@ -1,6 +1,7 @@
 // Client calls whose tensors travel through a shared-memory region (plans/0010).
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/append_chunking.h"
 #include "client/client.h"
 #include "client/shared_tensor.h"
 
@@ -37,10 +38,12 @@ uint64_t SharedVerifyBytes(int64_t total_q, int64_t heads, bool return_lse) {
 
 absl::StatusOr<v1::AppendResponse> Client::AppendKvShared(
     uint64_t sequence_id, uint32_t layer_begin, int64_t layer_count, int64_t tokens,
-    absl::Span<const uint16_t> kv, SharedMemoryRegion& region, const CallOptions& call) {
+    absl::Span<const uint16_t> kv, AppendPosition at, SharedMemoryRegion& region,
+    const CallOptions& call) {
   v1::AppendRequest request;
   request.set_sequence_id(sequence_id);
   request.set_layer_begin(layer_begin);
+  SetExpectedPosition(at, &request);
   const int64_t shape[] = {layer_count, tokens, kRow};
   auto placed = tensor::PlaceBf16(region, 0, shape, kv);
   if (!placed.ok()) return Prefixed("Append: kv", placed.status());

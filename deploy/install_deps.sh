@@ -8,7 +8,8 @@ pkgs=(cmake g++ make pkg-config git
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
       curl systemd python3-yaml
-      python3-grpcio python3-protobuf python3-numpy python3-setuptools python3-venv)
+      python3-grpcio python3-protobuf python3-numpy python3-setuptools python3-venv
+      clang-14 libfuzzer-14-dev)  # the ASan+UBSan stage and the fuzz targets (tests/fuzz)
 # The Python package's tests also use pytest and torch (CPU).
 test_pkgs=(prometheus python3-pytest python3-torch)
 [[ "${1:-}" == --tests ]] && pkgs+=("${test_pkgs[@]}")

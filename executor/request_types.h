@@ -19,6 +19,7 @@ struct AppendCall {
   int layer_count = 0;
   int num_tokens = 0;
   const bf16_bits* kv = nullptr;  // [layer_count][num_tokens][576]
+  AppendExpectation expect;       // expected_position (SPEC §2); kAny when unset
 };
 
 struct VerifyCall {

@@ -64,8 +64,37 @@ void KvStore::Renew(Sequence& sequence) const {
   sequence.deadline = options_.now() + options_.lease;
 }
 
+absl::Status KvStore::CheckExpectation(SequenceId seq, const Sequence* existing, int layer_begin,
+                                       int layer_count, AppendExpectation expect) const {
+  switch (expect.kind) {
+    case AppendExpectation::Kind::kAny:
+      return absl::OkStatus();
+    case AppendExpectation::Kind::kCreate:
+      if (existing == nullptr) return absl::OkStatus();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "expected_position: create expects sequence ", seq, " not to exist (0 tokens), but it ",
+          "exists with ", existing->committed_length(), " committed tokens; send expected_fill"));
+    case AppendExpectation::Kind::kFill:
+      if (existing == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "expected_fill = ", expect.fill, " but sequence ", seq,
+            " does not exist (0 tokens): it was released, its lease expired or the daemon "
+            "restarted; nothing was written"));
+      }
+      for (int l = layer_begin; l < layer_begin + layer_count; ++l) {
+        if (existing->fill[l] != expect.fill) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("expected_fill = ", expect.fill, " but layer ", l, " of sequence ", seq,
+                           " holds ", existing->fill[l], " tokens; nothing was written"));
+        }
+      }
+      return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError("expected_position: unknown kind");
+}
+
 absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, int num_tokens,
-                             const bf16_bits* kv) {
+                             const bf16_bits* kv, AppendExpectation expect) {
   const int layers = options_.num_layers;
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer_begin, "layer_begin"));
   if (layer_count < 1 || layer_count > layers - layer_begin) {
@@ -81,6 +110,7 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
 
   auto it = sequences_.find(seq);
   Sequence* existing = it == sequences_.end() ? nullptr : it->second.get();
+  VERIFYD_RETURN_IF_ERROR(CheckExpectation(seq, existing, layer_begin, layer_count, expect));
   if (existing != nullptr && existing->pending) {
     return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has a pending tree of ",
                                                       existing->pending->num_nodes(),

@@ -53,6 +53,22 @@ struct CommitPath {
   std::vector<int32_t> accepted_path;
 };
 
+// Where an Append expects to write (SPEC §2), so that a chunk of a prefill never silently
+// re-creates a sequence that was released, expired or lost in a restart.
+struct AppendExpectation {
+  enum class Kind {
+    kAny,     // no check (clients that predate the rule)
+    kCreate,  // the sequence must not exist
+    kFill,    // the sequence must exist and every layer of the range must hold `fill` tokens
+  };
+  Kind kind = Kind::kAny;
+  int64_t fill = 0;
+
+  static AppendExpectation Any() { return {}; }
+  static AppendExpectation Create() { return {Kind::kCreate, 0}; }
+  static AppendExpectation Fill(int64_t fill) { return {Kind::kFill, fill}; }
+};
+
 // One sequence's part of a Verify for one layer.
 struct VerifyItem {
   SequenceId sequence = 0;
@@ -132,10 +148,11 @@ class KvStore {
   // each layer's fill level; creates the sequence on first use. kv: host
   // [layer_count][num_tokens][576]. New slots are allocated only past the slot list's end,
   // extending the last run in place when possible, else one run, else the lowest free slots.
-  // INVALID_ARGUMENT (layer range, T >= 1, kv), FAILED_PRECONDITION while a tree is pending,
-  // RESOURCE_EXHAUSTED keeps nothing (not even a new sequence).
+  // INVALID_ARGUMENT (layer range, T >= 1, kv), FAILED_PRECONDITION while a tree is pending or
+  // when `expect` does not hold (naming the expected and the actual fill), RESOURCE_EXHAUSTED;
+  // every failure keeps nothing (not even a new sequence).
   absl::Status Append(SequenceId seq, int layer_begin, int layer_count, int num_tokens,
-                      const bf16_bits* kv);
+                      const bf16_bits* kv, AppendExpectation expect = AppendExpectation::Any());
 
   // For a batch of sequences on one layer, atomically: applies each item's commit, begins a pending
   // tree where none is pending (allocating Q slots, preferably right after the prefix), or checks
@@ -196,6 +213,8 @@ class KvStore {
   // Slot-table rewrite of a validated commit; frees the rejected nodes' slots.
   absl::Status ApplyCommit(Sequence& sequence, const CommitPath& path);
   absl::Status CheckLayer(int layer, const char* field) const;
+  absl::Status CheckExpectation(SequenceId seq, const Sequence* existing, int layer_begin,
+                                int layer_count, AppendExpectation expect) const;
   void Renew(Sequence& sequence) const;
   const KvFieldNames& names() const { return options_.field_names; }
   KvStoreOptions options_;

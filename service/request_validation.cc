@@ -6,8 +6,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "verify/mla_dims.h"
 #include "base/status_macros.h"
+#include "verify/mla_dims.h"
+#include "verify/value_bound.h"
 
 namespace verifyd {
 namespace {
@@ -148,6 +149,29 @@ absl::StatusOr<const bf16_bits*> CheckPayload(const Tensor& t, const std::string
   return reinterpret_cast<const bf16_bits*>(t.inline_data().data());
 }
 
+// SPEC §1: no value outside [-2^16, 2^16] (so no NaN, no Inf) enters the store or a computation.
+// One vectorized pass over the payload, before any state is touched; the message names the tensor,
+// the first bad element's index (every dimension) and its value.
+absl::Status CheckValues(const Tensor& t, const std::string& field, const bf16_bits* data) {
+  int64_t elements = 1;
+  for (int64_t d : t.shape()) elements *= d;
+  const int64_t bad = FirstOutOfBound(data, elements);
+  if (bad < 0) return absl::OkStatus();
+  std::vector<int64_t> index(t.shape_size());
+  for (int64_t k = bad, d = t.shape_size() - 1; d >= 0; --d) {
+    index[d] = k % t.shape(static_cast<int>(d));
+    k /= t.shape(static_cast<int>(d));
+  }
+  std::string at;
+  for (size_t d = 0; d < index.size(); ++d) absl::StrAppend(&at, d ? ", " : "", index[d]);
+  const float value = Bf16ToFloat(data[bad]);
+  return Invalid(
+      absl::StrCat(field, "[", at, "] = ", value,
+                   std::isfinite(value) ? " is outside" : " is not finite; values must lie in",
+                   " [-65536, 65536] (SPEC §1: NaN and Inf are rejected, and finite "
+                   "values beyond 2^16 could overflow the scores); nothing was kept"));
+}
+
 absl::Status CheckParents(const google::protobuf::RepeatedField<int32_t>& parents,
                           const std::string& field, int max_tree_nodes) {
   if (parents.empty() || parents.size() > max_tree_nodes) {
@@ -224,6 +248,27 @@ absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
   AppendCall call;
   SharedMemoryResolver shm(regions, pins);
   VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckPayload(kv, "kv", shm));
+  VERIFYD_RETURN_IF_ERROR(CheckValues(kv, "kv", call.kv));
+  switch (request.expected_position_case()) {
+    case v1::AppendRequest::kCreate:
+      if (!request.create()) {
+        return Invalid(
+            "create = false: set create = true for a new sequence, expected_fill for an existing "
+            "one, or neither for no check");
+      }
+      call.expect = AppendExpectation::Create();
+      break;
+    case v1::AppendRequest::kExpectedFill:
+      if (request.expected_fill() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+        return Invalid(
+            absl::StrCat("expected_fill = ", request.expected_fill(),
+                         " must be <= int32 max = ", std::numeric_limits<int32_t>::max()));
+      }
+      call.expect = AppendExpectation::Fill(static_cast<int64_t>(request.expected_fill()));
+      break;
+    case v1::AppendRequest::EXPECTED_POSITION_NOT_SET:
+      break;
+  }
   call.sequence = request.sequence_id();
   call.layer_begin = static_cast<int>(request.layer_begin());
   call.layer_count = static_cast<int>(kv.shape(0));
@@ -289,6 +334,7 @@ absl::StatusOr<VerifyCall> ValidateVerify(const v1::VerifyRequest& request,
   VERIFYD_RETURN_IF_ERROR(CheckDimEquals(request.q(), "q", 2, kKvDim, "the KV row width"));
   SharedMemoryResolver shm(regions, pins);
   VERIFYD_ASSIGN_OR_RETURN(call.q, CheckPayload(request.q(), "q", shm));
+  VERIFYD_RETURN_IF_ERROR(CheckValues(request.q(), "q", call.q));
 
   if (!request.has_tree_kv()) return Invalid("tree_kv is missing");
   VERIFYD_RETURN_IF_ERROR(CheckTensorForm(request.tree_kv(), "tree_kv", 2, "[sum Q, 576]"));
@@ -296,6 +342,7 @@ absl::StatusOr<VerifyCall> ValidateVerify(const v1::VerifyRequest& request,
   VERIFYD_RETURN_IF_ERROR(
       CheckDimEquals(request.tree_kv(), "tree_kv", 1, kKvDim, "the KV row width"));
   VERIFYD_ASSIGN_OR_RETURN(call.tree_kv, CheckPayload(request.tree_kv(), "tree_kv", shm));
+  VERIFYD_RETURN_IF_ERROR(CheckValues(request.tree_kv(), "tree_kv", call.tree_kv));
 
   const size_t first_output = shm.ranges();
   if (request.has_out_shared_memory()) {

@@ -30,7 +30,7 @@ TEST(ClientTest, ChunkedAppendArrivesWholeUnderTheLimit) {
   const int64_t layers = 3, tokens = 150 + rng() % 100;
   std::vector<uint16_t> kv(layers * tokens * 576);
   for (uint16_t& v : kv) v = static_cast<uint16_t>(rng());
-  auto response = client->AppendKv(77, 1, layers, tokens, kv);
+  auto response = client->AppendKv(77, 1, layers, tokens, kv, AppendPosition::Create());
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_GT(server.append_messages.load(), 4);
   EXPECT_LE(server.largest_append_bytes.load(), kLimit);
@@ -78,7 +78,8 @@ TEST(ClientTest, MutatingCallsAreNeverRetried) {
     std::function<absl::Status()> call;
   } cases[] = {
       {"Verify", [&] { return client->Verify(v1::VerifyRequest()).status(); }},
-      {"Append", [&] { return client->AppendKv(1, 0, 1, 1, kv).status(); }},
+      {"Append",
+       [&] { return client->AppendKv(1, 0, 1, 1, kv, AppendPosition::Create()).status(); }},
       {"Commit", [&] { return client->Commit(1, path).status(); }},
       {"Release", [&] { return client->Release(1).status(); }},
       {"Compact", [&] { return client->Compact(100).status(); }},

@@ -253,9 +253,34 @@ class KvStoreModelCheck {
     Code expected = Code::kOk;
     const bool args_ok = layer_begin >= 0 && layer_begin < kLayers && layer_count >= 1 &&
                          layer_count <= kLayers - layer_begin && tokens >= 1 && !null_kv;
+    // SPEC §2's expected position: none (older clients) half the time, else mostly the right one
+    // (create for a new sequence, the range's fill for a live one), sometimes a wrong one.
+    AppendExpectation expect;
+    const bool exists = it != model_.end();
+    const int kind = Uniform(10);
+    if (kind >= 5) {
+      const bool wrong = kind == 9;
+      if (exists == wrong) {
+        expect = AppendExpectation::Create();
+      } else {
+        const int64_t fill = exists && args_ok ? it->second.fill(layer_begin) : Uniform(5);
+        expect = AppendExpectation::Fill(wrong && exists ? fill + 1 + Uniform(3) : fill);
+      }
+    }
+    bool expect_holds = true;
+    if (expect.kind == AppendExpectation::Kind::kCreate) {
+      expect_holds = !exists;
+    } else if (expect.kind == AppendExpectation::Kind::kFill) {
+      expect_holds = exists;
+      for (int l = layer_begin; args_ok && expect_holds && l < layer_begin + layer_count; ++l) {
+        expect_holds = it->second.fill(l) == expect.fill;
+      }
+    }
     int64_t need = 0;
     if (!args_ok) {
       expected = Code::kInvalidArgument;
+    } else if (!expect_holds) {
+      expected = Code::kFailedPrecondition;
     } else if (it != model_.end() && it->second.tree) {
       expected = Code::kFailedPrecondition;
     } else {
@@ -271,7 +296,7 @@ class KvStoreModelCheck {
     std::vector<bf16_bits> kv =
         args_ok ? HashedRows(tag, static_cast<int64_t>(layer_count) * tokens) : HashedRows(tag, 1);
     const absl::Status status =
-        store_->Append(id, layer_begin, layer_count, tokens, null_kv ? nullptr : kv.data());
+        store_->Append(id, layer_begin, layer_count, tokens, null_kv ? nullptr : kv.data(), expect);
     Seen("Append", status);
     EXPECT_EQ(status.code(), expected) << status;
     if (status.code() != expected || !status.ok()) return status.code();

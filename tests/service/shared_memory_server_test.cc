@@ -127,12 +127,13 @@ TEST_F(SharedMemoryServerTest, RoundTripsEqualTheInlinePathByteForByte) {
   ASSERT_TRUE(rpc_.Append(append).ok());
   const std::vector<uint16_t> kv = InlineBf16(append.kv());
   const size_t per_layer = 50 * kKvDim;
-  auto first = client_->AppendKvShared(2, 0, 2, 50,
-                                       absl::MakeConstSpan(kv).subspan(0, 2 * per_layer), *region);
+  auto first =
+      client_->AppendKvShared(2, 0, 2, 50, absl::MakeConstSpan(kv).subspan(0, 2 * per_layer),
+                              AppendPosition::Create(), *region);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->committed_length(), 0u);
-  auto second =
-      client_->AppendKvShared(2, 2, 1, 50, absl::MakeConstSpan(kv).subspan(2 * per_layer), *region);
+  auto second = client_->AppendKvShared(2, 2, 1, 50, absl::MakeConstSpan(kv).subspan(2 * per_layer),
+                                        AppendPosition::Fill(0), *region);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->committed_length(), 50u);
   v1::AppendRequest twin = append;
@@ -402,14 +403,17 @@ TEST_F(SharedMemoryLeaseTest, AnUnusedRegionExpiresAndAUsedOneIsRenewed) {
   // A bounded wait for the sweep, not a timing assertion on its speed.
   int appends = 0;
   for (; appends < 200 && NameExists(idle_info.path()); ++appends) {
-    auto appended = client_->AppendKvShared(5, 0, options_.layers, 1, kv, *used);
+    auto appended = client_->AppendKvShared(
+        5, 0, options_.layers, 1, kv,
+        appends == 0 ? AppendPosition::Create() : AppendPosition::Fill(appends), *used);
     ASSERT_TRUE(appended.ok()) << appended.status();
     absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_FALSE(NameExists(idle_info.path()));
   EXPECT_GE(absl::Now() - created, absl::Seconds(1)) << "expired before its lease passed";
   EXPECT_TRUE(NameExists(used_info.path()));
-  auto renewed = client_->AppendKvShared(5, 0, options_.layers, 1, kv, *used);
+  auto renewed =
+      client_->AppendKvShared(5, 0, options_.layers, 1, kv, AppendPosition::Fill(appends), *used);
   EXPECT_TRUE(renewed.ok()) << renewed.status();
   EXPECT_EQ(client_->ReleaseSharedMemory(idle_info.region()).status().code(),
             absl::StatusCode::kNotFound);

@@ -139,6 +139,10 @@ bool Run::Prefill(SequenceState& s, RankRegions& regions) {
     v1::AppendRequest request;
     request.set_sequence_id(id);
     request.set_layer_begin(layer_begin);
+    // SPEC §2: the first call creates the sequence, a later per-layer call writes into layers that
+    // hold nothing yet; an expiry between the calls fails instead of re-creating the sequence.
+    const AppendPosition at = layer_begin == 0 ? AppendPosition::Create() : AppendPosition::Fill(0);
+    SetExpectedPosition(at, &request);
     std::vector<absl::StatusOr<v1::AppendResponse>> results;
     if (regions.empty()) {
       const int64_t shape[] = {layer_count, tokens, kKvDim};
@@ -146,7 +150,7 @@ bool Run::Prefill(SequenceState& s, RankRegions& regions) {
       results = ranks_.Append(request);
     } else {
       results = ranks_.ForEachRank<v1::AppendResponse>([&](int r, Client& c) {
-        return c.AppendKvShared(id, layer_begin, layer_count, tokens, rows, regions[r]);
+        return c.AppendKvShared(id, layer_begin, layer_count, tokens, rows, at, regions[r]);
       });
     }
     for (int r = 0; r < ranks_.size(); ++r) {

@@ -68,6 +68,7 @@ ABSL_FLAG(std::string, ping_rpc, "health",
 
 namespace {
 
+using verifyd::AppendPosition;
 using verifyd::Client;
 namespace v1 = verifyd::v1;
 using verifyd::bf16_bits;
@@ -96,8 +97,9 @@ struct Worker {
 
 // Append through a region made for the purpose, in chunks of at most 16 MiB (a container's
 // /dev/shm may be small); the region is dropped at once, as Verify needs less.
+// `at` is where the first chunk writes; each later chunk expects the fill the ones before left.
 absl::StatusOr<v1::AppendResponse> AppendShared(Client& client, uint64_t id, int layers, int tokens,
-                                                absl::Span<const bf16_bits> kv) {
+                                                absl::Span<const bf16_bits> kv, AppendPosition at) {
   const int64_t token_bytes = int64_t{layers} * kKvDim * 2;
   const int chunk = static_cast<int>(std::clamp<int64_t>((16 << 20) / token_bytes, 1, tokens));
   auto region = client.CreateSharedMemory(static_cast<uint64_t>(chunk * token_bytes));
@@ -112,7 +114,9 @@ absl::StatusOr<v1::AppendResponse> AppendShared(Client& client, uint64_t id, int
       rows.insert(rows.end(), layer.begin() + static_cast<size_t>(t0) * kKvDim,
                   layer.begin() + static_cast<size_t>(t0 + n) * kKvDim);
     }
-    appended = client.AppendKvShared(id, 0, layers, n, rows, *region);
+    const AppendPosition chunk_at =
+        t0 == 0 ? at : AppendPosition::Fill((at.create ? 0 : at.fill) + static_cast<uint64_t>(t0));
+    appended = client.AppendKvShared(id, 0, layers, n, rows, chunk_at, *region);
     if (!appended.ok()) return appended.status();
   }
   return appended;
@@ -156,8 +160,9 @@ absl::Status Prepare(Client& client, const Shape& s, uint64_t seed, uint64_t fir
         FillRow(
             {RowKey::kPrefixKv, seed, id, static_cast<uint64_t>(l), static_cast<uint64_t>(t)}, 1.f,
             absl::MakeSpan(kv).subspan((static_cast<size_t>(l) * s.prefix + t) * kKvDim, kKvDim));
-    auto appended = shared_memory ? AppendShared(client, id, s.layers, s.prefix, kv)
-                                  : client.AppendKv(id, 0, s.layers, s.prefix, kv);
+    const AppendPosition at = AppendPosition::Create();
+    auto appended = shared_memory ? AppendShared(client, id, s.layers, s.prefix, kv, at)
+                                  : client.AppendKv(id, 0, s.layers, s.prefix, kv, at);
     if (!appended.ok()) return appended.status();
   }
   const int total_q = s.nodes * s.batch;
@@ -225,8 +230,11 @@ int Fragment(Client& client, int layers, int sequences, int rounds, int tokens,
                                  static_cast<uint64_t>(r), static_cast<uint64_t>(i)},
                                 1.f, absl::MakeSpan(kv).subspan(i, kKvDim));
       }
-      auto appended = shared_memory ? AppendShared(client, kFirstId + b, layers, tokens, kv)
-                                    : client.AppendKv(kFirstId + b, 0, layers, tokens, kv);
+      // Round r appends to a sequence the rounds before filled with r * tokens.
+      const AppendPosition at = r == 0 ? AppendPosition::Create()
+                                       : AppendPosition::Fill(static_cast<uint64_t>(r) * tokens);
+      auto appended = shared_memory ? AppendShared(client, kFirstId + b, layers, tokens, kv, at)
+                                    : client.AppendKv(kFirstId + b, 0, layers, tokens, kv, at);
       if (!appended.ok()) return std::cerr << "verifyd_load: " << appended.status() << "\n", 1;
     }
   }

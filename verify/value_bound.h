@@ -1,0 +1,26 @@
+// SPEC §1's input rule: every value verifyd takes in (kv, tree_kv, q) has magnitude <= 2^16, which
+// also excludes NaN and Inf. Within that bound every score (scale * <q, k>, at most
+// 576 * 2^32 * scale) and every accumulation stays finite in fp32, so every output is finite;
+// beyond it a product overflows to Inf and the softmax's max subtraction turns it into NaN
+// (plans/0016-integrity-and-test-infra.md).
+#pragma once
+
+#include <cstdint>
+
+#include "verify/bf16.h"
+
+namespace verifyd {
+
+inline constexpr float kMaxInputMagnitude = 65536.f;  // 2^16
+// 2^16 as bf16 bits: exponent 127 + 16, mantissa 0. A value's magnitude bits above it are either a
+// finite value beyond the bound or Inf/NaN (exponent all ones).
+inline constexpr bf16_bits kMaxInputMagnitudeBits = 0x4780;
+
+inline bool OutOfBound(bf16_bits v) { return (v & 0x7fffu) > kMaxInputMagnitudeBits; }
+
+// The index of the first of data[0, n) outside the bound, or -1 when every value is inside.
+// One pass over the bytes (vectorized); the exact index is searched only inside a block that has a
+// bad value.
+int64_t FirstOutOfBound(const bf16_bits* data, int64_t n);
+
+}  // namespace verifyd
