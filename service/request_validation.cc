@@ -291,8 +291,9 @@ absl::StatusOr<VerifyCall> ValidateVerify(const v1::VerifyRequest& request,
   call.scale = limits.default_scale;
   if (request.has_softmax_scale()) {
     const float s = request.softmax_scale();
-    if (!std::isfinite(s) || s <= 0.f) {
-      return Invalid(absl::StrCat("softmax_scale = ", s, " must be finite and > 0"));
+    if (!std::isfinite(s) || s <= 0.f || s > kMaxSoftmaxScale) {
+      return Invalid(absl::StrCat("softmax_scale = ", s, " must be finite and > 0, and <= ",
+                                  kMaxSoftmaxScale, " (SPEC §1: scores stay finite)"));
     }
     call.scale = s;
   }

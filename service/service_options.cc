@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "service/request_validation.h"
 #include "verify/mla_dims.h"
+#include "verify/value_bound.h"
 
 namespace verifyd {
 
@@ -105,6 +106,11 @@ absl::Status ValidateServiceOptions(const ServiceOptions& o) {
                                                    " must be in [0, ", kMaxKvMemoryFraction, "]"));
   }
   VERIFYD_RETURN_IF_ERROR(CheckPositiveFinite("--softmax-scale", o.softmax_scale));
+  if (o.softmax_scale > kMaxSoftmaxScale) {
+    return absl::InvalidArgumentError(absl::StrCat("--softmax-scale = ", o.softmax_scale,
+                                                   " must be <= ", kMaxSoftmaxScale,
+                                                   " (SPEC §1: scores stay finite)"));
+  }
   VERIFYD_RETURN_IF_ERROR(CheckPositiveFinite("--lease-seconds", o.lease_seconds));
   // gRPC takes the limit as an int; 64 KiB keeps one Append row plus framing possible.
   VERIFYD_RETURN_IF_ERROR(CheckRange("--max-message-bytes", o.max_message_bytes, int64_t{64} << 10,

@@ -16,6 +16,10 @@ inline constexpr float kMaxInputMagnitude = 65536.f;  // 2^16
 // finite value beyond the bound or Inf/NaN (exponent all ones).
 inline constexpr bf16_bits kMaxInputMagnitudeBits = 0x4780;
 
+// The largest softmax scale (flag or request): with inputs within 2^16 a score is at most
+// 2^16 * 576 * 2^32 < 2^58, far inside fp32 (2^128), so every score, exp and lse stays finite.
+inline constexpr float kMaxSoftmaxScale = 65536.f;
+
 inline bool OutOfBound(bf16_bits v) { return (v & 0x7fffu) > kMaxInputMagnitudeBits; }
 
 // The index of the first of data[0, n) outside the bound, or -1 when every value is inside.

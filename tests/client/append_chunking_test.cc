@@ -83,5 +83,36 @@ TEST(AppendChunkingTest, RejectsWhatCannotBeSplit) {
   EXPECT_NE(malformed.status().message().find("kv.shape"), std::string::npos) << malformed.status();
 }
 
+// SPEC §2: every chunk states where it writes. Create (or expected_fill = e) on the request gives
+// chunk k expected_fill = (0 or e) + the tokens of the chunks before it; no position, none.
+TEST(AppendChunkingTest, EveryChunkExpectsTheFillTheChunksBeforeItLeave) {
+  std::mt19937 rng(std::random_device{}());
+  for (int mode = 0; mode < 3; ++mode) {
+    const int64_t layers = 1 + rng() % 3, tokens = 150 + rng() % 300;
+    std::vector<uint16_t> data;
+    v1::AppendRequest request = RandomAppend(layers, tokens, rng, &data);
+    const uint64_t base = mode == 1 ? 1 + rng() % 1000 : 0;
+    if (mode == 0) SetExpectedPosition(AppendPosition::Create(), &request);
+    if (mode == 1) SetExpectedPosition(AppendPosition::Fill(base), &request);
+    auto chunks = SplitAppend(request, 32 << 10);
+    ASSERT_TRUE(chunks.ok()) << chunks.status();
+    ASSERT_GT(chunks->size(), 2u);
+    uint64_t before = 0;
+    for (size_t k = 0; k < chunks->size(); ++k) {
+      const v1::AppendRequest& chunk = (*chunks)[k];
+      if (mode == 2) {
+        EXPECT_EQ(chunk.expected_position_case(), v1::AppendRequest::EXPECTED_POSITION_NOT_SET);
+      } else if (mode == 0 && k == 0) {
+        EXPECT_TRUE(chunk.has_create() && chunk.create());
+      } else {
+        ASSERT_TRUE(chunk.has_expected_fill()) << "chunk " << k;
+        EXPECT_EQ(chunk.expected_fill(), base + before) << "chunk " << k;
+      }
+      before += static_cast<uint64_t>(chunk.kv().shape(1));
+    }
+    EXPECT_EQ(before, static_cast<uint64_t>(tokens));
+  }
+}
+
 }  // namespace
 }  // namespace verifyd

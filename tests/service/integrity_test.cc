@@ -272,6 +272,12 @@ TEST_F(IntegrityTest, ValuesAtTheBoundAreAcceptedAndAnswerFinite) {
   ASSERT_TRUE(SendAppend(append).ok());
   v1::VerifyRequest verify =
       model_.MakeVerify(0, {VerifyPart{3, {-1, 0, 0, 1}, std::nullopt}}, true);
+  // A request's scale above the largest allowed, and the largest allowed (with the largest values:
+  // scores up to 2^58) which must still answer finite.
+  verify.set_softmax_scale(1e30f);
+  ExpectError(SendVerify(verify), grpc::StatusCode::INVALID_ARGUMENT,
+              {"softmax_scale = 1e+30 must be finite and > 0, and <= 65536"});
+  verify.set_softmax_scale(65536.f);
   for (int64_t i = 0; i < verify.q().inline_data().size() / 2; ++i)
     Poke(verify.mutable_q(), i, 0x4780);
   for (int64_t i = 0; i < verify.tree_kv().inline_data().size() / 2; ++i) {
