@@ -6,7 +6,7 @@
 // out-of-bound values, wrong expected positions, unknown sequences, bad trees, a chunk after a
 // Release) whose codes the model predicts. A compaction thread and a Stats thread race them all.
 // At the end the daemon's Stats equal the sum of the models, and releasing everything frees every
-// slot. VERIFYD_SEED reproduces a run's choices (the interleaving is the scheduler's).
+// slot. VERIFYD_TEST_SEED reproduces a run's choices (the interleaving is the scheduler's).
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +24,7 @@
 #include "tests/service/rpc_helpers.h"
 #include "tests/service/shadow_model.h"
 #include "tests/service/test_server.h"
+#include "tests/testing/test_seed.h"
 
 namespace verifyd {
 namespace {
@@ -36,10 +37,7 @@ constexpr int kClients = 6;
 constexpr int kOperationsPerClient = 150;
 constexpr int kMaxLiveSequences = 4;
 
-uint64_t Seed() {
-  if (const char* env = std::getenv("VERIFYD_SEED")) return std::strtoull(env, nullptr, 10);
-  return (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
-}
+uint64_t Seed() { return test::TestSeed(); }  // VERIFYD_TEST_SEED reproduces a run
 
 // One client: its own model, its own ids (client c owns c * 1000 + k), its own random choices.
 class ModelClient {
@@ -263,7 +261,7 @@ class ModelClient {
 
 TEST(ServiceModelCheckTest, ConcurrentClientsMatchTheirModelsAndStatsAddUp) {
   const uint64_t seed = Seed();
-  SCOPED_TRACE(::testing::Message() << "VERIFYD_SEED=" << seed);
+  SCOPED_TRACE(::testing::Message() << "VERIFYD_TEST_SEED=" << seed);
   ServiceOptions options = testing::SmallOptions("model");
   options.kv_capacity_tokens = 16384;
   testing::TestServer server(options);
