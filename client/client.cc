@@ -108,6 +108,8 @@ absl::Status Client::Call(const char* method, bool idempotent, const CallOptions
     }
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
+    // Over TCP the daemon gates every call that changes state on the token (plans/0015).
+    if (!options_.admin_token.empty()) context.AddMetadata(kAdminTokenKey, options_.admin_token);
     status = attempt(context);
     if (status.code() != absl::StatusCode::kUnavailable) break;
   }
@@ -120,12 +122,9 @@ absl::StatusOr<Response> Client::Unary(const char* method, bool idempotent, cons
                                        grpc::Status (v1::Verifyd::Stub::*rpc)(grpc::ClientContext*,
                                                                               const Request&,
                                                                               Response*),
-                                       const Request& request, bool admin) {
+                                       const Request& request) {
   Response response;
   absl::Status status = Call(method, idempotent, call, [&](grpc::ClientContext& context) {
-    if (admin && !options_.admin_token.empty()) {
-      context.AddMetadata(kAdminTokenKey, options_.admin_token);
-    }
     return FromGrpc((stub_.get()->*rpc)(&context, request, &response));
   });
   if (!status.ok()) return status;
@@ -236,7 +235,7 @@ absl::StatusOr<v1::CompactResponse> Client::Compact(uint64_t budget_bytes,
                                                     const CallOptions& call) {
   v1::CompactRequest request;
   request.set_budget_bytes(budget_bytes);
-  return Unary("Compact", false, call, &v1::Verifyd::Stub::Compact, request, /*admin=*/true);
+  return Unary("Compact", false, call, &v1::Verifyd::Stub::Compact, request);
 }
 
 absl::StatusOr<v1::CompactionStatus> Client::GetCompaction(const std::string& operation_id,

@@ -33,7 +33,8 @@ struct ClientOptions {
   int retries = 3;
   // Wait before the first retry; doubled for each next one.
   absl::Duration retry_backoff = absl::Milliseconds(50);
-  // Sent as metadata "x-verifyd-admin-token" with Compact (needed over TCP only).
+  // Sent as metadata "x-verifyd-admin-token" with every call: over TCP the daemon needs it for
+  // every call that changes state (the Unix socket needs none).
   std::string admin_token;
   // Verify waits for its reply by polling gRPC without sleeping, so the reply is read as soon as
   // it arrives instead of after a thread wake-up (tens of µs on a VM, plans/0012). The calling
@@ -157,13 +158,13 @@ class Client {
   // Runs attempt(context) with one absolute deadline, retrying UNAVAILABLE when idempotent.
   absl::Status Call(const char* method, bool idempotent, const CallOptions& call,
                     const std::function<absl::Status(grpc::ClientContext&)>& attempt);
-  // One unary RPC of the stub through Call: its response, or the status prefixed with the method.
-  // `admin` adds the admin token's metadata (Compact over TCP needs it).
+  // One unary RPC of the stub through Call (which adds the admin token's metadata to every call):
+  // its response, or the status prefixed with the method.
   template <typename Request, typename Response>
   absl::StatusOr<Response> Unary(const char* method, bool idempotent, const CallOptions& call,
                                  grpc::Status (v1::Verifyd::Stub::*rpc)(grpc::ClientContext*,
                                                                         const Request&, Response*),
-                                 const Request& request, bool admin = false);
+                                 const Request& request);
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

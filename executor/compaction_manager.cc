@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "verify/mla_dims.h"
 
 namespace verifyd {
@@ -11,12 +13,15 @@ namespace verifyd {
 CompactionManager::CompactionManager(int history, int64_t chunk_bytes, ExecutorMetrics* metrics)
     : history_(history),
       chunk_bytes_(chunk_bytes > 0 ? chunk_bytes : ChunkBytesFor("cpu")),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      // Random per daemon run: ids never repeat across restarts, so a poller that outlives one
+      // cannot read another run's operation under the id it holds (issue 17).
+      id_prefix_(absl::StrFormat("compact-%08x-", std::random_device{}())) {}
 
 std::string CompactionManager::Create(int64_t budget_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   CompactionOperation op;
-  op.id = absl::StrCat("compact-", next_id_++);
+  op.id = absl::StrCat(id_prefix_, next_id_++);
   op.budget_bytes = budget_bytes;
   operations_.push_back(op);
   // Forget the oldest finished operations beyond the history; unfinished ones stay.

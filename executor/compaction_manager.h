@@ -96,6 +96,7 @@ class CompactionManager {
   mutable std::mutex mu_;
   std::deque<CompactionOperation> operations_;  // oldest first
   uint64_t next_id_ = 1;
+  const std::string id_prefix_;  // "compact-<8 random hex digits>-"
 };
 
 }  // namespace verifyd

@@ -1,5 +1,7 @@
 #include "executor/device.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <string_view>
 #include <thread>
@@ -10,8 +12,15 @@ namespace verifyd {
 
 int64_t ExecutorSpinMicros(int64_t requested) {
   if (requested >= 0) return requested;
-  // A busy core is cheap on a GPU host and fatal to a 2-core CI machine running its tests.
-  return std::thread::hardware_concurrency() >= 8 ? 2000 : 0;
+  // A busy core is cheap on a GPU host and fatal to a 2-core CI machine running its tests. The
+  // affinity mask counts the CPUs this process may use (a pod's cpuset), which the host's core
+  // count (hardware_concurrency) does not.
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int usable = sched_getaffinity(0, sizeof(cpus), &cpus) == 0
+                         ? CPU_COUNT(&cpus)
+                         : static_cast<int>(std::thread::hardware_concurrency());
+  return usable >= 8 ? 2000 : 0;
 }
 
 absl::StatusOr<std::unique_ptr<Device>> Device::Create(const DeviceOptions& options,
@@ -52,8 +61,8 @@ absl::Status Device::Submit(std::function<void(DeviceOperations&)> task) {
   return executor_->Submit([this, task = std::move(task)] { task(*ops_); });
 }
 
-absl::Status Device::RunOrSubmit(std::function<void(DeviceOperations&)> task) {
-  return executor_->RunOrSubmit([this, task = std::move(task)] { task(*ops_); });
+absl::Status Device::SubmitFirst(std::function<void(DeviceOperations&)> task) {
+  return executor_->SubmitFirst([this, task = std::move(task)] { task(*ops_); });
 }
 
 std::string Device::StartCompaction(int64_t budget_bytes) {

@@ -15,8 +15,9 @@
 
 namespace verifyd {
 
-// DeviceOptions::executor_spin_us resolved: `requested` when >= 0, else 2000 µs on hosts with >= 8
-// cores, 0 on smaller ones.
+// DeviceOptions::executor_spin_us resolved: `requested` when >= 0, else 2000 µs when the process
+// may run on >= 8 CPUs (its affinity mask: a container's cpuset, not the host's core count), 0 on
+// fewer.
 int64_t ExecutorSpinMicros(int64_t requested);
 
 class Device {
@@ -29,15 +30,16 @@ class Device {
 
   // Runs `task` on the executor thread; see DeviceExecutor::Submit for refusals.
   absl::Status Submit(std::function<void(DeviceOperations&)> task);
-  // Runs `task` on the calling thread when the device is idle, else queues it (see
-  // DeviceExecutor::RunOrSubmit).
-  absl::Status RunOrSubmit(std::function<void(DeviceOperations&)> task);
+  // Runs `task` on the executor thread before every waiting task (DeviceExecutor::SubmitFirst).
+  absl::Status SubmitFirst(std::function<void(DeviceOperations&)> task);
   // Queues a Compact operation and returns its id at once.
   std::string StartCompaction(int64_t budget_bytes);
   std::optional<CompactionOperation> GetCompaction(const std::string& id) const;
   // Finishes every queued task, abandons unfinished compactions, stops the thread.
   void Drain();
 
+  // Requests waiting for the executor thread now.
+  int queued() const { return executor_->queued(); }
   const char* backend_name() const { return ops_->backend().name(); }
   // The pool's slots (DeviceOptions::capacity_slots); fixed.
   int64_t capacity_slots() const { return capacity_slots_; }

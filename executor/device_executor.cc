@@ -15,6 +15,14 @@ void DeviceExecutor::Start() {
 }
 
 absl::Status DeviceExecutor::Submit(std::function<void()> task) {
+  return Enqueue(std::move(task), /*first=*/false);
+}
+
+absl::Status DeviceExecutor::SubmitFirst(std::function<void()> task) {
+  return Enqueue(std::move(task), /*first=*/true);
+}
+
+absl::Status DeviceExecutor::Enqueue(std::function<void()> task, bool first) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_) return absl::UnavailableError("verifyd is shutting down");
@@ -23,32 +31,14 @@ absl::Status DeviceExecutor::Submit(std::function<void()> task) {
           absl::StrCat("the device queue holds ", queue_.size(),
                        " requests, the most --max-queued-requests allows; retry later"));
     }
-    queue_.push_back(std::move(task));
+    if (first) {
+      queue_.push_front(std::move(task));
+    } else {
+      queue_.push_back(std::move(task));
+    }
     queued_.store(static_cast<int>(queue_.size()), std::memory_order_release);
   }
   cv_.notify_one();
-  return absl::OkStatus();
-}
-
-absl::Status DeviceExecutor::RunOrSubmit(std::function<void()> task, bool* ran_inline) {
-  bool run_here = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!draining_ && !busy_ && queue_.empty()) {
-      busy_ = true;
-      run_here = true;
-    }
-  }
-  if (ran_inline != nullptr) *ran_inline = run_here;
-  if (!run_here) return Submit(std::move(task));
-  task();
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    busy_ = false;
-    wake = !queue_.empty() || background_pending_ || draining_;
-  }
-  if (wake) cv_.notify_one();
   return absl::OkStatus();
 }
 
@@ -98,9 +88,7 @@ void DeviceExecutor::Loop() {
       const auto wait_for = std::chrono::nanoseconds(
           absl::ToInt64Nanoseconds(std::max(next_tick - absl::Now(), absl::ZeroDuration())));
       cv_.wait_for(lock, wait_for,
-                   [&] { return !busy_ && (!queue_.empty() || draining_ || background_pending_); });
-      // Timed out while a caller runs a task inline: the tick waits for it to finish.
-      if (busy_) continue;
+                   [&] { return !queue_.empty() || draining_ || background_pending_; });
       if (!queue_.empty()) {
         task = std::move(queue_.front());
         queue_.pop_front();
@@ -113,7 +101,6 @@ void DeviceExecutor::Loop() {
       background_hint_.store(false, std::memory_order_relaxed);
       run_tick = absl::Now() >= next_tick;
       if (!task && !run_background && !run_tick) continue;
-      busy_ = true;
     }
     if (task) task();
     // One background step after each task keeps compaction moving under steady traffic.
@@ -128,7 +115,6 @@ void DeviceExecutor::Loop() {
       background_pending_ = true;
       background_hint_.store(true, std::memory_order_release);
     }
-    busy_ = false;
   }
   hooks_.tick();
 }

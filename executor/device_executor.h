@@ -1,10 +1,9 @@
 // DeviceExecutor: serializes all work on a device's state. Handlers enqueue tasks and return;
 // tasks run in order on the executor thread. Between tasks (and when idle) it runs one step of
 // background work (compaction chunks), so background work never holds the queue for longer than
-// one step, and a periodic tick (lease expiry, gauges). A caller may instead run its task on its
-// own thread when the device is idle (RunOrSubmit): a lone request then skips the thread hop
-// (a wake-up costs ~20 µs on the H200's VM, plans/0009), and exclusion is the same: at most one
-// piece of work (task, background step, tick) runs at any time.
+// one step, and a periodic tick (lease expiry, gauges). At most one piece of work (task,
+// background step, tick) runs at any time, always on the executor thread (running idle requests
+// on the caller's thread was measured slower on the H200 and removed: plans/0015).
 #pragma once
 
 #include <atomic>
@@ -45,15 +44,19 @@ class DeviceExecutor {
   // Queues `task`. UNAVAILABLE once draining has begun, RESOURCE_EXHAUSTED when max_queued tasks
   // are waiting; the task is dropped then.
   absl::Status Submit(std::function<void()> task);
-  // Runs `task` on the calling thread, before returning, when nothing is queued or running;
-  // otherwise queues it like Submit. Refusals as Submit's. Sets *ran_inline when given.
-  absl::Status RunOrSubmit(std::function<void()> task, bool* ran_inline = nullptr);
+  // Queues `task` ahead of every waiting task (refusals as Submit's): it runs right after the
+  // piece of work in progress. For reads that must answer while the queue is long (Stats, a
+  // liveness signal), never for anything whose order against other requests matters.
+  absl::Status SubmitFirst(std::function<void()> task);
   // Wakes the thread so it looks for background work.
   void NotifyBackgroundWork();
+  // Tasks waiting now (not the one running).
+  int queued() const { return queued_.load(std::memory_order_relaxed); }
   // Runs every queued task, then stops the thread. Background work left is abandoned.
   void Drain();
 
  private:
+  absl::Status Enqueue(std::function<void()> task, bool first);
   void Loop();
   // Polls until a task is queued, background work is pending, a drain begins, or `spin` has
   // passed since now.
@@ -70,7 +73,6 @@ class DeviceExecutor {
   std::atomic<bool> draining_hint_{false};
   bool draining_ = false;
   bool background_pending_ = false;
-  bool busy_ = false;  // a task, background step or tick is running (on whichever thread)
   std::thread thread_;
 };
 

@@ -1,6 +1,7 @@
 // verifyd: flags -> ServiceOptions -> VerifydServer; SIGTERM/SIGINT drain and exit 0.
 // Exit codes: 0 clean shutdown, 1 startup failure, 2 invalid flags.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cmath>
 #include <cstdio>
@@ -12,17 +13,29 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "service/backend_factory.h"
 #include "service/service_options.h"
+#include "service/systemd_notify.h"
 #include "service/verifyd_server.h"
 
+#ifndef VERIFYD_VERSION
+#define VERIFYD_VERSION "0.0.0"
+#endif
+
 ABSL_FLAG(std::string, listen, "",
-          "gRPC address of the Unix socket (default unix:///tmp/verifyd-<device>.sock)");
-ABSL_FLAG(std::string, tcp, "", "optional host:port for TCP (loopback unless --allow-remote)");
+          "gRPC address of the Unix socket (default unix:///run/verifyd/verifyd-<device>.sock)");
+ABSL_FLAG(std::string, tcp, "",
+          "optional host:port for TCP (loopback unless --allow-remote); reads only without the "
+          "admin token");
 ABSL_FLAG(bool, allow_remote, false, "allow --tcp on a non-loopback address");
-ABSL_FLAG(std::string, admin_token, "",
-          "token required in metadata x-verifyd-admin-token for Compact over TCP");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "file (not world-readable) holding the token that --tcp callers send in metadata "
+          "x-verifyd-admin-token for every call that changes state");
+ABSL_FLAG(std::string, health_listen, "",
+          "optional host:port serving only grpc.health.v1, for probes (any address)");
 ABSL_FLAG(std::string, metrics, "127.0.0.1:9464",
           "Prometheus HTTP host:port (port 0 picks one); empty disables");
 ABSL_FLAG(std::string, backend, "auto", "auto|cpu|cuda");
@@ -49,14 +62,6 @@ ABSL_FLAG(int64_t, shm_max_bytes, int64_t{1} << 30,
           "shared memory for tensors: most bytes over all regions (0 disables it)");
 ABSL_FLAG(int64_t, shm_max_region_bytes, int64_t{256} << 20,
           "shared memory for tensors: most bytes of one region");
-ABSL_FLAG(bool, run_idle_inline, false,
-          "a request that finds the device idle runs on the receiving gRPC thread (no queue hop)");
-ABSL_FLAG(int64_t, executor_spin_us, -1,
-          "after each request the device thread polls this long for the next before sleeping "
-          "(0: sleep at once; -1: 2000 on hosts with >= 8 cores, else 0)");
-ABSL_FLAG(std::string, verify_handler, "polled",
-          "polled|callback: Verify's gRPC handler (polled: a thread of ours polls a "
-          "completion queue; plans/0012)");
 ABSL_FLAG(std::string, cuda_graphs, "on",
           "on|off: replay the per-step work as CUDA graphs per shape bucket (cuda backend)");
 
@@ -85,7 +90,8 @@ absl::StatusOr<verifyd::ServiceOptions> OptionsFromFlags() {
   if (o.listen.empty()) o.listen = verifyd::DefaultListenAddress(o.device);
   o.tcp = absl::GetFlag(FLAGS_tcp);
   o.allow_remote = absl::GetFlag(FLAGS_allow_remote);
-  o.admin_token = absl::GetFlag(FLAGS_admin_token);
+  o.admin_token_file = absl::GetFlag(FLAGS_admin_token_file);
+  o.health_listen = absl::GetFlag(FLAGS_health_listen);
   o.metrics = absl::GetFlag(FLAGS_metrics);
   absl::StatusOr<verifyd::BackendKind> backend =
       verifyd::ParseBackendKind(absl::GetFlag(FLAGS_backend));
@@ -105,21 +111,6 @@ absl::StatusOr<verifyd::ServiceOptions> OptionsFromFlags() {
   }
   o.cuda_graphs = graphs == "on";
   o.compaction_chunk_bytes = absl::GetFlag(FLAGS_compaction_chunk_bytes);
-  o.run_idle_inline = absl::GetFlag(FLAGS_run_idle_inline);
-  o.executor_spin_us = absl::GetFlag(FLAGS_executor_spin_us);
-  if (o.executor_spin_us < -1 || o.executor_spin_us > 1000000) {
-    return absl::InvalidArgumentError(absl::StrCat("--executor-spin-us = ", o.executor_spin_us,
-                                                   " must be -1 (auto) or in [0, 1000000]"));
-  }
-  const std::string verify_handler = absl::GetFlag(FLAGS_verify_handler);
-  if (verify_handler == "polled") {
-    o.verify_handler = verifyd::VerifyHandler::kPolled;
-  } else if (verify_handler == "callback") {
-    o.verify_handler = verifyd::VerifyHandler::kCallback;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--verify-handler = '", verify_handler, "' must be polled or callback"));
-  }
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.compute_threads = absl::GetFlag(FLAGS_compute_threads);
   o.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
@@ -134,11 +125,31 @@ absl::StatusOr<verifyd::ServiceOptions> OptionsFromFlags() {
   return o;
 }
 
+// gRPC 1.51's listener gives up after one failed accept, and every connection is a descriptor:
+// take the whole hard limit the supervisor allows (systemd's LimitNOFILE, a container's ulimit).
+void RaiseDescriptorLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "verifyd: per-GPU verify attention for tree speculative decoding (MLA)");
+      "verifyd: per-GPU verify attention for tree speculative decoding (MLA)\n"
+      "usage: verifyd [--listen=unix:///run/verifyd/verifyd-0.sock] [--backend=cuda] ...");
+  // --help lists the daemon's flags (absl's default looks for a file named after the binary);
+  // --version prints the build's version.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "service/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] { return std::string("verifyd ") + VERIFYD_VERSION + "\n"; };
+  absl::SetFlagsUsageConfig(usage);
   std::vector<std::string> args = NormalizeFlagNames(argc, argv);
   std::vector<char*> arg_ptrs;
   for (std::string& a : args) arg_ptrs.push_back(a.data());
@@ -150,6 +161,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  RaiseDescriptorLimit();
   // Every thread started from here on inherits the mask, so only sigwait below sees the signals.
   sigset_t signals;
   sigemptyset(&signals);
@@ -168,10 +180,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << server.StartupLine() << std::endl;
+  verifyd::SystemdNotifier systemd(
+      [&server](absl::Duration timeout) { return server.Probe(timeout); });
+  systemd.Ready(server.StartupLine());
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   std::cout << "verifyd: " << strsignal(signal_number) << ", draining" << std::endl;
+  systemd.Stopping();
   server.Shutdown();
   std::cout << "verifyd: stopped" << std::endl;
   return 0;

@@ -17,12 +17,19 @@ using v1::Tensor;
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
+// The enum's name, or its number when the sender used a value this build does not know (the
+// generated DType_Name returns "" then, which made a message that named nothing).
+std::string DTypeName(int dtype) {
+  const std::string& name = v1::DType_Name(static_cast<v1::DType>(dtype));
+  return name.empty() ? absl::StrCat(dtype, " (unknown)") : name;
+}
+
 // dtype and rank; dimension values and the payload are checked by the caller.
 absl::Status CheckTensorForm(const Tensor& t, const std::string& field, int rank,
                              const char* layout) {
   if (t.dtype() != v1::DTYPE_BF16) {
     return Invalid(
-        absl::StrCat(field, ".dtype = ", v1::DType_Name(t.dtype()), " must be DTYPE_BF16"));
+        absl::StrCat(field, ".dtype = ", DTypeName(t.dtype()), " must be DTYPE_BF16"));
   }
   if (t.shape_size() != rank) {
     return Invalid(

@@ -1,5 +1,8 @@
 #include "service/service_options.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -35,12 +38,17 @@ const char* BackendName(BackendKind kind) {
 }
 
 std::string DefaultListenAddress(int device) {
-  return absl::StrCat("unix:///tmp/verifyd-", device, ".sock");
+  // Not /tmp: another user could create the name there first and receive the scheduler's calls.
+  return absl::StrCat("unix://", kDefaultSocketDirectory, "/verifyd-", device, ".sock");
 }
 
 bool IsLoopbackHost(const std::string& host) {
-  const std::string h = absl::AsciiStrToLower(host);
-  return h == "localhost" || h == "::1" || absl::StartsWith(h, "127.");
+  if (absl::AsciiStrToLower(host) == "localhost") return true;
+  // Addresses only: a name such as "127.example.com" resolves wherever its owner wants.
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 absl::Status SplitHostPort(const std::string& address, const char* flag, std::string* host,
@@ -136,6 +144,11 @@ absl::Status ValidateServiceOptions(const ServiceOptions& o) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--tcp = '", o.tcp, "' is not a loopback address; pass --allow-remote to listen on it"));
     }
+  }
+  if (!o.health_listen.empty()) {
+    std::string host;
+    int port = 0;
+    VERIFYD_RETURN_IF_ERROR(SplitHostPort(o.health_listen, "--health-listen", &host, &port));
   }
   if (!o.metrics.empty()) {
     std::string host;

@@ -19,17 +19,20 @@ enum class BackendKind { kAuto, kCpu, kCuda };
 absl::StatusOr<BackendKind> ParseBackendKind(const std::string& name);
 const char* BackendName(BackendKind kind);
 
-enum class VerifyHandler { kPolled, kCallback };
-
 struct ServiceOptions {
-  // gRPC address of the Unix socket (or any gRPC URI); "" picks unix:///tmp/verifyd-<device>.sock.
+  // gRPC address of the Unix socket (or any gRPC URI); "" picks DefaultListenAddress(device).
   std::string listen;
-  // Optional host:port; refused unless loopback or allow_remote.
+  // Optional host:port; refused unless loopback or allow_remote. Reads only, unless the call
+  // carries the admin token (service/call_gate.h).
   std::string tcp;
   bool allow_remote = false;
-  // Required in metadata "x-verifyd-admin-token" for Compact over TCP; "" disables Compact over
-  // TCP.
-  std::string admin_token;
+  // A file holding the token that opens --tcp's state-changing calls (metadata
+  // "x-verifyd-admin-token"); "" keeps them closed. A file, never a flag value: argv is readable
+  // by every user of the host (/proc/<pid>/cmdline).
+  std::string admin_token_file;
+  // Optional host:port serving only grpc.health.v1 (for probes from outside the host, such as the
+  // kubelet's); any address is allowed, health tells nothing secret.
+  std::string health_listen;
   // Prometheus HTTP host:port; "" disables the exporter.
   std::string metrics = "127.0.0.1:9464";
   BackendKind backend = BackendKind::kAuto;
@@ -47,17 +50,11 @@ struct ServiceOptions {
   int compute_threads = 0;  // cpu backend; 0 = all cores
   // cuda backend: replay each shape bucket's step as a CUDA graph (false: always eager).
   bool cuda_graphs = true;
-  // A request that finds the device idle runs on the gRPC thread that received it instead of
-  // hopping to the executor thread (plans/0012); false: every request goes through the queue.
-  bool run_idle_inline = false;
-  // After each request the executor thread polls this long for the next one before it sleeps
-  // (0: it sleeps at once; < 0: auto, 2000 on hosts with >= 8 cores, else 0). Saves a thread
-  // wake-up per request in a decode loop; costs a busy core while traffic flows, which a small
-  // host cannot spare.
+  // After each request the executor thread (and Verify's polling thread) polls this long for the
+  // next one before it sleeps (0: it sleeps at once; < 0: auto, 2000 when the process may use
+  // >= 8 CPUs, else 0). Not a flag (plans/0015): the spin won every measurement on the H200, and
+  // the auto rule keeps it off small hosts; tests and benchmarks may set it.
   int64_t executor_spin_us = -1;
-  // Verify's gRPC handler (plans/0012): polled (a thread of ours polls a completion queue,
-  // service/verify_poller.h) or callback (the device thread finishes the call).
-  VerifyHandler verify_handler = VerifyHandler::kPolled;
   // Requests waiting for the device beyond this get RESOURCE_EXHAUSTED (bounds queued memory).
   int max_queued_requests = 1024;
   // After SIGTERM: seconds health reports NOT_SERVING while still serving, so that probes and load
@@ -76,7 +73,9 @@ struct ServiceOptions {
   int64_t shm_max_region_bytes = int64_t{256} << 20;
 };
 
-// The Unix socket default for a device.
+// The Unix socket default for a device: unix:///run/verifyd/verifyd-<device>.sock. The directory
+// must exist and be writable by the daemon (systemd's RuntimeDirectory=, a volume in Kubernetes).
+inline constexpr char kDefaultSocketDirectory[] = "/run/verifyd";
 std::string DefaultListenAddress(int device);
 
 // Checks every field against its bound; the message names the flag ("--heads = 0 must be >= 1").
@@ -92,7 +91,7 @@ absl::StatusOr<int64_t> PoolCapacitySlots(const ServiceOptions& options,
 absl::StatusOr<DeviceOptions> BuildDeviceOptions(const ServiceOptions& options,
                                                  const ComputeBackend& backend);
 
-// True for 127.0.0.0/8, ::1 and localhost.
+// True for the addresses 127.0.0.0/8 and ::1, and the name localhost (no other name).
 bool IsLoopbackHost(const std::string& host);
 // Splits "host:port" or "[v6]:port"; INVALID_ARGUMENT naming `flag` otherwise.
 absl::Status SplitHostPort(const std::string& address, const char* flag, std::string* host,

@@ -181,7 +181,8 @@ SharedMemoryRegistry::SharedMemoryRegistry(SharedMemoryLimits limits, Clock cloc
 
 SharedMemoryRegistry::~SharedMemoryRegistry() { UnlinkAll(); }
 
-absl::StatusOr<SharedMemoryInfo> SharedMemoryRegistry::Create(uint64_t bytes) {
+absl::StatusOr<SharedMemoryInfo> SharedMemoryRegistry::Create(uint64_t bytes,
+                                                              const std::string& client) {
   if (limits_.max_total_bytes == 0) {
     return absl::FailedPreconditionError(
         "shared memory is disabled on this daemon (--shm-max-bytes = 0); send inline_data");
@@ -199,11 +200,23 @@ absl::StatusOr<SharedMemoryInfo> SharedMemoryRegistry::Create(uint64_t bytes) {
           "bytes = ", bytes, " with ", total_bytes_, " bytes already in regions is more than ",
           "--shm-max-bytes = ", limits_.max_total_bytes, "; release regions first"));
     }
+    int64_t& mine = client_bytes_[client];
+    if (limits_.max_client_bytes > 0 &&
+        mine + static_cast<int64_t>(bytes) > limits_.max_client_bytes) {
+      const int64_t held = mine;
+      if (held == 0) client_bytes_.erase(client);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "bytes = ", bytes, " with ", held, " bytes already in this client's regions is more ",
+          "than its share of ", limits_.max_client_bytes,
+          " bytes (half of --shm-max-bytes); release regions first"));
+    }
+    mine += static_cast<int64_t>(bytes);
     total_bytes_ += static_cast<int64_t>(bytes);
   }
   auto unreserve = [&] {
     std::lock_guard<std::mutex> lock(mu_);
     total_bytes_ -= static_cast<int64_t>(bytes);
+    UnreserveClientLocked(client, bytes);
   };
   absl::StatusOr<std::string> token = RandomToken();
   if (!token.ok()) {
@@ -219,7 +232,7 @@ absl::StatusOr<SharedMemoryInfo> SharedMemoryRegistry::Create(uint64_t bytes) {
   auto mapping = std::make_shared<MappedSharedMemory>(info.region, *data, bytes, hooks_);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    entries_.emplace(info.region, Entry{info.path, mapping, clock_()});
+    entries_.emplace(info.region, Entry{info.path, client, mapping, clock_()});
   }
   // After the entry is in: a SetMappingHooks running now either sees the entry or has set the
   // hooks this Map reads (Map ignores a second registration). Before returning: the client cannot
@@ -268,9 +281,17 @@ uint64_t SharedMemoryRegistry::RemoveLocked(
   const uint64_t bytes = it->second.mapping->bytes();
   shm_unlink(it->second.path.c_str());
   total_bytes_ -= static_cast<int64_t>(bytes);
+  UnreserveClientLocked(it->second.client, bytes);
   unmapped->push_back(std::move(it->second.mapping));
   entries_.erase(it);
   return bytes;
+}
+
+void SharedMemoryRegistry::UnreserveClientLocked(const std::string& client, uint64_t bytes) {
+  auto it = client_bytes_.find(client);
+  if (it == client_bytes_.end()) return;
+  it->second -= static_cast<int64_t>(bytes);
+  if (it->second <= 0) client_bytes_.erase(it);
 }
 
 int SharedMemoryRegistry::ExpireIdle() {

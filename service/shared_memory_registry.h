@@ -74,6 +74,9 @@ struct SharedMemoryLimits {
   // Over all live regions; 0 disables shared memory (CreateSharedMemory: FAILED_PRECONDITION).
   int64_t max_total_bytes = int64_t{1} << 30;
   int64_t max_region_bytes = int64_t{256} << 20;
+  // Over the live regions of one client (Create's `client`); 0: no bound of its own. One client
+  // must not be able to take the whole budget and lock every other out.
+  int64_t max_client_bytes = 0;
   // A region no request named for this long is released.
   absl::Duration lease = absl::Seconds(300);
   // Names are "/<name_prefix><32 random hex digits>".
@@ -96,8 +99,9 @@ class SharedMemoryRegistry {
   SharedMemoryRegistry& operator=(const SharedMemoryRegistry&) = delete;
 
   // FAILED_PRECONDITION when disabled; INVALID_ARGUMENT for 0 bytes; RESOURCE_EXHAUSTED naming the
-  // bound (--shm-max-region-bytes, --shm-max-bytes) or when the system refuses the pages.
-  absl::StatusOr<SharedMemoryInfo> Create(uint64_t bytes);
+  // bound (--shm-max-region-bytes, --shm-max-bytes, the client's share) or when the system refuses
+  // the pages. `client` names who asks (a process: "pid:<n>"), for max_client_bytes.
+  absl::StatusOr<SharedMemoryInfo> Create(uint64_t bytes, const std::string& client = "");
   // The region, its lease renewed; NOT_FOUND naming `field` when unknown or expired.
   absl::StatusOr<std::shared_ptr<MappedSharedMemory>> Find(const std::string& region,
                                                            const std::string& field);
@@ -127,6 +131,7 @@ class SharedMemoryRegistry {
  private:
   struct Entry {
     std::string path;
+    std::string client;
     std::shared_ptr<MappedSharedMemory> mapping;
     absl::Time last_used;
   };
@@ -136,6 +141,8 @@ class SharedMemoryRegistry {
   uint64_t RemoveLocked(absl::flat_hash_map<std::string, Entry>::iterator it,
                         std::vector<std::shared_ptr<MappedSharedMemory>>* unmapped);
   void StopSweeper();
+  // Caller holds mu_: `bytes` of `client` are no longer held or reserved.
+  void UnreserveClientLocked(const std::string& client, uint64_t bytes);
 
   const SharedMemoryLimits limits_;
   const Clock clock_;
@@ -143,6 +150,7 @@ class SharedMemoryRegistry {
   mutable std::mutex mu_;
   absl::flat_hash_map<std::string, Entry> entries_;
   int64_t total_bytes_ = 0;  // live regions plus reservations of Creates in progress
+  absl::flat_hash_map<std::string, int64_t> client_bytes_;  // the same, per client
 
   std::mutex sweeper_mu_;
   std::condition_variable sweeper_cv_;

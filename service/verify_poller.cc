@@ -1,6 +1,8 @@
 #include "service/verify_poller.h"
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 
 namespace verifyd {
 namespace {
@@ -11,14 +13,24 @@ constexpr int kPostedRequests = 16;
 
 }  // namespace
 
-// One Verify from request to reply; its address is the tag of both of its events.
+// One Verify from request to reply. Two tags name it: its address for the request and the reply,
+// its address + 1 for AsyncNotifyWhenDone (the low bit is free: the struct is aligned).
 struct VerifyPoller::Call {
-  enum class Stage { kRequested, kFinishing };
-  Stage stage = Stage::kRequested;
   grpc::ServerContext context;
+  grpc::ByteBuffer request_bytes;  // raw method: VerifydService parses it
   v1::VerifyRequest request;
   v1::VerifyResponse response;
-  grpc::ServerAsyncResponseWriter<v1::VerifyResponse> responder{&context};
+  grpc::ByteBuffer response_bytes;
+  grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> responder{&context};
+  bool started = false;   // the request arrived (the done tag comes only for started calls)
+  bool replied = false;   // Finish's event came back
+  bool done = false;      // the done tag came back
+  // Set when the done tag shows a cancelled call (IsCancelled is safe to ask only after that tag
+  // came back); the device thread reads it before it runs the call.
+  std::atomic<bool> cancelled{false};
+
+  void* tag() { return this; }
+  void* done_tag() { return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(this) | 1); }
 };
 
 VerifyPoller::VerifyPoller(VerifydService* service, std::unique_ptr<grpc::ServerCompletionQueue> cq,
@@ -38,16 +50,57 @@ void VerifyPoller::Stop() {
   cq_->Shutdown();
   if (thread_.joinable()) {
     thread_.join();
-  } else {  // never started: the posted calls come back here
+  } else {  // never started: the posted calls come back here, none of them started
     void* tag = nullptr;
     bool ok = false;
-    while (cq_->Next(&tag, &ok)) delete static_cast<Call*>(tag);
+    while (cq_->Next(&tag, &ok)) {
+      if ((reinterpret_cast<uintptr_t>(tag) & 1) == 0) delete static_cast<Call*>(tag);
+    }
   }
 }
 
 void VerifyPoller::RequestNext() {
   auto* call = new Call;
-  service_->RequestPolledVerify(&call->context, &call->request, &call->responder, cq_.get(), call);
+  // Before the request: gRPC takes the done tag only then.
+  call->context.AsyncNotifyWhenDone(call->done_tag());
+  service_->RequestVerify(&call->context, &call->request_bytes, &call->responder, cq_.get(),
+                          cq_.get(), call->tag());
+}
+
+void VerifyPoller::OnEvent(Call* call, bool done_event, bool ok) {
+  if (done_event) {
+    // The call ended: replied, or cancelled (client gone, deadline, drain deadline); a Verify
+    // still queued then is skipped by the device.
+    call->done = true;
+    call->cancelled.store(call->context.IsCancelled(), std::memory_order_release);
+  } else if (!call->started) {
+    if (!ok) {  // the server shut down before a request came: no done tag will follow
+      delete call;
+      return;
+    }
+    call->started = true;
+    RequestNext();
+    service_->VerifyPolled(
+        &call->context, &call->request_bytes, &call->request, &call->response,
+        [call] { return call->cancelled.load(std::memory_order_acquire); },
+        [call](const grpc::Status& status) {
+          bool own_buffer = false;
+          if (status.ok() && grpc::SerializationTraits<v1::VerifyResponse>::Serialize(
+                                 call->response, &call->response_bytes, &own_buffer)
+                                 .ok()) {
+            call->responder.Finish(call->response_bytes, status, call->tag());
+          } else {
+            call->responder.FinishWithError(
+                status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "the reply did not serialize")
+                            : status,
+                call->tag());
+          }
+        });
+    return;
+  } else {
+    call->replied = true;
+  }
+  if (call->replied && call->done) delete call;
 }
 
 void VerifyPoller::Loop() {
@@ -68,18 +121,8 @@ void VerifyPoller::Loop() {
     }
     if (status == grpc::CompletionQueue::SHUTDOWN) return;
     last_event = std::chrono::steady_clock::now();
-    auto* call = static_cast<Call*>(tag);
-    if (call->stage == Call::Stage::kFinishing || !ok) {
-      // The reply went out (or the server shut down before a request came): the call is done.
-      delete call;
-      continue;
-    }
-    RequestNext();
-    call->stage = Call::Stage::kFinishing;
-    service_->VerifyPolled(&call->context, &call->request, &call->response,
-                           [call](const grpc::Status& status) {
-                             call->responder.Finish(call->response, status, call);
-                           });
+    const auto bits = reinterpret_cast<uintptr_t>(tag);
+    OnEvent(reinterpret_cast<Call*>(bits & ~uintptr_t{1}), (bits & 1) != 0, ok);
   }
 }
 

@@ -1,13 +1,12 @@
 // VerifyPoller: Verify served through gRPC's completion-queue API by one thread of ours that polls
-// the queue (--verify-handler=polled, the default). While traffic flows the thread polls without
-// sleeping (the executor's spin window), so a request is read the moment it arrives and no thread
-// on Verify's path waits for a wake-up: the handler validates on this thread and queues the work,
-// the device thread runs it and writes the reply itself (Finish), and this thread only recycles
-// the call afterwards. Idle longer than the window, it blocks in the queue like any gRPC thread.
-// Why: on a VM a wake-up can cost tens of µs, and gRPC 1.51's callback handlers measured ~40-80
-// µs more per round trip than a plain synchronous call (plans/0012). On the H200 it was the
-// fastest of the three handlers at S1 in one session's runs and level with the callback one in
-// another.
+// the queue. While traffic flows the thread polls without sleeping (the executor's spin window),
+// so a request is read the moment it arrives and no thread on Verify's path waits for a wake-up:
+// the handler validates on this thread and queues the work, the device thread runs it and writes
+// the reply itself (Finish), and this thread only recycles the call afterwards. Idle longer than
+// the window, it blocks in the queue like any gRPC thread.
+// Why this handler alone: it measured the fastest at S1 on the H200 (plans/0012; the callback and
+// synchronous handlers are gone, plans/0015). Each call asks AsyncNotifyWhenDone, so that a client
+// that goes away (or the drain deadline) marks its queued call cancelled and the device skips it.
 #pragma once
 
 #include <memory>
@@ -21,8 +20,8 @@ namespace verifyd {
 
 class VerifyPoller {
  public:
-  // `cq` comes from ServerBuilder::AddCompletionQueue; `service` is registered with
-  // VerifyHandler::kPolled. spin: how long the thread polls after an event before it blocks.
+  // `cq` comes from ServerBuilder::AddCompletionQueue. spin: how long the thread polls after an
+  // event before it blocks.
   VerifyPoller(VerifydService* service, std::unique_ptr<grpc::ServerCompletionQueue> cq,
                absl::Duration spin);
   ~VerifyPoller();  // Stop()
@@ -39,6 +38,8 @@ class VerifyPoller {
   struct Call;
   void RequestNext();
   void Loop();
+  // Handles one event of `call`; deletes it after its last.
+  void OnEvent(Call* call, bool done_event, bool ok);
 
   VerifydService* service_;
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;

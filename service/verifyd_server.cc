@@ -1,12 +1,8 @@
 #include "service/verifyd_server.h"
 
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
+#include <future>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -22,49 +18,13 @@
 #include "grpcpp/server_builder.h"
 #include "base/status_macros.h"
 #include "service/backend_factory.h"
+#include "service/malformed_request_interceptor.h"
 
 #ifndef VERIFYD_VERSION
 #define VERIFYD_VERSION "0.0.0"
 #endif
 
 namespace verifyd {
-namespace {
-
-// True when something accepts connections on the socket file (a live daemon, not a stale file).
-bool SocketIsLive(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    close(fd);
-    return false;
-  }
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const bool live = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return live;
-}
-
-// A daemon that died leaves its socket file behind; binding needs it gone, but never steal the
-// path of a live daemon.
-absl::Status PrepareSocketPath(const std::string& path) {
-  struct stat st {};
-  if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
-  if (!S_ISSOCK(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--listen: '", path, "' exists and is not a socket"));
-  }
-  if (SocketIsLive(path)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("--listen: another process is serving on '", path, "'"));
-  }
-  unlink(path.c_str());
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 std::string UnixSocketPath(const std::string& address) {
   if (absl::StartsWith(address, "unix://")) return address.substr(7);
   if (absl::StartsWith(address, "unix:")) return address.substr(5);
@@ -73,7 +33,11 @@ std::string UnixSocketPath(const std::string& address) {
 
 VerifydServer::VerifydServer(ServiceOptions options) : options_(std::move(options)) {}
 
-VerifydServer::~VerifydServer() { Shutdown(); }
+VerifydServer::~VerifydServer() {
+  Shutdown();
+  // Scrapes read the device's queue: the exporter goes before the device does.
+  exposer_.reset();
+}
 
 absl::Status VerifydServer::Start() {
   metrics_ = std::make_unique<ServiceMetrics>();
@@ -86,52 +50,84 @@ absl::Status VerifydServer::Start() {
           absl::StrCat("--metrics = '", options_.metrics, "' could not be bound: ", e.what()));
     }
     exposer_->RegisterCollectable(metrics_->registry());
+    process_metrics_ = std::make_shared<ProcessMetrics>([this] {
+      Device* device = device_for_metrics_.load();
+      return device != nullptr ? device->queued() : 0;
+    });
+    exposer_->RegisterCollectable(process_metrics_);
   }
 
+  std::string admin_token;
+  if (!options_.admin_token_file.empty()) {
+    VERIFYD_ASSIGN_OR_RETURN(admin_token, ReadAdminTokenFile(options_.admin_token_file));
+  }
   const std::string socket_path = UnixSocketPath(options_.listen);
-  if (!socket_path.empty()) VERIFYD_RETURN_IF_ERROR(PrepareSocketPath(socket_path));
+  if (!socket_path.empty()) {
+    VERIFYD_ASSIGN_OR_RETURN(unix_listener_, UnixListener::Bind(socket_path));
+  }
 
   SharedMemoryLimits shm_limits;
   shm_limits.max_total_bytes = options_.shm_max_bytes;
   shm_limits.max_region_bytes = options_.shm_max_region_bytes;
+  // Each client (process) may hold half the budget, and at least one region of the largest size:
+  // one scheduler cannot lock the others out (plans/0015).
+  shm_limits.max_client_bytes =
+      std::max(options_.shm_max_bytes / 2,
+               std::min(options_.shm_max_region_bytes, options_.shm_max_bytes));
   shm_limits.lease = absl::Seconds(options_.lease_seconds);
   shm_limits.name_prefix = absl::StrCat("verifyd-", options_.device, "-");
   regions_ = std::make_unique<SharedMemoryRegistry>(shm_limits);
   // Expiry lags a lease by at most a quarter of it, as for sequences.
   regions_->StartLeaseSweeper(std::clamp(absl::Seconds(options_.lease_seconds) / 4,
                                          absl::Milliseconds(20), absl::Milliseconds(250)));
-  service_ = std::make_unique<VerifydService>(options_, metrics_.get(), regions_.get());
+  UnixListener* listener = unix_listener_.get();
+  service_ = std::make_unique<VerifydService>(
+      options_, std::move(admin_token), metrics_.get(), regions_.get(),
+      [listener](const std::string& peer) {
+        return listener != nullptr ? listener->ClientOf(peer) : peer;
+      });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials());
+  // A Unix socket is ours to accept on (UnixListener); any other --listen URI is gRPC's.
+  if (unix_listener_ == nullptr) {
+    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials());
+  }
   if (!options_.tcp.empty()) {
     builder.AddListeningPort(options_.tcp, grpc::InsecureServerCredentials(), &tcp_port_);
   }
   builder.RegisterService(service_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<MalformedRequestInterceptorFactory>(metrics_.get()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   // The poller owns its queue from here on, so that every return below leaves it to Shutdown.
-  if (options_.verify_handler == VerifyHandler::kPolled) {
-    verify_poller_ = std::make_unique<VerifyPoller>(
-        service_.get(), builder.AddCompletionQueue(),
-        absl::Microseconds(ExecutorSpinMicros(options_.executor_spin_us)));
-  }
+  verify_poller_ = std::make_unique<VerifyPoller>(service_.get(), builder.AddCompletionQueue(),
+                                                  absl::Microseconds(ExecutorSpinMicros(options_.executor_spin_us)));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
-    if (verify_poller_ != nullptr) verify_poller_->Stop();
+    verify_poller_->Stop();
     return absl::UnavailableError(absl::StrCat("could not listen on --listen = '", options_.listen,
                                                "'", options_.tcp.empty() ? "" : " or --tcp = '",
                                                options_.tcp, options_.tcp.empty() ? "" : "'"));
   }
-  if (verify_poller_ != nullptr) verify_poller_->Start();
+  verify_poller_->Start();
   if (!options_.tcp.empty() && tcp_port_ == 0) {
     return absl::UnavailableError(absl::StrCat("could not listen on --tcp = '", options_.tcp, "'"));
   }
-  // Only the owner and its group (the scheduler's) may reach the daemon through the socket.
-  if (!socket_path.empty() && chmod(socket_path.c_str(), 0660) != 0) {
-    return absl::InternalError(absl::StrCat("chmod 0660 '", socket_path, "' failed"));
+  if (!options_.health_listen.empty()) {
+    // Health only, for probes from outside the host (the kubelet): nothing else is registered.
+    grpc::ServerBuilder health_builder;
+    health_builder.AddListeningPort(options_.health_listen, grpc::InsecureServerCredentials(),
+                                    &health_port_);
+    health_server_ = health_builder.BuildAndStart();
+    if (health_server_ == nullptr || health_port_ == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("could not listen on --health-listen = '", options_.health_listen, "'"));
+    }
   }
+  if (unix_listener_ != nullptr) unix_listener_->Start(server_.get());
   SetServing(false);
   return absl::OkStatus();
 }
@@ -169,29 +165,57 @@ absl::Status VerifydServer::BecomeReady() {
         [compute](void* data) { compute->UnregisterHostMemory(data); }});
   }
   service_->AttachDevice(device_.get());
+  device_for_metrics_.store(device_.get());
   SetServing(true);
   return absl::OkStatus();
 }
 
+absl::Status VerifydServer::Probe(absl::Duration timeout) {
+  if (device_ == nullptr) return absl::UnavailableError("verifyd is starting");
+  auto ran = std::make_shared<std::promise<void>>();
+  std::future<void> done = ran->get_future();
+  VERIFYD_RETURN_IF_ERROR(device_->SubmitFirst([ran](DeviceOperations&) { ran->set_value(); }));
+  if (done.wait_for(absl::ToChronoNanoseconds(timeout)) != std::future_status::ready) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the device thread ran no task within ", absl::FormatDuration(timeout)));
+  }
+  return absl::OkStatus();
+}
+
 void VerifydServer::SetServing(bool serving) {
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  if (health != nullptr) {
-    health->SetServingStatus("", serving);
-    health->SetServingStatus(kHealthServiceName, serving);
+  for (grpc::Server* server : {server_.get(), health_server_.get()}) {
+    grpc::HealthCheckServiceInterface* health =
+        server != nullptr ? server->GetHealthCheckService() : nullptr;
+    if (health != nullptr) {
+      health->SetServingStatus("", serving);
+      health->SetServingStatus(kHealthServiceName, serving);
+    }
   }
   metrics_->SetReady(serving);
 }
 
 void VerifydServer::Shutdown() {
-  if (shut_down_ || server_ == nullptr) return;
+  if (shut_down_) return;
+  if (server_ == nullptr) {  // Start failed before gRPC ran: only the socket file may be left
+    if (unix_listener_ != nullptr) unix_listener_->Unlink();
+    unix_listener_.reset();
+    shut_down_ = true;
+    return;
+  }
   shut_down_ = true;
   SetServing(false);
   // Freezes health at NOT_SERVING and ends Watch streams, which would otherwise hold the server
   // shutdown until its deadline.
-  if (server_->GetHealthCheckService() != nullptr) server_->GetHealthCheckService()->Shutdown();
+  for (grpc::Server* server : {server_.get(), health_server_.get()}) {
+    if (server != nullptr && server->GetHealthCheckService() != nullptr) {
+      server->GetHealthCheckService()->Shutdown();
+    }
+  }
   if (options_.shutdown_delay_seconds > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(options_.shutdown_delay_seconds));
   }
+  // No new connections from here on (gRPC's Shutdown below closes its own listeners).
+  if (unix_listener_ != nullptr) unix_listener_->Stop();
   // Stops accepting, lets in-flight calls finish (the executor keeps running them), and cancels
   // what is left at the deadline; it returns once every reactor has finished.
   server_->Shutdown(std::chrono::system_clock::now() +
@@ -200,14 +224,14 @@ void VerifydServer::Shutdown() {
   if (device_ != nullptr) device_->Drain();
   server_->Wait();
   // Every polled Verify has been finished (the drain ran its task): the queue can go.
-  if (verify_poller_ != nullptr) verify_poller_->Stop();
+  verify_poller_->Stop();
+  if (health_server_ != nullptr) health_server_->Shutdown(std::chrono::system_clock::now());
   // Every call has finished: nothing maps a region for the daemon any more, and no copy from or
   // into a region is in flight, so the backend may let go of every registration (before the
   // device, which owns it, is destroyed with this server).
   regions_->UnlinkAll();
   regions_->ClearMappingHooks();
-  const std::string socket_path = UnixSocketPath(options_.listen);
-  if (!socket_path.empty()) unlink(socket_path.c_str());
+  if (unix_listener_ != nullptr) unix_listener_->Unlink();
 }
 
 std::string VerifydServer::tcp_address() const {
@@ -216,6 +240,16 @@ std::string VerifydServer::tcp_address() const {
   int port = 0;
   if (!SplitHostPort(options_.tcp, "--tcp", &host, &port).ok()) return options_.tcp;
   return absl::StrCat(absl::StrContains(host, ":") ? "[" + host + "]" : host, ":", tcp_port_);
+}
+
+std::string VerifydServer::health_address() const {
+  if (options_.health_listen.empty()) return "";
+  std::string host;
+  int port = 0;
+  if (!SplitHostPort(options_.health_listen, "--health-listen", &host, &port).ok()) {
+    return options_.health_listen;
+  }
+  return absl::StrCat(absl::StrContains(host, ":") ? "[" + host + "]" : host, ":", health_port_);
 }
 
 std::string VerifydServer::metrics_address() const {
@@ -230,6 +264,7 @@ std::string VerifydServer::metrics_address() const {
 std::string VerifydServer::StartupLine() const {
   std::string line = absl::StrCat("verifyd listening on ", options_.listen);
   if (!options_.tcp.empty()) absl::StrAppend(&line, " tcp=", tcp_address());
+  if (!options_.health_listen.empty()) absl::StrAppend(&line, " health=", health_address());
   absl::StrAppend(&line, " metrics=",
                   exposer_ ? absl::StrCat("http://", metrics_address(), "/metrics") : "off");
   absl::StrAppendFormat(

@@ -3,6 +3,7 @@
 // drains (NOT_SERVING, optional delay, server shutdown with a deadline, executor drain).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -10,9 +11,11 @@
 #include "grpcpp/server.h"
 #include "prometheus/exposer.h"
 #include "executor/device.h"
+#include "service/process_metrics.h"
 #include "service/service_metrics.h"
 #include "service/service_options.h"
 #include "service/shared_memory_registry.h"
+#include "service/unix_listener.h"
 #include "service/verify_poller.h"
 #include "service/verifyd_service.h"
 
@@ -29,10 +32,14 @@ class VerifydServer {
   absl::Status Start();
   absl::Status BecomeReady();
   void Shutdown();
+  // OK when the device thread runs a task within `timeout` (queued ahead of waiting requests, as
+  // Stats): the liveness check behind systemd's watchdog.
+  absl::Status Probe(absl::Duration timeout);
 
   // After Start: the bound addresses (ports resolved when 0 was asked).
   const std::string& listen_address() const { return options_.listen; }
   std::string tcp_address() const;
+  std::string health_address() const;
   std::string metrics_address() const;
   // After BecomeReady: "verifyd listening on ... backend=cpu ...".
   std::string StartupLine() const;
@@ -48,12 +55,17 @@ class VerifydServer {
   bool mps_active_ = false;
   std::unique_ptr<ServiceMetrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<ProcessMetrics> process_metrics_;
+  std::atomic<Device*> device_for_metrics_{nullptr};  // read by scrapes on the exposer's thread
   std::unique_ptr<SharedMemoryRegistry> regions_;
   std::unique_ptr<VerifydService> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<VerifyPoller> verify_poller_;  // --verify-handler=polled
+  std::unique_ptr<UnixListener> unix_listener_;  // when --listen is a unix: address
+  std::unique_ptr<VerifyPoller> verify_poller_;
+  std::unique_ptr<grpc::Server> health_server_;  // --health-listen
   std::unique_ptr<Device> device_;
   int tcp_port_ = 0;
+  int health_port_ = 0;
   bool shut_down_ = false;
 };
 

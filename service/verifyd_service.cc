@@ -1,10 +1,8 @@
 #include "service/verifyd_service.h"
 
 #include <chrono>
+#include <utility>
 
-#include "google/protobuf/descriptor.h"
-
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "service/grpc_status.h"
@@ -15,99 +13,7 @@ namespace {
 
 absl::Status NotReady() { return absl::UnavailableError("verifyd is starting; retry"); }
 
-// Equal-time comparison: the token must not leak through response timing.
-bool TokenEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-}  // namespace
-
-VerifydService::VerifydService(const ServiceOptions& options, ServiceMetrics* metrics,
-                               SharedMemoryRegistry* regions)
-    : limits_(LimitsFromOptions(options)),
-      admin_token_(options.admin_token),
-      run_idle_inline_(options.run_idle_inline),
-      metrics_(metrics),
-      regions_(regions) {
-  // Handlers are indexed by the method's position in the service definition.
-  verify_method_index_ = google::protobuf::DescriptorPool::generated_pool()
-                             ->FindServiceByName("verifyd.v1.Verifyd")
-                             ->FindMethodByName("Verify")
-                             ->index();
-  // What WithCallbackMethod_Verify / WithAsyncMethod_Verify do, chosen at run time.
-  if (options.verify_handler == VerifyHandler::kCallback) {
-    MarkMethodCallback(
-        verify_method_index_,
-        new grpc::internal::CallbackUnaryHandler<v1::VerifyRequest, v1::VerifyResponse>(
-            [this](grpc::CallbackServerContext* context, const v1::VerifyRequest* request,
-                   v1::VerifyResponse* response) {
-              return VerifyCallback(context, request, response);
-            }));
-  } else if (options.verify_handler == VerifyHandler::kPolled) {
-    MarkMethodAsync(verify_method_index_);
-  }
-}
-
-void VerifydService::FinishCall(grpc::ServerUnaryReactor* reactor, const char* method,
-                                absl::Time start, const absl::Status& status) {
-  const grpc::Status grpc_status = ToGrpcStatus(status);
-  metrics_->RecordRpc(method, GrpcCodeName(grpc_status.error_code()), absl::Now() - start);
-  reactor->Finish(grpc_status);
-}
-
-grpc::ServerUnaryReactor* VerifydService::FinishNow(const char* method,
-                                                    grpc::CallbackServerContext* context,
-                                                    absl::Time start, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  FinishCall(reactor, method, start, status);
-  return reactor;
-}
-
-template <typename Op>
-grpc::ServerUnaryReactor* VerifydService::Enqueue(const char* method,
-                                                  grpc::CallbackServerContext* context,
-                                                  absl::Time start, Op op) {
-  Device* device = ReadyDevice();
-  if (device == nullptr) return FinishNow(method, context, start, NotReady());
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto task = [this, method, context, reactor, start,
-               op = std::move(op)](DeviceOperations& ops) mutable {
-    metrics_->RecordQueue(method, absl::Now() - start);
-    // A call cancelled while queued (client gone, deadline passed, drain deadline) is not run,
-    // so it changes nothing.
-    if (context->IsCancelled()) {
-      FinishCall(reactor, method, start, absl::CancelledError("cancelled before it ran"));
-      return;
-    }
-    FinishCall(reactor, method, start, op(ops));
-  };
-  const absl::Status queued =
-      run_idle_inline_ ? device->RunOrSubmit(std::move(task)) : device->Submit(std::move(task));
-  if (!queued.ok()) FinishCall(reactor, method, start, queued);
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* context,
-                                                 const v1::AppendRequest* request,
-                                                 v1::AppendResponse* response) {
-  const absl::Time start = absl::Now();
-  RegionPins pins;
-  absl::StatusOr<AppendCall> call = ValidateAppend(*request, limits_, regions_, &pins);
-  if (!call.ok()) return FinishNow("Append", context, start, call.status());
-  // The pins ride with the task: the kv pointer stays mapped until the executor is done with it.
-  return Enqueue(
-      "Append", context, start,
-      [call = *std::move(call), pins = std::move(pins), response](DeviceOperations& ops) {
-        return EncodeResult(ops.Append(call), response, EncodeAppend);
-      });
-}
-
-namespace {
-
-// Verify's work on the device, shared by the polled and the callback handler.
+// Verify's work on the device.
 absl::Status RunVerify(DeviceOperations& ops, const VerifyCall& call,
                        const v1::VerifyRequest& request, v1::VerifyResponse* response) {
   return EncodeResult(ops.Verify(call), response,
@@ -116,165 +22,205 @@ absl::Status RunVerify(DeviceOperations& ops, const VerifyCall& call,
                       });
 }
 
+// The gate's verdict, then the validation's: the first failure answers the call.
+template <typename Validated>
+absl::Status Prepared(const absl::Status& gate, const absl::StatusOr<Validated>& validated) {
+  if (!gate.ok()) return gate;
+  return validated.status();
+}
+
 }  // namespace
 
-void VerifydService::RequestPolledVerify(
-    grpc::ServerContext* context, v1::VerifyRequest* request,
-    grpc::ServerAsyncResponseWriter<v1::VerifyResponse>* responder, grpc::ServerCompletionQueue* cq,
-    void* tag) {
-  RequestAsyncUnary(verify_method_index_, context, request, responder, cq, cq, tag);
+VerifydService::VerifydService(const ServiceOptions& options, std::string admin_token,
+                               ServiceMetrics* metrics, SharedMemoryRegistry* regions,
+                               std::function<std::string(const std::string&)> client_of)
+    : limits_(LimitsFromOptions(options)),
+      gate_(std::move(admin_token)),
+      metrics_(metrics),
+      regions_(regions),
+      client_of_(std::move(client_of)) {}
+
+void VerifydService::End(const char* method, absl::Time start, const Finish& finish,
+                         const absl::Status& status) {
+  const grpc::Status grpc_status = ToGrpcStatus(status);
+  metrics_->RecordRpc(method, GrpcCodeName(grpc_status.error_code()), absl::Now() - start);
+  finish(grpc_status);
 }
 
-void VerifydService::VerifyPolled(grpc::ServerContext* context, const v1::VerifyRequest* request,
-                                  v1::VerifyResponse* response,
-                                  std::function<void(const grpc::Status&)> finish) {
-  const absl::Time start = absl::Now();
-  auto done = [this, start, finish = std::move(finish)](const absl::Status& result) {
-    const grpc::Status status = ToGrpcStatus(result);
-    metrics_->RecordRpc("Verify", GrpcCodeName(status.error_code()), absl::Now() - start);
-    finish(status);
-  };
-  RegionPins pins;
-  absl::StatusOr<VerifyCall> call = ValidateVerify(*request, limits_, regions_, &pins);
-  if (!call.ok()) return done(call.status());
+void VerifydService::Dispatch(const char* method, const grpc::ServerContextBase* context,
+                              std::function<bool()> cancelled, absl::Time start, Finish finish,
+                              const absl::Status& prepared, Where where, Work work) {
+  if (!prepared.ok()) return End(method, start, finish, prepared);
   Device* device = ReadyDevice();
-  if (device == nullptr) return done(NotReady());
-  auto task = [this, context, start, call = *std::move(call), pins = std::move(pins), request,
-               response, done](DeviceOperations& ops) {
-    metrics_->RecordQueue("Verify", absl::Now() - start);
-    // The completion-queue API cannot ask whether the client went away before the call ends
-    // (IsCancelled needs AsyncNotifyWhenDone's tag first); a call whose deadline passed while
-    // it was queued is not run, so it changes nothing.
-    if (context->deadline() < std::chrono::system_clock::now()) {
-      return done(absl::DeadlineExceededError("the deadline passed before the Verify ran"));
+  if (device == nullptr) return End(method, start, finish, NotReady());
+  auto task = [this, method, context, cancelled = std::move(cancelled), start, finish,
+               work = std::move(work)](DeviceOperations& ops) {
+    metrics_->RecordQueue(method, absl::Now() - start);
+    // A call whose client went away (or that the drain deadline cancelled) is not run: it would
+    // hold the device for nobody, and it changes nothing. Both handler kinds see it: callback
+    // contexts always, polled ones through AsyncNotifyWhenDone (VerifyPoller).
+    if (cancelled()) {
+      return End(method, start, finish, absl::CancelledError("the call was cancelled before it ran"));
     }
-    done(RunVerify(ops, call, *request, response));
+    if (context->deadline() < std::chrono::system_clock::now()) {
+      return End(method, start, finish,
+                 absl::DeadlineExceededError("the deadline passed before the call ran"));
+    }
+    End(method, start, finish, work(ops));
   };
-  const absl::Status queued =
-      run_idle_inline_ ? device->RunOrSubmit(std::move(task)) : device->Submit(std::move(task));
-  if (!queued.ok()) done(queued);
+  const absl::Status queued = where == Where::kFirstInQueue
+                                  ? device->SubmitFirst(std::move(task))
+                                  : device->Submit(std::move(task));
+  if (!queued.ok()) End(method, start, finish, queued);
 }
 
-grpc::ServerUnaryReactor* VerifydService::VerifyCallback(grpc::CallbackServerContext* context,
-                                                         const v1::VerifyRequest* request,
-                                                         v1::VerifyResponse* response) {
+grpc::ServerUnaryReactor* VerifydService::Serve(const char* method,
+                                                grpc::CallbackServerContext* context,
+                                                absl::Time start, const absl::Status& prepared,
+                                                Where where, Work work) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Dispatch(
+      method, context, [context] { return context->IsCancelled(); }, start,
+      [reactor](const grpc::Status& s) { reactor->Finish(s); }, prepared, where, std::move(work));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* VerifydService::ServeHere(const char* method,
+                                                    grpc::CallbackServerContext* context,
+                                                    absl::Time start,
+                                                    const absl::Status& prepared,
+                                                    const std::function<absl::Status()>& here) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  End(method, start, [reactor](const grpc::Status& s) { reactor->Finish(s); },
+      prepared.ok() ? here() : prepared);
+  return reactor;
+}
+
+void VerifydService::VerifyPolled(grpc::ServerContext* context, grpc::ByteBuffer* bytes,
+                                  v1::VerifyRequest* request, v1::VerifyResponse* response,
+                                  std::function<bool()> cancelled, Finish finish) {
   const absl::Time start = absl::Now();
+  absl::Status gate = gate_.CheckGated("Verify", *context);
+  if (gate.ok() && !grpc::SerializationTraits<v1::VerifyRequest>::Deserialize(bytes, request).ok()) {
+    gate = absl::InvalidArgumentError(
+        "the request is not a valid verifyd.v1.VerifyRequest message (it does not parse)");
+  }
   RegionPins pins;
-  absl::StatusOr<VerifyCall> call = ValidateVerify(*request, limits_, regions_, &pins);
-  if (!call.ok()) return FinishNow("Verify", context, start, call.status());
-  return Enqueue("Verify", context, start,
-                 [call = *std::move(call), pins = std::move(pins), request, response](
-                     DeviceOperations& ops) { return RunVerify(ops, call, *request, response); });
+  absl::StatusOr<VerifyCall> call =
+      gate.ok() ? ValidateVerify(*request, limits_, regions_, &pins) : absl::StatusOr<VerifyCall>();
+  Dispatch("Verify", context, std::move(cancelled), start, std::move(finish), Prepared(gate, call),
+           Where::kQueue,
+           [call = call.ok() ? *std::move(call) : VerifyCall(), pins = std::move(pins), request,
+            response](DeviceOperations& ops) { return RunVerify(ops, call, *request, response); });
+}
+
+grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* context,
+                                                 const v1::AppendRequest* request,
+                                                 v1::AppendResponse* response) {
+  const absl::Time start = absl::Now();
+  const absl::Status gate = gate_.CheckGated("Append", *context);
+  RegionPins pins;
+  absl::StatusOr<AppendCall> call =
+      gate.ok() ? ValidateAppend(*request, limits_, regions_, &pins) : absl::StatusOr<AppendCall>();
+  // The pins ride with the task: the kv pointer stays mapped until the executor is done with it.
+  return Serve("Append", context, start, Prepared(gate, call), Where::kQueue,
+               [call = call.ok() ? *std::move(call) : AppendCall(), pins = std::move(pins),
+                response](DeviceOperations& ops) {
+                 return EncodeResult(ops.Append(call), response, EncodeAppend);
+               });
 }
 
 grpc::ServerUnaryReactor* VerifydService::Commit(grpc::CallbackServerContext* context,
                                                  const v1::CommitRequest* request,
                                                  v1::CommitResponse* response) {
   const absl::Time start = absl::Now();
+  const absl::Status gate = gate_.CheckGated("Commit", *context);
   absl::StatusOr<CommitCall> call = ValidateCommit(*request, limits_);
-  if (!call.ok()) return FinishNow("Commit", context, start, call.status());
-  return Enqueue("Commit", context, start,
-                 [call = *std::move(call), response](DeviceOperations& ops) {
-                   return EncodeResult(ops.Commit(call), response, EncodeCommit);
-                 });
+  return Serve("Commit", context, start, Prepared(gate, call), Where::kQueue,
+               [call = call.ok() ? *std::move(call) : CommitCall(), response](
+                   DeviceOperations& ops) {
+                 return EncodeResult(ops.Commit(call), response, EncodeCommit);
+               });
 }
 
 grpc::ServerUnaryReactor* VerifydService::Release(grpc::CallbackServerContext* context,
                                                   const v1::ReleaseRequest* request,
                                                   v1::ReleaseResponse* response) {
   const absl::Time start = absl::Now();
+  const absl::Status gate = gate_.CheckGated("Release", *context);
   absl::StatusOr<ReleaseCall> call = ValidateRelease(*request);
-  if (!call.ok()) return FinishNow("Release", context, start, call.status());
-  return Enqueue("Release", context, start,
-                 [call = *std::move(call), response](DeviceOperations& ops) {
-                   return EncodeResult(ops.Release(call), response, EncodeRelease);
-                 });
+  return Serve("Release", context, start, Prepared(gate, call), Where::kQueue,
+               [call = call.ok() ? *std::move(call) : ReleaseCall(), response](
+                   DeviceOperations& ops) {
+                 return EncodeResult(ops.Release(call), response, EncodeRelease);
+               });
 }
 
 grpc::ServerUnaryReactor* VerifydService::Stats(grpc::CallbackServerContext* context,
                                                 const v1::StatsRequest* /*request*/,
                                                 v1::StatsResponse* response) {
-  const absl::Time start = absl::Now();
-  return Enqueue("Stats", context, start, [this, response](DeviceOperations& ops) {
-    EncodeStats(ops.Stats(), limits_.heads, limits_.default_scale, response);
-    return absl::OkStatus();
-  });
+  return Serve("Stats", context, absl::Now(), absl::OkStatus(), Where::kFirstInQueue,
+               [this, response](DeviceOperations& ops) {
+                 EncodeStats(ops.Stats(), limits_.heads, limits_.default_scale, response);
+                 return absl::OkStatus();
+               });
 }
 
 grpc::ServerUnaryReactor* VerifydService::CreateSharedMemory(
     grpc::CallbackServerContext* context, const v1::CreateSharedMemoryRequest* request,
     v1::SharedMemoryRegion* response) {
-  const absl::Time start = absl::Now();
-  absl::StatusOr<SharedMemoryInfo> info = regions_->Create(request->bytes());
-  if (info.ok()) {
-    response->set_region(info->region);
-    response->set_path(info->path);
-    response->set_bytes(info->bytes);
-  }
-  return FinishNow("CreateSharedMemory", context, start, info.status());
+  return ServeHere("CreateSharedMemory", context, absl::Now(),
+                   gate_.CheckGated("CreateSharedMemory", *context), [&]() -> absl::Status {
+                     const std::string peer = context->peer();
+                     VERIFYD_ASSIGN_OR_RETURN(
+                         SharedMemoryInfo info,
+                         regions_->Create(request->bytes(), client_of_ ? client_of_(peer) : peer));
+                     response->set_region(info.region);
+                     response->set_path(info.path);
+                     response->set_bytes(info.bytes);
+                     return absl::OkStatus();
+                   });
 }
 
 grpc::ServerUnaryReactor* VerifydService::ReleaseSharedMemory(
     grpc::CallbackServerContext* context, const v1::ReleaseSharedMemoryRequest* request,
     v1::ReleaseSharedMemoryResponse* response) {
-  const absl::Time start = absl::Now();
-  absl::StatusOr<uint64_t> bytes = regions_->Release(request->region());
-  if (bytes.ok()) response->set_bytes(*bytes);
-  return FinishNow("ReleaseSharedMemory", context, start, bytes.status());
-}
-
-absl::Status VerifydService::CheckAdmin(const grpc::CallbackServerContext& context) const {
-  // The socket file is mode 0660: reaching it already proves local group membership.
-  if (absl::StartsWith(context.peer(), "unix:")) return absl::OkStatus();
-  if (admin_token_.empty()) {
-    return absl::PermissionDeniedError(
-        "Compact over TCP needs --admin-token on the daemon; use the Unix socket instead");
-  }
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find(kAdminTokenMetadata);
-  if (it == metadata.end()) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("Compact over TCP needs metadata \"", kAdminTokenMetadata, "\""));
-  }
-  if (!TokenEquals(std::string_view(it->second.data(), it->second.size()), admin_token_)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("metadata \"", kAdminTokenMetadata, "\" does not match --admin-token"));
-  }
-  return absl::OkStatus();
+  return ServeHere("ReleaseSharedMemory", context, absl::Now(),
+                   gate_.CheckGated("ReleaseSharedMemory", *context), [&]() -> absl::Status {
+                     VERIFYD_ASSIGN_OR_RETURN(uint64_t bytes, regions_->Release(request->region()));
+                     response->set_bytes(bytes);
+                     return absl::OkStatus();
+                   });
 }
 
 grpc::ServerUnaryReactor* VerifydService::Compact(grpc::CallbackServerContext* context,
                                                   const v1::CompactRequest* request,
                                                   v1::CompactResponse* response) {
-  const absl::Time start = absl::Now();
-  if (absl::Status admin = CheckAdmin(*context); !admin.ok()) {
-    return FinishNow("Compact", context, start, admin);
-  }
+  const absl::Status gate = gate_.CheckGated("Compact", *context);
   absl::StatusOr<CompactCall> call = ValidateCompact(*request);
-  if (!call.ok()) return FinishNow("Compact", context, start, call.status());
-  Device* device = ReadyDevice();
-  if (device == nullptr) return FinishNow("Compact", context, start, NotReady());
-  response->set_operation_id(device->StartCompaction(call->budget_bytes));
-  return FinishNow("Compact", context, start, absl::OkStatus());
+  return ServeHere("Compact", context, absl::Now(), Prepared(gate, call), [&]() -> absl::Status {
+    Device* device = ReadyDevice();
+    if (device == nullptr) return NotReady();
+    response->set_operation_id(device->StartCompaction(call->budget_bytes));
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* VerifydService::GetCompaction(grpc::CallbackServerContext* context,
                                                         const v1::GetCompactionRequest* request,
                                                         v1::CompactionStatus* response) {
-  const absl::Time start = absl::Now();
   absl::StatusOr<GetCompactionCall> call = ValidateGetCompaction(*request);
-  if (!call.ok()) return FinishNow("GetCompaction", context, start, call.status());
-  Device* device = ReadyDevice();
-  if (device == nullptr) return FinishNow("GetCompaction", context, start, NotReady());
-  std::optional<CompactionOperation> op = device->GetCompaction(call->operation_id);
-  if (!op.has_value()) {
-    return FinishNow(
-        "GetCompaction", context, start,
-        absl::NotFoundError(absl::StrCat("operation_id = '", call->operation_id,
-                                         "' is unknown (only recent operations are kept)")));
-  }
-  EncodeCompactionStatus(*op, response);
-  return FinishNow("GetCompaction", context, start, absl::OkStatus());
+  return ServeHere("GetCompaction", context, absl::Now(), call.status(), [&]() -> absl::Status {
+    Device* device = ReadyDevice();
+    if (device == nullptr) return NotReady();
+    std::optional<CompactionOperation> op = device->GetCompaction(call->operation_id);
+    if (!op.has_value()) {
+      return absl::NotFoundError(absl::StrCat("operation_id = '", call->operation_id,
+                                              "' is unknown (only recent operations are kept)"));
+    }
+    EncodeCompactionStatus(*op, response);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace verifyd

@@ -1,15 +1,23 @@
 // The gRPC edge: each handler validates its request into a plain struct (no state touched), then
-// hands the work to the device executor and returns; the executor finishes the reactor.
-// Metrics of an RPC and the absl -> gRPC status mapping happen in FinishCall only.
+// hands the work to the device executor and returns; the executor thread sends the reply. Every
+// handler goes through one path (Dispatch): gate → validate → queue → skip if the client has gone
+// → run → record the metrics and map the status.
+//
+// Verify is served on gRPC's completion-queue API (VerifyPoller), the other methods as callback
+// handlers: plans/0012 measured the polled handler fastest, and plans/0015 settled on it alone.
+// Verify is a raw method (bytes in, bytes out): it parses the request itself, so that bytes that
+// do not parse get INVALID_ARGUMENT and are counted (gRPC's own answer was INTERNAL, uncounted).
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "executor/device.h"
+#include "service/call_gate.h"
 #include "service/request_validation.h"
 #include "service/service_metrics.h"
 #include "service/service_options.h"
@@ -18,44 +26,40 @@
 
 namespace verifyd {
 
-inline constexpr char kAdminTokenMetadata[] = "x-verifyd-admin-token";
-
-// Verify's gRPC handler is chosen at start (--verify-handler, plans/0012): polled (default; a
-// thread of ours polls a completion queue, VerifyPoller, and the device thread writes the reply)
-// or callback (the device thread finishes the reactor). Both stay so that each host can be
-// measured both ways; the other methods are callback handlers. Verify is left out of the
-// callback chain below and given its kind in the constructor.
 using VerifydServiceBase =
-    v1::Verifyd::WithCallbackMethod_Append<v1::Verifyd::WithCallbackMethod_Commit<
-        v1::Verifyd::WithCallbackMethod_Release<v1::Verifyd::WithCallbackMethod_Compact<
-            v1::Verifyd::WithCallbackMethod_GetCompaction<v1::Verifyd::WithCallbackMethod_Stats<
-                v1::Verifyd::WithCallbackMethod_CreateSharedMemory<
-                    v1::Verifyd::WithCallbackMethod_ReleaseSharedMemory<
-                        v1::Verifyd::Service>>>>>>>>;
+    v1::Verifyd::WithCallbackMethod_Append<v1::Verifyd::WithRawMethod_Verify<
+        v1::Verifyd::WithCallbackMethod_Commit<v1::Verifyd::WithCallbackMethod_Release<
+            v1::Verifyd::WithCallbackMethod_Compact<v1::Verifyd::WithCallbackMethod_GetCompaction<
+                v1::Verifyd::WithCallbackMethod_Stats<
+                    v1::Verifyd::WithCallbackMethod_CreateSharedMemory<
+                        v1::Verifyd::WithCallbackMethod_ReleaseSharedMemory<
+                            v1::Verifyd::Service>>>>>>>>>;
 
 class VerifydService final : public VerifydServiceBase {
  public:
   // `regions` holds the shared-memory regions for tensors; it must outlive the server's calls.
-  VerifydService(const ServiceOptions& options, ServiceMetrics* metrics,
-                 SharedMemoryRegistry* regions);
+  // `client_of` names the client behind a peer (its process; UnixListener::ClientOf), for each
+  // client's share of the shared memory; null: the peer itself.
+  VerifydService(const ServiceOptions& options, std::string admin_token, ServiceMetrics* metrics,
+                 SharedMemoryRegistry* regions,
+                 std::function<std::string(const std::string&)> client_of = nullptr);
 
   // Until a device is attached, every RPC answers UNAVAILABLE ("starting"). The device must
   // outlive the server's calls.
   void AttachDevice(Device* device) { device_.store(device); }
 
+  // A Verify that VerifyPoller received; `cancelled` tells whether the call ended without us
+  // (client gone, deadline, drain deadline: the poller's AsyncNotifyWhenDone); `finish` sends the
+  // reply (called once, on any thread).
+  // `bytes` is the request as received; it is parsed into `request`.
+  void VerifyPolled(grpc::ServerContext* context, grpc::ByteBuffer* bytes,
+                    v1::VerifyRequest* request, v1::VerifyResponse* response,
+                    std::function<bool()> cancelled,
+                    std::function<void(const grpc::Status&)> finish);
+
   grpc::ServerUnaryReactor* Append(grpc::CallbackServerContext* context,
                                    const v1::AppendRequest* request,
                                    v1::AppendResponse* response) override;
-  // VerifyHandler::kPolled: posts a call slot for the next Verify on `cq` (its events carry
-  // `tag`), and handles one that arrived; `finish` sends the reply (called once, on any thread).
-  void RequestPolledVerify(grpc::ServerContext* context, v1::VerifyRequest* request,
-                           grpc::ServerAsyncResponseWriter<v1::VerifyResponse>* responder,
-                           grpc::ServerCompletionQueue* cq, void* tag);
-  void VerifyPolled(grpc::ServerContext* context, const v1::VerifyRequest* request,
-                    v1::VerifyResponse* response, std::function<void(const grpc::Status&)> finish);
-  grpc::ServerUnaryReactor* VerifyCallback(grpc::CallbackServerContext* context,
-                                           const v1::VerifyRequest* request,
-                                           v1::VerifyResponse* response);
   grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* context,
                                    const v1::CommitRequest* request,
                                    v1::CommitResponse* response) override;
@@ -68,6 +72,8 @@ class VerifydService final : public VerifydServiceBase {
   grpc::ServerUnaryReactor* GetCompaction(grpc::CallbackServerContext* context,
                                           const v1::GetCompactionRequest* request,
                                           v1::CompactionStatus* response) override;
+  // Queued ahead of waiting requests (it runs after the one in progress): its latency is one
+  // request's, not the queue's, so it can serve as a liveness signal of the device thread.
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
                                   const v1::StatsRequest* request,
                                   v1::StatsResponse* response) override;
@@ -80,24 +86,35 @@ class VerifydService final : public VerifydServiceBase {
                                                 v1::ReleaseSharedMemoryResponse* response) override;
 
  private:
-  // Runs `op` on the executor, then finishes the call with its status.
-  template <typename Op>
-  grpc::ServerUnaryReactor* Enqueue(const char* method, grpc::CallbackServerContext* context,
-                                    absl::Time start, Op op);
-  grpc::ServerUnaryReactor* FinishNow(const char* method, grpc::CallbackServerContext* context,
-                                      absl::Time start, const absl::Status& status);
-  void FinishCall(grpc::ServerUnaryReactor* reactor, const char* method, absl::Time start,
-                  const absl::Status& status);
-  // Compact is an operator action: Unix socket peers, or TCP peers with the admin token.
-  absl::Status CheckAdmin(const grpc::CallbackServerContext& context) const;
+  using Finish = std::function<void(const grpc::Status&)>;
+  using Work = std::function<absl::Status(DeviceOperations&)>;
+  enum class Where { kQueue, kFirstInQueue };
+
+  // The one path of every queued call: `prepared` is the gate and validation's verdict (not OK:
+  // answered at once, nothing queued); `work` runs on the executor thread, unless the client went
+  // away or the deadline passed while it waited (then CANCELLED / DEADLINE_EXCEEDED, nothing
+  // changed). Every end goes through `finish` after the metrics are recorded.
+  void Dispatch(const char* method, const grpc::ServerContextBase* context,
+                std::function<bool()> cancelled, absl::Time start, Finish finish,
+                const absl::Status& prepared, Where where, Work work);
+  // Dispatch for a callback method: the reply goes through the context's default reactor.
+  grpc::ServerUnaryReactor* Serve(const char* method, grpc::CallbackServerContext* context,
+                                  absl::Time start, const absl::Status& prepared, Where where,
+                                  Work work);
+  // For calls answered on the handler thread (no device state): `here` runs when `prepared` is
+  // OK.
+  grpc::ServerUnaryReactor* ServeHere(const char* method, grpc::CallbackServerContext* context,
+                                      absl::Time start, const absl::Status& prepared,
+                                      const std::function<absl::Status()>& here);
+  // Records the call's metrics and maps its status: the end of every call.
+  void End(const char* method, absl::Time start, const Finish& finish, const absl::Status& status);
   Device* ReadyDevice() const { return device_.load(); }
 
   const ValidationLimits limits_;
-  const std::string admin_token_;
-  const bool run_idle_inline_;
-  int verify_method_index_ = 0;  // Verify's position in the service definition
+  const CallGate gate_;
   ServiceMetrics* metrics_;
   SharedMemoryRegistry* regions_;
+  const std::function<std::string(const std::string&)> client_of_;
   std::atomic<Device*> device_{nullptr};
 };
 

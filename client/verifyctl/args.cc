@@ -22,8 +22,9 @@ absl::StatusOr<Command> ParseCommand(const std::string& word) {
 }  // namespace
 
 std::string Usage() {
-  return "usage: verifyctl [--target=unix:///tmp/verifyd-0.sock] [--deadline-seconds=10]\n"
-         "                 [--admin-token=TOKEN] COMMAND\n"
+  return "usage: verifyctl [--target=unix:///run/verifyd/verifyd-0.sock] [--deadline-seconds=10]\n"
+         "                 [--admin-token=TOKEN] [-o text|json] COMMAND\n"
+         "       verifyctl --version\n"
          "commands:\n"
          "  health                        grpc.health.v1 status (exit 0 only when SERVING)\n"
          "  stats                         store occupancy, fragmentation and settings\n"
@@ -42,6 +43,28 @@ absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& argv) {
     if (word == "-h" || word == "--help") {
       args.command = Command::kHelp;
       return args;
+    }
+    if (word == "--version") {
+      args.command = Command::kVersion;
+      return args;
+    }
+    if (word == "-o" || absl::StartsWith(word, "-o=") || absl::StartsWith(word, "--output")) {
+      std::string value;
+      if (const size_t eq = word.find('='); eq != std::string::npos) {
+        value = word.substr(eq + 1);
+      } else if (i + 1 < argv.size() && (word == "-o" || word == "--output")) {
+        value = argv[++i];
+      } else {
+        return Usage(word, " needs a value");
+      }
+      if (value == "json") {
+        args.output = Output::kJson;
+      } else if (value == "text") {
+        args.output = Output::kText;
+      } else {
+        return Usage("-o = '", value, "' must be text or json");
+      }
+      continue;
     }
     if (!absl::StartsWith(word, "--")) {
       if (have_command) return Usage("unexpected argument '", word, "' after the command");

@@ -12,13 +12,17 @@
 
 namespace verifyd::ctl {
 
-enum class Command { kHealth, kStats, kCompact, kRelease, kHelp };
+enum class Command { kHealth, kStats, kCompact, kRelease, kHelp, kVersion };
+
+// text: tables and a progress bar (on a terminal); json: protobuf's JSON of the reply, for scripts.
+enum class Output { kText, kJson };
 
 struct Args {
   Command command = Command::kHelp;
-  std::string target = "unix:///tmp/verifyd-0.sock";
+  std::string target = "unix:///run/verifyd/verifyd-0.sock";
   double deadline_seconds = 10;
   std::string admin_token;
+  Output output = Output::kText;
   uint64_t budget_bytes = 0;  // compact; 0 = until converged
   int poll_ms = 100;          // compact
   uint64_t sequence = 0;      // release

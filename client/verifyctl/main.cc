@@ -1,5 +1,7 @@
 // verifyctl: the operator CLI (health, stats, compact with progress, release).
 // Exit codes: 0 ok, 1 rpc error (or not SERVING, or a FAILED compaction), 2 usage.
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -8,6 +10,10 @@
 #include "client/client.h"
 #include "client/verifyctl/args.h"
 #include "client/verifyctl/render.h"
+
+#ifndef VERIFYD_VERSION
+#define VERIFYD_VERSION "0.0.0"
+#endif
 
 namespace verifyd::ctl {
 namespace {
@@ -22,22 +28,39 @@ int Fail(const absl::Status& status) {
 int RunCompact(Client& client, const Args& args) {
   auto started = client.Compact(args.budget_bytes);
   if (!started.ok()) return Fail(started.status());
-  std::cout << "compaction " << started->operation_id() << " (budget "
-            << (args.budget_bytes == 0 ? std::string("until converged")
-                                       : FormatBytes(static_cast<double>(args.budget_bytes)))
-            << ")\n";
+  const bool json = args.output == Output::kJson;
+  // The redrawn bar is for a person at a terminal; a journal or a pipe gets one plain line per
+  // state change instead of hundreds of carriage returns.
+  const bool terminal = !json && isatty(STDOUT_FILENO) == 1;
+  if (!json) {
+    std::cout << "compaction " << started->operation_id() << " (budget "
+              << (args.budget_bytes == 0 ? std::string("until converged")
+                                         : FormatBytes(static_cast<double>(args.budget_bytes)))
+              << ")\n";
+  }
   // The operation may outlive one RPC deadline; each poll gets its own.
-  auto done = client.WaitCompaction(started->operation_id(), absl::Milliseconds(args.poll_ms),
-                                    [](const v1::CompactionStatus& s) {
-                                      std::cout << "\r" << FormatProgressLine(s) << std::flush;
-                                    });
-  std::cout << "\n";
+  int last_state = -1;
+  auto done = client.WaitCompaction(
+      started->operation_id(), absl::Milliseconds(args.poll_ms),
+      [&](const v1::CompactionStatus& s) {
+        if (terminal) {
+          std::cout << "\r" << FormatProgressLine(s) << std::flush;
+        } else if (!json && s.state() != last_state) {
+          std::cout << FormatProgressLine(s) << "\n" << std::flush;
+        }
+        last_state = s.state();
+      });
+  if (terminal) std::cout << "\n";
   if (!done.ok()) return Fail(done.status());
-  std::cout << FormatCompactionSummary(*done);
+  std::cout << (json ? FormatJson(*done) : FormatCompactionSummary(*done));
   return done->state() == v1::CompactionStatus::DONE ? kOk : kRpcError;
 }
 
 int Run(const Args& args) {
+  if (args.command == Command::kVersion) {
+    std::cout << "verifyctl " << VERIFYD_VERSION << "\n";
+    return kOk;
+  }
   ClientOptions options;
   options.default_deadline = absl::Seconds(args.deadline_seconds);
   options.admin_token = args.admin_token;
@@ -53,7 +76,7 @@ int Run(const Args& args) {
     case Command::kStats: {
       auto stats = (*client)->Stats();
       if (!stats.ok()) return Fail(stats.status());
-      std::cout << FormatStatsTable(*stats);
+      std::cout << (args.output == Output::kJson ? FormatJson(*stats) : FormatStatsTable(*stats));
       return kOk;
     }
     case Command::kCompact:
@@ -67,6 +90,9 @@ int Run(const Args& args) {
     }
     case Command::kHelp:
       break;
+    case Command::kVersion:
+      std::cout << "verifyctl " << VERIFYD_VERSION << "\n";
+      return kOk;
   }
   std::cout << Usage();
   return kOk;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace verifyd::ctl {
 namespace {
@@ -91,6 +92,16 @@ std::string FormatCompactionSummary(const v1::CompactionStatus& s) {
   };
   if (!s.error().empty()) rows.push_back({"error", s.error()});
   return Table(rows);
+}
+
+std::string FormatJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  const auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) return absl::StrCat("{\"error\": \"", status.ToString(), "\"}\n");
+  return json + "\n";
 }
 
 }  // namespace verifyd::ctl

@@ -18,6 +18,10 @@ std::string FormatStatsTable(const v1::StatsResponse& stats);
 // bytes_moved / bytes_planned; with no plan yet, 0% until DONE.
 std::string FormatProgressLine(const v1::CompactionStatus& status, int width = 30);
 
+// protobuf's JSON of `message` (field names as in the proto, every field printed, one object and a
+// newline): what `verifyctl -o json` prints.
+std::string FormatJson(const google::protobuf::Message& message);
+
 // The final report: state, bytes and tokens moved, time, throughput, fragmentation before/after.
 std::string FormatCompactionSummary(const v1::CompactionStatus& status);
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Writes the per-GPU parts of the bundle for nodes with N GPUs (default 8): daemonset.yaml,
 # resourceclaimtemplate.yaml, service.yaml, servicemonitor.yaml. One verifyd container per GPU (plans/0007-operations.md says why);
-# all containers of a pod share one network namespace, so container i takes gRPC port 50051+i and
+# all containers of a pod share one network namespace, so container i takes health port 50051+i and
 # metrics port 9464+i. tests/deploy checks that the shipped files equal `render.sh 8`.
 # GPUs and MPS (plans/0018-data-plane-gpu.md): the pod takes the node's GPUs through one DRA
 # ResourceClaim (resourceclaimtemplate.yaml) that every container references, so the scheduler and
@@ -30,11 +30,9 @@ verifyd_container() {
             - --device=$i
             - --backend=cuda
             - --listen=unix:///run/verifyd/gpu$i.sock
-            # TCP only so the kubelet's gRPC probes can reach the health service; the
-            # NetworkPolicy keeps other pods out.
-            - --tcp=0.0.0.0:$grpc
-            - --allow-remote
-            - --admin-token=\$(VERIFYD_ADMIN_TOKEN)
+            # The kubelet's gRPC probes reach a listener that serves grpc.health.v1 and nothing
+            # else; every other call goes through the Unix socket (no TCP service, no token).
+            - --health-listen=0.0.0.0:$grpc
             - --metrics=0.0.0.0:$metrics
             - --layers=\$(VERIFYD_LAYERS)
             - --heads=\$(VERIFYD_HEADS)
@@ -49,12 +47,6 @@ verifyd_container() {
           envFrom:
             - configMapRef:
                 name: verifyd-config
-          env:
-            - name: VERIFYD_ADMIN_TOKEN
-              valueFrom:
-                secretKeyRef:
-                  name: verifyd-admin-token
-                  key: token
           ports:
             - name: grpc-gpu$i
               containerPort: $grpc
@@ -171,9 +163,9 @@ YAML
           resources:
             claims:
               - name: gpus
-          # Same uid as the daemons: their sockets are created 0755 (the container umask), and
-          # connecting to a Unix socket needs write permission on it. MPS also serves one uid per
-          # GPU at a time: a client of another uid would wait.
+          # Same uid and group as the daemons: their sockets are mode 0660 (owner and group may
+          # connect), whatever the container's umask. MPS also serves one uid per GPU at a time: a
+          # client of another uid would wait.
           securityContext:
             runAsUser: 65532
             runAsGroup: 65532

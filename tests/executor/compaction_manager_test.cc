@@ -4,6 +4,7 @@
 #include "executor/compaction_manager.h"
 
 #include <random>
+#include <set>
 
 #include "gtest/gtest.h"
 #include "kvstore/kv_storage.h"
@@ -66,6 +67,21 @@ class CompactionManagerTest : public ::testing::Test {
   KvStore store_;
   std::map<SequenceId, std::map<int, std::vector<bf16_bits>>> written_;
 };
+
+// A daemon restart makes a new manager: its ids must not repeat the old run's, or a poller that
+// holds an id across the restart reads another operation.
+TEST_F(CompactionManagerTest, IdsAreUniqueWithinAndAcrossRuns) {
+  std::set<std::string> ids;
+  for (int run = 0; run < 4; ++run) {
+    CompactionManager manager(64, kMoveBytes, &metrics_);
+    for (int i = 0; i < 3; ++i) {
+      const std::string id = manager.Create(1 << 20);
+      EXPECT_TRUE(ids.insert(id).second) << id << " repeats";
+      EXPECT_TRUE(manager.Get(id).has_value());
+    }
+  }
+  EXPECT_EQ(ids.size(), 12u);
+}
 
 TEST_F(CompactionManagerTest, BudgetBoundsTheCopy) {
   Fragment();

@@ -1,8 +1,11 @@
 // DeviceExecutor: order, background steps between tasks, the tick, the queue bound, the drain.
 #include "executor/device_executor.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <future>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -89,22 +92,15 @@ TEST(DeviceExecutorTest, QueueBoundAndDrain) {
   EXPECT_EQ(executor.Submit([] {}).code(), absl::StatusCode::kUnavailable);
 }
 
-TEST(DeviceExecutorTest, RunOrSubmitRunsInlineWhenIdleAndQueuesBehindWork) {
+TEST(DeviceExecutorTest, SubmitFirstRunsAheadOfWaitingTasksRightAfterTheRunningOne) {
   ExecutorHooks hooks;
   hooks.tick_period = absl::Hours(1);
+  hooks.max_queued = 8;
   DeviceExecutor executor(hooks);
   executor.Start();
-  // Idle: on the caller's thread, finished when the call returns.
-  bool ran_inline = false;
-  std::thread::id ran_on;
-  ASSERT_TRUE(executor.RunOrSubmit([&] { ran_on = std::this_thread::get_id(); }, &ran_inline).ok());
-  EXPECT_TRUE(ran_inline);
-  EXPECT_EQ(ran_on, std::this_thread::get_id());
-
-  // Busy (a task holds the executor): queued behind it, run on the executor thread, in order.
   std::promise<void> gate, started;
   std::shared_future<void> open = gate.get_future().share();
-  std::vector<int> order;  // written by whichever thread holds the device, one at a time
+  std::vector<int> order;  // written only by the executor thread
   ASSERT_TRUE(executor
                   .Submit([&] {
                     started.set_value();
@@ -113,65 +109,24 @@ TEST(DeviceExecutorTest, RunOrSubmitRunsInlineWhenIdleAndQueuesBehindWork) {
                   })
                   .ok());
   started.get_future().wait();
-  std::promise<std::thread::id> queued_on;
-  ASSERT_TRUE(executor
-                  .RunOrSubmit(
-                      [&] {
-                        order.push_back(1);
-                        queued_on.set_value(std::this_thread::get_id());
-                      },
-                      &ran_inline)
-                  .ok());
-  EXPECT_FALSE(ran_inline);
-  gate.set_value();
-  EXPECT_NE(queued_on.get_future().get(), std::this_thread::get_id());
-  executor.Drain();
-  EXPECT_THAT(order, ::testing::ElementsAre(0, 1));
-  EXPECT_EQ(executor.RunOrSubmit([] {}).code(), absl::StatusCode::kUnavailable);
-}
-
-TEST(DeviceExecutorTest, InlineTasksNeverOverlapQueuedWorkBackgroundOrTicks) {
-  std::atomic<int> holders{0};
-  std::atomic<int> overlaps{0};
-  std::atomic<int> background_steps{0}, ticks{0};
-  auto hold = [&] {
-    if (holders.fetch_add(1) != 0) ++overlaps;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-    holders.fetch_sub(1);
-  };
-  ExecutorHooks hooks;
-  hooks.background_step = [&] {
-    hold();
-    return ++background_steps < 200;
-  };
-  hooks.tick = [&] {
-    hold();
-    ++ticks;
-  };
-  hooks.tick_period = absl::Milliseconds(1);
-  DeviceExecutor executor(hooks);
-  executor.Start();
-  executor.NotifyBackgroundWork();
-  std::atomic<int> ran{0};
-  std::vector<std::thread> callers;
-  for (int t = 0; t < 4; ++t) {
-    callers.emplace_back([&, t] {
-      for (int i = 0; i < 100; ++i) {
-        auto task = [&] {
-          hold();
-          ++ran;
-        };
-        ASSERT_TRUE((i + t) % 3 == 0 ? executor.Submit(task).ok()
-                                     : executor.RunOrSubmit(task).ok());
-      }
-    });
+  // Random numbers of ordinary tasks, then one first-in-line task: it overtakes them all.
+  std::mt19937 rng(20261201);
+  const int waiting = 1 + static_cast<int>(rng() % 6);
+  for (int i = 1; i <= waiting; ++i) {
+    ASSERT_TRUE(executor.Submit([&order, i] { order.push_back(i); }).ok());
   }
-  for (std::thread& c : callers) c.join();
+  ASSERT_TRUE(executor.SubmitFirst([&] { order.push_back(-1); }).ok());
+  // The queue bound counts it like any task.
+  while (executor.Submit([] {}).ok()) {
+  }
+  EXPECT_EQ(executor.SubmitFirst([] {}).code(), absl::StatusCode::kResourceExhausted);
+  gate.set_value();
   executor.Drain();
-  EXPECT_EQ(ran.load(), 400);
-  EXPECT_EQ(overlaps.load(), 0);
-  EXPECT_GT(background_steps.load(), 0);
-  EXPECT_GT(ticks.load(), 0);
+  ASSERT_GE(order.size(), 3u);
+  EXPECT_EQ(order[0], 0);
+  EXPECT_EQ(order[1], -1);
+  for (int i = 1; i <= waiting; ++i) EXPECT_EQ(order[1 + i], i);
+  EXPECT_EQ(executor.SubmitFirst([] {}).code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(DeviceExecutorTest, SpinningThreadRunsTasksQueuedDuringTheWindowAndAfterIt) {
@@ -199,7 +154,10 @@ TEST(DeviceExecutorTest, SpinningThreadRunsTasksQueuedDuringTheWindowAndAfterIt)
   EXPECT_LT(absl::Now() - drain_start, absl::Seconds(1)) << "the spin must not hold up the drain";
   EXPECT_EQ(ExecutorSpinMicros(0), 0);
   EXPECT_EQ(ExecutorSpinMicros(750), 750);
-  EXPECT_EQ(ExecutorSpinMicros(-1), std::thread::hardware_concurrency() >= 8 ? 2000 : 0);
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(cpus), &cpus), 0);
+  EXPECT_EQ(ExecutorSpinMicros(-1), CPU_COUNT(&cpus) >= 8 ? 2000 : 0);
 }
 
 TEST(DeviceExecutorTest, SpinWindowNeverDelaysBackgroundSteps) {

@@ -3,9 +3,13 @@
 // the wire, oversized messages and the admin rule. Each gets its code and a message naming the
 // field; afterwards every other sequence still verifies correctly.
 #include <functional>
+#include <future>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "prometheus/text_serializer.h"
 #include "service/verifyd_service.h"
 #include "tests/service/rpc_helpers.h"
 #include "tests/service/shadow_model.h"
@@ -26,7 +30,7 @@ class BadInputTest : public ::testing::Test {
     o.kv_capacity_tokens = 1024;
     o.max_message_bytes = 2 << 20;
     o.tcp = "127.0.0.1:0";
-    o.admin_token = "s3cret";
+    o.admin_token_file = testing::WriteTokenFile("s3cret");
     return o;
   }
 
@@ -223,22 +227,145 @@ TEST_F(BadInputTest, ValidationErrorsThroughTheWire) {
   ExpectOthersStillVerify();
 }
 
-TEST_F(BadInputTest, CompactIsAnOperatorAction) {
-  auto compact = [](v1::Verifyd::Stub& stub, const char* token) {
+// Bytes that do not parse as the method's request: INVALID_ARGUMENT naming the message type (gRPC
+// said UNIMPLEMENTED with no message, INTERNAL for Verify), counted in verifyd_rpc_requests_total
+// like every other rejection, and nothing changes. An oversized request is counted too.
+TEST_F(BadInputTest, MalformedAndOversizedRequestsAreNamedAndCounted) {
+  grpc::GenericStub generic(server_.channel());
+  const v1::StatsResponse before = rpc_.Stats();
+  // A field 1 varint whose value never ends: no protobuf parser accepts it.
+  const std::string garbage = "\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff";
+  for (const char* method : {"Append", "Verify", "Commit", "Release", "Stats"}) {
+    SCOPED_TRACE(method);
     grpc::ClientContext context;
-    if (token != nullptr) context.AddMetadata(kAdminTokenMetadata, token);
-    v1::CompactRequest request;
-    request.set_budget_bytes(1 << 20);
-    v1::CompactResponse response;
-    return stub.Compact(&context, request, &response);
-  };
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer request(&slice, 1), reply;
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&context, absl::StrCat("/verifyd.v1.Verifyd/", method), grpc::StubOptions(),
+                      &request, &reply, [&](grpc::Status s) { done.set_value(s); });
+    const grpc::Status status = done.get_future().get();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    EXPECT_THAT(status.error_message(),
+                HasSubstr(absl::StrCat("is not a valid verifyd.v1.", method, "Request message")));
+  }
+  ExpectError([&] { return SendAppend(model_.MakeAppend(4, 700)); },
+              grpc::StatusCode::RESOURCE_EXHAUSTED, "");
+  const std::string text =
+      prometheus::TextSerializer().Serialize(server_.server().metrics().registry()->Collect());
+  for (const char* method : {"Append", "Verify", "Commit", "Release", "Stats"}) {
+    EXPECT_THAT(text, HasSubstr(absl::StrCat("verifyd_rpc_requests_total{code=\"INVALID_ARGUMENT\","
+                                             "method=\"", method, "\"} 1")))
+        << method;
+  }
+  EXPECT_THAT(text, HasSubstr("verifyd_rpc_requests_total{code=\"RESOURCE_EXHAUSTED\","
+                              "method=\"Append\"} 1"));
+  const v1::StatsResponse after = rpc_.Stats();
+  EXPECT_EQ(after.used_tokens(), before.used_tokens());
+  ExpectOthersStillVerify();
+}
+
+// Over TCP (a non-owner transport) every call that changes state or moves tensors needs the
+// admin token, with a message naming the method and the metadata key, and changes nothing
+// without it; reads answer without one; the Unix socket needs none.
+TEST_F(BadInputTest, TcpGatesEveryStateChangingCall) {
   auto tcp = v1::Verifyd::NewStub(testing::MakeChannel(server_.server().tcp_address()));
-  ExpectError([&] { return compact(*tcp, nullptr); }, grpc::StatusCode::PERMISSION_DENIED,
-              "x-verifyd-admin-token");
-  ExpectError([&] { return compact(*tcp, "wrong"); }, grpc::StatusCode::PERMISSION_DENIED,
-              "does not match --admin-token");
-  EXPECT_TRUE(compact(*tcp, "s3cret").ok());
-  EXPECT_TRUE(compact(server_.stub(), nullptr).ok()) << "the Unix socket needs no token";
+  const v1::StatsResponse before = rpc_.Stats();
+  const auto parents1 = model_.sequences().at(1).parents;
+  // The gate answers before validation: what each request holds does not matter to it.
+  struct Gated {
+    const char* method;
+    std::function<grpc::Status(v1::Verifyd::Stub&, const char*)> call;
+  };
+  auto with = [](const char* token, grpc::ClientContext* context) {
+    if (token != nullptr) context->AddMetadata(kAdminTokenMetadata, token);
+  };
+  const v1::AppendRequest append = model_.MakeAppend(5, 3);
+  const v1::VerifyRequest verify =
+      model_.MakeVerify(0, {VerifyPart{1, parents1, std::nullopt}}, false);
+  std::vector<Gated> gated = {
+      {"Append",
+       [&](v1::Verifyd::Stub& stub, const char* token) {
+         grpc::ClientContext c;
+         with(token, &c);
+         v1::AppendResponse r;
+         return stub.Append(&c, append, &r);
+       }},
+      {"Verify",
+       [&](v1::Verifyd::Stub& stub, const char* token) {
+         grpc::ClientContext c;
+         with(token, &c);
+         v1::VerifyResponse r;
+         return stub.Verify(&c, verify, &r);
+       }},
+      {"Commit",
+       [&](v1::Verifyd::Stub& stub, const char* token) {
+         grpc::ClientContext c;
+         with(token, &c);
+         v1::CommitRequest q;
+         q.set_sequence_id(1);
+         v1::CommitResponse r;
+         return stub.Commit(&c, q, &r);
+       }},
+      {"Release",
+       [&](v1::Verifyd::Stub& stub, const char* token) {
+         grpc::ClientContext c;
+         with(token, &c);
+         v1::ReleaseRequest q;
+         q.set_sequence_id(2);
+         v1::ReleaseResponse r;
+         return stub.Release(&c, q, &r);
+       }},
+      {"Compact",
+       [&](v1::Verifyd::Stub& stub, const char* token) {
+         grpc::ClientContext c;
+         with(token, &c);
+         v1::CompactRequest q;
+         q.set_budget_bytes(1 << 20);
+         v1::CompactResponse r;
+         return stub.Compact(&c, q, &r);
+       }},
+      {"CreateSharedMemory",
+       [&](v1::Verifyd::Stub& stub, const char* token) {
+         grpc::ClientContext c;
+         with(token, &c);
+         v1::CreateSharedMemoryRequest q;
+         q.set_bytes(4096);
+         v1::SharedMemoryRegion r;
+         return stub.CreateSharedMemory(&c, q, &r);
+       }},
+      {"ReleaseSharedMemory",
+       [&](v1::Verifyd::Stub& stub, const char* token) {
+         grpc::ClientContext c;
+         with(token, &c);
+         v1::ReleaseSharedMemoryRequest q;
+         q.set_region("none");
+         v1::ReleaseSharedMemoryResponse r;
+         return stub.ReleaseSharedMemory(&c, q, &r);
+       }},
+  };
+  for (const Gated& g : gated) {
+    SCOPED_TRACE(g.method);
+    ExpectError([&] { return g.call(*tcp, nullptr); }, grpc::StatusCode::PERMISSION_DENIED,
+                std::string(g.method) + " over TCP needs metadata \"x-verifyd-admin-token\"");
+    ExpectError([&] { return g.call(*tcp, "s3cre"); }, grpc::StatusCode::PERMISSION_DENIED,
+                "does not match the daemon's --admin-token-file");
+  }
+  EXPECT_EQ(server_.server().shared_memory().regions(), 0);
+  const v1::StatsResponse after = rpc_.Stats();
+  EXPECT_EQ(after.used_tokens(), before.used_tokens());
+  EXPECT_EQ(after.fragmentation().sequences(), before.fragmentation().sequences());
+  // Reads need no token.
+  {
+    grpc::ClientContext c;
+    v1::StatsResponse stats;
+    ASSERT_TRUE(tcp->Stats(&c, v1::StatsRequest(), &stats).ok());
+    EXPECT_EQ(stats.used_tokens(), before.used_tokens());
+  }
+  // With the token the same calls run: an Append over TCP lands (a new sequence of 3 tokens).
+  ASSERT_TRUE(gated[0].call(*tcp, "s3cret").ok());
+  EXPECT_EQ(rpc_.Stats().used_tokens(), before.used_tokens() + 3u);
+  EXPECT_TRUE(gated[4].call(*tcp, "s3cret").ok());
+  EXPECT_TRUE(gated[4].call(server_.stub(), nullptr).ok()) << "the Unix socket needs no token";
   ExpectOthersStillVerify();
 }
 

@@ -126,6 +126,9 @@ TEST_F(ValidationTest, EveryVerifyFieldRejected) {
        "q.dtype = DTYPE_FP32 must be DTYPE_BF16"},
       {"q unspecified dtype", [](R& r) { r.mutable_q()->set_dtype(v1::DTYPE_UNSPECIFIED); }, inv,
        "q.dtype = DTYPE_UNSPECIFIED"},
+      // A value this build does not know (proto3 keeps it): named by its number, not "".
+      {"q unknown dtype", [](R& r) { r.mutable_q()->set_dtype(static_cast<v1::DType>(77)); }, inv,
+       "q.dtype = 77 (unknown) must be DTYPE_BF16"},
       {"q rank", [](R& r) { r.mutable_q()->add_shape(1); }, inv, "q.shape has 4 dims, must have 3"},
       {"q rows", [](R& r) { r.mutable_q()->set_shape(0, 6); }, inv,
        "q.shape[0] = 6 must equal the total number of parents over sequences = 7"},
@@ -293,6 +296,11 @@ TEST(ServiceOptionsTest, EveryFlagBounded) {
       {[](ServiceOptions& o) { o.tcp = "localhost"; }, "--tcp = 'localhost' must be host:port"},
       {[](ServiceOptions& o) { o.tcp = "127.0.0.1:70000"; }, "port must be in [0, 65535]"},
       {[](ServiceOptions& o) { o.metrics = "nope"; }, "--metrics = 'nope' must be host:port"},
+      // Names that merely start like a loopback address resolve wherever their owner wants.
+      {[](ServiceOptions& o) { o.tcp = "127.evil.example:5000"; }, "is not a loopback address"},
+      {[](ServiceOptions& o) { o.tcp = "127.0.0.1.nip.io:5000"; }, "is not a loopback address"},
+      {[](ServiceOptions& o) { o.health_listen = "nope"; },
+       "--health-listen = 'nope' must be host:port"},
   };
   for (const auto& c : cases) {
     ServiceOptions o;
@@ -308,9 +316,16 @@ TEST(ServiceOptionsTest, EveryFlagBounded) {
   remote.allow_remote = true;
   EXPECT_TRUE(ValidateServiceOptions(remote).ok());
   remote.allow_remote = false;
-  remote.tcp = "[::1]:5000";
+  for (const char* loopback : {"[::1]:5000", "127.0.0.1:5000", "127.9.8.7:5000", "localhost:5000",
+                               "LOCALHOST:5000"}) {
+    remote.tcp = loopback;
+    EXPECT_TRUE(ValidateServiceOptions(remote).ok()) << loopback;
+  }
+  // The health listener may take any address: it serves health only.
+  remote.tcp = "";
+  remote.health_listen = "0.0.0.0:8081";
   EXPECT_TRUE(ValidateServiceOptions(remote).ok());
-  EXPECT_EQ(DefaultListenAddress(3), "unix:///tmp/verifyd-3.sock");
+  EXPECT_EQ(DefaultListenAddress(3), "unix:///run/verifyd/verifyd-3.sock");
   EXPECT_FALSE(ParseBackendKind("tpu").ok());
   EXPECT_EQ(*ParseBackendKind("cpu"), BackendKind::kCpu);
 }

@@ -18,33 +18,10 @@ using testing::RpcDriver;
 using testing::ShadowModel;
 using testing::VerifyPart;
 
-// Verify's handler (polled or callback) and whether idle requests run on the gRPC thread or
-// always hop to the executor: every combination the daemon's flags allow must give the same bytes.
-struct HandlerMode {
-  VerifyHandler verify_handler;
-  bool run_idle_inline;
-};
-
-std::string HandlerModeName(const HandlerMode& mode) {
-  const VerifyHandler h = mode.verify_handler;
-  return std::string(h == VerifyHandler::kPolled ? "Polled" : "Callback") +
-         (mode.run_idle_inline ? "Inline" : "Queued");
-}
-
-// For test listings (ctest names): the mode, not its bytes.
-void PrintTo(const HandlerMode& mode, std::ostream* os) { *os << HandlerModeName(mode); }
-
-ServiceOptions OptionsFor(const HandlerMode& mode) {
-  ServiceOptions options = testing::SmallOptions("server");
-  options.verify_handler = mode.verify_handler;
-  options.run_idle_inline = mode.run_idle_inline;
-  return options;
-}
-
-class ServerTest : public ::testing::TestWithParam<HandlerMode> {
+class ServerTest : public ::testing::Test {
  protected:
   ServerTest()
-      : options_(OptionsFor(GetParam())),
+      : options_(testing::SmallOptions("server")),
         server_(options_),
         model_(options_.layers, options_.heads, options_.softmax_scale, 20261129),
         rpc_(server_.stub(), model_) {}
@@ -69,7 +46,7 @@ class ServerTest : public ::testing::TestWithParam<HandlerMode> {
   RpcDriver rpc_;
 };
 
-TEST_P(ServerTest, AppendVerifyCommitReleaseStats) {
+TEST_F(ServerTest, AppendVerifyCommitReleaseStats) {
   // Sequence 1: a prefill in two chunks.
   v1::AppendResponse appended;
   ASSERT_TRUE(rpc_.Append(model_.MakeAppend(1, 25), &appended).ok());
@@ -136,7 +113,7 @@ TEST_P(ServerTest, AppendVerifyCommitReleaseStats) {
   EXPECT_EQ(rpc_.Release(2).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
-TEST_P(ServerTest, CompactionWhileVerifyingChangesNoResult) {
+TEST_F(ServerTest, CompactionWhileVerifyingChangesNoResult) {
   // Interleaved appends fragment both sequences; a released one leaves holes.
   ASSERT_TRUE(rpc_.Append(model_.MakeAppend(9, 30)).ok());
   for (int round = 0; round < 6; ++round) {
@@ -195,15 +172,6 @@ TEST_P(ServerTest, CompactionWhileVerifyingChangesNoResult) {
   EXPECT_NE(missing.error_message().find("operation_id = 'compact-999'"), std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(Handlers, ServerTest,
-                         ::testing::Values(HandlerMode{VerifyHandler::kPolled, false},
-                                           HandlerMode{VerifyHandler::kPolled, true},
-                                           HandlerMode{VerifyHandler::kCallback, false},
-                                           HandlerMode{VerifyHandler::kCallback, true}),
-                         [](const ::testing::TestParamInfo<HandlerMode>& info) {
-                           return HandlerModeName(info.param);
-                         });
-
 TEST(ServerLifecycleTest, HealthReportsReadinessAndDrain) {
   ServiceOptions options = testing::SmallOptions("health");
   VerifydServer server(options);
@@ -230,11 +198,9 @@ TEST(ServerLifecycleTest, HealthReportsReadinessAndDrain) {
   EXPECT_FALSE(ok) << "the socket must be closed after Shutdown";
 }
 
-TEST(ServerLifecycleTest, EveryHandlerModeStartsRefusesBeforeReadyAndShutsDown) {
-  for (VerifyHandler handler : {VerifyHandler::kPolled, VerifyHandler::kCallback}) {
-    SCOPED_TRACE(HandlerModeName({handler, false}));
+TEST(ServerLifecycleTest, VerifyIsValidatedBeforeTheDeviceExists) {
+  {
     ServiceOptions options = testing::SmallOptions("modes");
-    options.verify_handler = handler;
     VerifydServer server(options);
     ASSERT_TRUE(server.Start().ok());
     auto stub = v1::Verifyd::NewStub(testing::MakeChannel(options.listen));
@@ -250,9 +216,8 @@ TEST(ServerLifecycleTest, EveryHandlerModeStartsRefusesBeforeReadyAndShutsDown) 
 TEST(ServerLifecycleTest, AFailedStartLeavesNothingRunning) {
   // A port that cannot be bound fails the whole start; the polled handler's queue, made before
   // the server, must be shut down with it (gRPC aborts on a live queue destroyed).
-  for (VerifyHandler handler : {VerifyHandler::kPolled, VerifyHandler::kCallback}) {
+  {
     ServiceOptions options = testing::SmallOptions("badport");
-    options.verify_handler = handler;
     options.tcp = "192.0.2.1:0";  // TEST-NET-1: never a local address
     auto server = std::make_unique<VerifydServer>(options);
     const absl::Status started = server->Start();

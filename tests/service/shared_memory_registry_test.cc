@@ -45,6 +45,44 @@ class RegistryTest : public ::testing::Test {
   SharedMemoryRegistry::Clock clock_ = [this] { return now_; };
 };
 
+// One client cannot take the whole budget: past its share it is refused (naming the share), while
+// another client still gets regions; a release or an expiry gives the share back.
+TEST_F(RegistryTest, EachClientHoldsAtMostItsShare) {
+  SharedMemoryLimits limits = Limits();
+  limits.max_client_bytes = limits.max_total_bytes / 2;
+  SharedMemoryRegistry registry(limits, clock_);
+  std::mt19937 rng(17);
+  // Random sizes until client a's next region would pass its share.
+  std::vector<SharedMemoryInfo> held;
+  int64_t a_bytes = 0;
+  for (;;) {
+    const uint64_t bytes = 4096 + rng() % (64 << 10);
+    if (a_bytes + static_cast<int64_t>(bytes) > limits.max_client_bytes) {
+      const auto refused = registry.Create(bytes, "pid:1");
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_THAT(std::string(refused.status().message()), HasSubstr("this client's regions"));
+      break;
+    }
+    auto region = registry.Create(bytes, "pid:1");
+    ASSERT_TRUE(region.ok()) << region.status();
+    a_bytes += static_cast<int64_t>(bytes);
+    held.push_back(*region);
+  }
+  EXPECT_EQ(registry.total_bytes(), a_bytes) << "a refused Create holds nothing";
+  // Another client still gets the rest of the budget (its own share).
+  auto other = registry.Create(limits.max_client_bytes, "pid:2");
+  ASSERT_TRUE(other.ok()) << other.status();
+  // A release gives a's bytes back to a.
+  ASSERT_TRUE(registry.Release(held.back().region).ok());
+  auto again = registry.Create(held.back().bytes, "pid:1");
+  EXPECT_TRUE(again.ok()) << again.status();
+  // So does expiry: after the lease every region of every client is gone, and a full share fits.
+  now_ += limits.lease + absl::Seconds(1);
+  registry.ExpireIdle();
+  EXPECT_EQ(registry.total_bytes(), 0);
+  EXPECT_TRUE(registry.Create(limits.max_client_bytes, "pid:1").ok());
+}
+
 TEST_F(RegistryTest, CreateMapsAFreshPrivateNameThatAClientSeesAndWrites) {
   SharedMemoryRegistry registry(Limits(), clock_);
   auto a = registry.Create(10000);

@@ -1,5 +1,6 @@
 #include "tests/service/test_server.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,6 +12,18 @@ namespace verifyd::testing {
 std::string TempSocketAddress(const std::string& tag) {
   static std::atomic<int> counter{0};
   return absl::StrCat("unix:///tmp/verifyd-test-", getpid(), "-", tag, "-", counter++, ".sock");
+}
+
+std::string WriteTokenFile(const std::string& token) {
+  static std::atomic<int> counter{0};
+  std::string path = absl::StrCat("/tmp/verifyd-test-token-", getpid(), "-", counter++);
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd >= 0) {
+    const std::string text = token + "\n";
+    if (write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) path.clear();
+    close(fd);
+  }
+  return path;
 }
 
 ServiceOptions SmallOptions(const std::string& tag) {

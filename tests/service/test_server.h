@@ -14,6 +14,9 @@ namespace verifyd::testing {
 // unix:///tmp/verifyd-test-<pid>-<tag>-<n>.sock, unique per call.
 std::string TempSocketAddress(const std::string& tag);
 
+// Writes `token` and a newline to a new 0600 file under /tmp; returns its path.
+std::string WriteTokenFile(const std::string& token);
+
 // Small geometry that keeps the CPU backend fast: 3 layers, 4 heads, 2 threads.
 ServiceOptions SmallOptions(const std::string& tag);
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# On the GPU machine: where a Verify RPC's time goes, and an A/B of the service's handler modes
-# (plans/0012). One daemon per case (cuda, metrics on) so its histograms hold that case alone;
-# verifyd_load at a tiny shape (the fixed path: gRPC, the executor, the backend around a trivial
-# kernel) and at S1 (shared-memory tensors written once per layer, or copied per call, or inline),
-# with the daemon's Verify handler polled or callback and idle requests run inline or queued.
+# On the GPU machine: where a Verify RPC's time goes (plans/0012). One daemon per case (cuda,
+# metrics on) so its histograms hold that case alone; verifyd_load at a tiny shape (the fixed
+# path: gRPC, the executor, the backend around a trivial kernel) and at S1 (shared-memory tensors
+# written once per layer, or copied per call, or inline). The daemon has one Verify handler
+# (polled) and no inline or spin knobs since plans/0015; the client's spin_wait is still compared.
 # Each case prints the client's percentiles and the daemon's own histograms (RPC handler time,
 # queue time, ComputeVerify time, means); the first case also times two pings: grpc.health.v1
 # (gRPC's synchronous server) and an immediate NOT_FOUND from a callback handler.
@@ -56,11 +56,8 @@ s1="--tree_nodes=16 --prefix_tokens=65536 --batch=1 --shared_memory"
 # Daemon defaults: polled Verify handler, queued to the device thread, spin auto (2000 µs with
 # >= 8 cores); the client polls for its reply (--spin_wait) unless said.
 run_case tiny-pinghealth "" $tiny --spin_wait --ping_seconds=2
-run_case tiny-pingcallback --verify_handler=callback $tiny --spin_wait --ping_seconds=2 --ping_rpc=callback
+run_case tiny-pingcallback "" $tiny --spin_wait --ping_seconds=2 --ping_rpc=callback
 run_case S1-default "" $s1 --spin_wait
 run_case S1-clientsleeps "" $s1
-run_case S1-nospin --executor_spin_us=0 $s1 --spin_wait
-run_case S1-callback --verify_handler=callback $s1 --spin_wait
-run_case S1-polled-inline --run_idle_inline=true $s1 --spin_wait
 run_case S1-default-again "" $s1 --spin_wait
 run_case S5-default "" --tree_nodes=8 --prefix_tokens=4096 --batch=32 --shared_memory --spin_wait

@@ -12,7 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "tools/fake_scheduler/scheduler.h"
 
-ABSL_FLAG(std::string, target, "unix:///tmp/verifyd-0.sock",
+ABSL_FLAG(std::string, target, "unix:///run/verifyd/verifyd-0.sock",
           "daemon address; several, comma-separated, drive one daemon per tensor-parallel rank "
           "through GroupClient");
 ABSL_FLAG(int, sequences, 8, "sequences driven concurrently");
@@ -48,7 +48,7 @@ bool ParseRange(const std::string& text, int* lo, int* hi) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("fake_scheduler --target=unix:///tmp/verifyd-0.sock [flags]");
+  absl::SetProgramUsageMessage("fake_scheduler --target=unix:///run/verifyd/verifyd-0.sock [flags]");
   absl::ParseCommandLine(argc, argv);
   verifyd::sched::SchedulerConfig c;
   c.targets = absl::StrSplit(absl::GetFlag(FLAGS_target), ',', absl::SkipEmpty());

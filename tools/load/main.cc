@@ -35,7 +35,7 @@
 #include "tools/fake_scheduler/input_generator.h"
 #include "tools/fake_scheduler/latency_stats.h"
 
-ABSL_FLAG(std::string, target, "unix:///tmp/verifyd-0.sock", "daemon address");
+ABSL_FLAG(std::string, target, "unix:///run/verifyd/verifyd-0.sock", "daemon address");
 ABSL_FLAG(std::string, concurrency, "1,2,4,8", "comma-separated concurrency levels");
 ABSL_FLAG(double, warmup_seconds, 2, "per level, not measured");
 ABSL_FLAG(double, measure_seconds, 5, "per level, measured window");
@@ -245,7 +245,7 @@ int Fragment(Client& client, int layers, int sequences, int rounds, int tokens,
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("verifyd_load --target=unix:///tmp/verifyd-0.sock [flags]");
+  absl::SetProgramUsageMessage("verifyd_load --target=unix:///run/verifyd/verifyd-0.sock [flags]");
   absl::ParseCommandLine(argc, argv);
   std::vector<int> levels;
   for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {

@@ -1,0 +1,39 @@
+// Who may call what. The Unix socket is the owner's transport: its file is mode 0660 inside a
+// directory the daemon controls, so reaching it proves the caller is the daemon's user or in its
+// group (the scheduler's). Every other transport (--tcp) may read (Stats, GetCompaction) but any
+// call that changes state or reads tensors (Append, Verify, Commit, Release, Compact, the shared-
+// memory calls) needs the admin token in metadata x-verifyd-admin-token.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/server_context.h"
+
+namespace verifyd {
+
+inline constexpr char kAdminTokenMetadata[] = "x-verifyd-admin-token";
+
+// The token file's content without trailing white space. Refused when the file cannot be read, is
+// empty, or may be read by others than its owner and group (the token would not be a secret).
+absl::StatusOr<std::string> ReadAdminTokenFile(const std::string& path);
+
+// True for peers of the owner's transport: connections the daemon's Unix listener accepted and
+// handed to gRPC ("fd:N", service/unix_listener.h) and gRPC's own "unix:" peers.
+bool IsOwnerTransport(std::string_view peer);
+
+class CallGate {
+ public:
+  // `admin_token` "": no token opens a non-owner transport's gated calls.
+  explicit CallGate(std::string admin_token) : admin_token_(std::move(admin_token)) {}
+
+  // OK or PERMISSION_DENIED naming the method, the metadata key and what to do.
+  absl::Status CheckGated(const char* method, const grpc::ServerContextBase& context) const;
+
+ private:
+  const std::string admin_token_;
+};
+
+}  // namespace verifyd
