@@ -26,12 +26,8 @@ class MalformedRequestInterceptor : public grpc::experimental::Interceptor {
       // Our handlers never answer UNIMPLEMENTED: this is gRPC's answer to a request it could not
       // hand to the handler.
       if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED && status.error_message().empty()) {
-        // Core refused an oversized message and cancelled the call itself (the client sees
-        // RESOURCE_EXHAUSTED); otherwise the bytes arrived and did not parse.
-        if (info_->server_context()->IsCancelled()) {
-          metrics_->RecordRpc(method_->name(), GrpcCodeName(grpc::StatusCode::RESOURCE_EXHAUSTED),
-                              absl::Now() - start_);
-        } else {
+        // A call the client cancelled meanwhile is left as it is (nobody reads the reply).
+        if (!info_->server_context()->IsCancelled()) {
           const grpc::Status invalid(
               grpc::StatusCode::INVALID_ARGUMENT,
               absl::StrCat("the request is not a valid ", method_->input_type()->full_name(),

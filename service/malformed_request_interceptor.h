@@ -1,10 +1,11 @@
 // gRPC 1.51's callback handlers answer a request that does not parse with UNIMPLEMENTED and an
-// empty message, and one larger than --max-message-bytes is refused by gRPC core; in both cases no
-// handler of ours runs, so verifyd_rpc_requests_total never counted them and the error-ratio alert
-// could not see a misbehaving client (issue 17 defect 7). This interceptor, installed on the
-// server, sees the status about to be sent for every callback method: the first becomes
-// INVALID_ARGUMENT with a message naming the expected message type, and both are counted. (Verify
-// is a raw completion-queue method and parses its request itself: VerifydService::VerifyPolled.)
+// empty message before any handler of ours runs, so verifyd_rpc_requests_total never counted it
+// and the error-ratio alert could not see a misbehaving client (issue 17 defect 7). This
+// interceptor, installed on the server, sees the status about to be sent for every callback
+// method and turns that one into INVALID_ARGUMENT naming the expected message type, counted.
+// (Verify is a raw completion-queue method and parses its request itself:
+// VerifydService::VerifyPolled.) A message over --max-message-bytes is refused by gRPC core before
+// any C++ layer, interceptors included, sees the call: it is still not counted (plans/0015).
 #pragma once
 
 #include "grpcpp/support/server_interceptor.h"

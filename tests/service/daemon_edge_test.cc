@@ -52,12 +52,12 @@ constexpr int kCalls = 64;
 
 std::vector<std::string> HeavyDaemonFlags(const std::string& address) {
   return {"--listen=" + address, "--backend=cpu", "--layers=1", "--heads=16",
-          "--compute-threads=1", "--kv-capacity-tokens=8192", "--max-tree-nodes=64"};
+          "--compute-threads=1", "--kv-capacity-tokens=8192", "--max-tree-nodes=64",
+          "--softmax-scale=0.0625"};
 }
 
 std::string MetricsAddress(const DaemonProcess& daemon) {
-  absl::string_view url = daemon.StartupField("metrics");
-  const std::string field(url);
+  const std::string field = daemon.StartupField("metrics");
   absl::string_view u = field;
   absl::ConsumePrefix(&u, "http://");
   absl::ConsumeSuffix(&u, "/metrics");
