@@ -44,6 +44,12 @@ const std::string kBinary = [] {
   return std::string(env != nullptr && *env != '\0' ? env : VERIFYD_BINARY);
 }();
 
+// The test client to kill; VERIFYD_DYING_CLIENT points elsewhere (the GPU bundle).
+const std::string kDyingClient = [] {
+  const char* env = std::getenv("VERIFYD_DYING_CLIENT");
+  return std::string(env != nullptr && *env != '\0' ? env : DYING_CLIENT_BINARY);
+}();
+
 // Heavy enough on the CPU backend with one thread that the calls behind the first one are still
 // queued when the test acts (each takes tens of ms or more; sending all of them takes µs).
 constexpr int kTokens = 4096;
@@ -108,7 +114,7 @@ TEST(DaemonEdgeTest, AKilledClientsQueuedVerifiesAreNotComputedAndCountCancelled
 
   // The client runs in a process of its own, so that SIGKILL closes its connection the way a
   // crashed scheduler does.
-  const std::string command = absl::StrCat(DYING_CLIENT_BINARY, " ", address, " ", kTokens, " ",
+  const std::string command = absl::StrCat(kDyingClient, " ", address, " ", kTokens, " ",
                                            kNodes, " ", kCalls, " & echo $!");
   FILE* out = popen(command.c_str(), "r");
   ASSERT_NE(out, nullptr);

@@ -14,6 +14,7 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
   if [ -e "$d/libcublas.so.13" ]; then cublas_dir=$d; break; fi
 done
 export VERIFYD_BINARY="$PWD/$B/bin/verifyd"
+export VERIFYD_DYING_CLIENT="$PWD/$B/bin/verifyd_dying_client"
 export LD_LIBRARY_PATH="$PWD/$B/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
