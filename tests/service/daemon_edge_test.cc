@@ -143,10 +143,11 @@ TEST(DaemonEdgeTest, AKilledClientsQueuedVerifiesAreNotComputedAndCountCancelled
   const double ok = VerifyCount(metrics, "OK");
   const double cancelled = VerifyCount(metrics, "CANCELLED");
   // Every dead call reached the daemon (they were sent before the first was computed) and ended
-  // one way or the other; at most the first and the one in progress at the kill ran.
+  // one way or the other. The first ran, and the calls the device started before gRPC had read
+  // the closed connection (a few on a loaded 2-core box: 1 to ~5 seen); the old handler ran all 64.
   EXPECT_EQ(ok + cancelled, kCalls + 1) << "ok " << ok << " cancelled " << cancelled;
-  EXPECT_LE(ok, 1 + 2) << "calls of a dead client were computed";
-  EXPECT_GE(cancelled, kCalls - 2);
+  EXPECT_LE(ok, kCalls / 4) << "calls of a dead client were computed";
+  EXPECT_GE(cancelled, kCalls - kCalls / 4);
 }
 
 TEST(DaemonEdgeTest, SigtermWithAFullQueueEndsWithinTheDrain) {
