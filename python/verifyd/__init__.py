@@ -2,7 +2,7 @@
 MLA models). See python/README section of the repository README and plans/0013.
 
     import numpy as np, verifyd
-    with verifyd.Client("unix:///tmp/verifyd-0.sock") as c:
+    with verifyd.Client("unix:///run/verifyd/verifyd-0.sock") as c:
         c.append(7, kv)                                   # bf16 [layers, T, 576], creates seq 7
         r = c.verify(0, [(7, [-1, 0, 0])], q, tree_kv)    # q [3, H, 576], tree_kv [3, 576]
         c.commit(7, [0, 2])

@@ -1,4 +1,4 @@
-"""python -m verifyd [--target unix:///tmp/verifyd-0.sock] [--timeout 10] [-o table|json]
+"""python -m verifyd [--target unix:///run/verifyd/verifyd-0.sock] [--timeout 10] [-o table|json]
 COMMAND: health | stats | compact [--budget-bytes N] — an operator tool for Python-only boxes
 (the same views as verifyctl). Exit 0 on success (health: only when SERVING), 1 on a failed call,
 2 on bad usage."""
@@ -49,7 +49,7 @@ def _to_dict(message) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m verifyd", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="unix:///tmp/verifyd-0.sock")
+    p.add_argument("--target", default="unix:///run/verifyd/verifyd-0.sock")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     p.add_argument("--admin-token", default="")

@@ -98,7 +98,7 @@ def split_append(kv_bits: np.ndarray, max_message_bytes: int) -> List[Tuple[int,
 
 
 class Client:
-    """One daemon. `target`: "unix:///tmp/verifyd-0.sock" or "127.0.0.1:port"."""
+    """One daemon. `target`: "unix:///run/verifyd/verifyd-0.sock" or "127.0.0.1:port"."""
 
     def __init__(self, target: str, *, timeout: float = 30.0,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, retries: int = 3,
@@ -141,7 +141,10 @@ class Client:
         self.close()
 
     def _call(self, method: str, fn: Callable, request, *, idempotent: bool = False,
-              timeout: Optional[float] = None, metadata=None):
+              timeout: Optional[float] = None):
+        # The token rides on every call: over TCP the daemon gates every call that changes state
+        # on it (plans/0015); the Unix socket needs none.
+        metadata = [(ADMIN_TOKEN_KEY, self.admin_token)] if self.admin_token else None
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         attempts = 1 + self.retries if idempotent else 1
         backoff = self.retry_backoff
@@ -283,10 +286,9 @@ class Client:
     # -- Compaction ------------------------------------------------------------------------------
     def compact(self, budget_bytes: int = 0, *, timeout: Optional[float] = None) -> str:
         """Starts a compaction (budget_bytes = 0: until converged); returns its operation id."""
-        metadata = [(ADMIN_TOKEN_KEY, self.admin_token)] if self.admin_token else None
         return self._call("Compact", self._stub.Compact,
-                          pb.CompactRequest(budget_bytes=int(budget_bytes)), timeout=timeout,
-                          metadata=metadata).operation_id
+                          pb.CompactRequest(budget_bytes=int(budget_bytes)),
+                          timeout=timeout).operation_id
 
     def get_compaction(self, operation_id: str, *, timeout: Optional[float] = None):
         """The CompactionStatus message (state, bytes planned/moved, fragmentation before/after)."""

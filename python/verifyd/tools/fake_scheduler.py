@@ -8,7 +8,7 @@ out → check → pick an accepted path (sometimes reject the whole tree) → en
 rides on the next step's first Verify). A shadow copy of every layer's committed KV gives the
 reference. At the end the committed lengths are compared and the sequences released.
 
-    python -m verifyd.tools.fake_scheduler --target unix:///tmp/verifyd-0.sock --steps 5
+    python -m verifyd.tools.fake_scheduler --target unix:///run/verifyd/verifyd-0.sock --steps 5
 """
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def run(client: Client, *, sequences: int = 3, steps: int = 4, layers: Optional[
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="unix:///tmp/verifyd-0.sock")
+    p.add_argument("--target", default="unix:///run/verifyd/verifyd-0.sock")
     p.add_argument("--sequences", type=int, default=3)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--transport", choices=("grpc", "shared_memory"), default="grpc")
