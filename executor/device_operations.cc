@@ -197,6 +197,14 @@ absl::Status DeviceOperations::Release(const ReleaseCall& call, v1::ReleaseRespo
   return absl::OkStatus();
 }
 
+absl::StatusOr<ForkResult> DeviceOperations::Fork(const ForkCall& call) {
+  VERIFYD_RETURN_IF_ERROR(RenameFields(store_->Fork(call.source, call.fork, call.length),
+                                       {{"source =", "source_sequence_id ="},
+                                        {"fork =", "new_sequence_id ="}}));
+  VERIFYD_ASSIGN_OR_RETURN(const int64_t committed, store_->CommittedLength(call.fork));
+  return ForkResult{committed, store_->Stats().shared_slots};
+}
+
 void DeviceOperations::Stats(v1::StatsResponse* response) const {
   const StoreStats stats = store_->Stats();
   response->set_backend(backend_->name());
@@ -211,6 +219,8 @@ void DeviceOperations::Stats(v1::StatsResponse* response) const {
   response->set_largest_free_run(static_cast<uint64_t>(stats.largest_free_run));
   FillFragmentation(stats.fragmentation, response->mutable_fragmentation());
   response->set_softmax_scale(options_.softmax_scale);
+  response->set_shared_tokens(static_cast<uint64_t>(stats.shared_slots));
+  response->set_shared_references(static_cast<uint64_t>(stats.shared_references));
   metrics_->RecordStore(stats);
 }
 

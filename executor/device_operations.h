@@ -28,6 +28,8 @@ class DeviceOperations {
   absl::Status Verify(const VerifyCall& call, v1::VerifyResponse* response);
   absl::Status Commit(const CommitCall& call, v1::CommitResponse* response);
   absl::Status Release(const ReleaseCall& call, v1::ReleaseResponse* response);
+  // The new sequence shares the source's first call.length slots (KvStore::Fork).
+  absl::StatusOr<ForkResult> Fork(const ForkCall& call);
   void Stats(v1::StatsResponse* response) const;
 
   // Releases sequences whose lease passed (and tells the backend to forget them); returns how

@@ -27,8 +27,9 @@ absl::Status KvStore::Fork(SequenceId source, SequenceId fork, int64_t length) {
   }
   const int64_t committed = parent->committed_length();
   if (length > committed) {
-    return absl::OutOfRangeError(absl::StrCat("length = ", length, " must be <= source ", source,
-                                              "'s committed length ", committed));
+    return absl::OutOfRangeError(absl::StrCat("length = ", length,
+                                              " must be <= the committed length ", committed,
+                                              " of source = ", source));
   }
 
   auto created = std::make_unique<Sequence>();

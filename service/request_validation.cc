@@ -339,6 +339,21 @@ absl::StatusOr<ReleaseCall> ValidateRelease(const v1::ReleaseRequest& request) {
   return ReleaseCall{request.sequence_id()};
 }
 
+absl::StatusOr<ForkCall> ValidateFork(const v1::ForkRequest& request) {
+  if (request.new_sequence_id() == request.source_sequence_id()) {
+    return Invalid(absl::StrCat("new_sequence_id = ", request.new_sequence_id(),
+                                " must differ from source_sequence_id"));
+  }
+  // Positions index int32 slot tables; the store checks the source's committed length.
+  constexpr uint64_t kMaxLength = (uint64_t{1} << 31) - 1;
+  if (request.length() < 1 || request.length() > kMaxLength) {
+    return Invalid(absl::StrCat("length = ", request.length(), " must be in [1, ", kMaxLength,
+                                "] (and <= the source's committed length)"));
+  }
+  return ForkCall{request.source_sequence_id(), request.new_sequence_id(),
+                  static_cast<int64_t>(request.length())};
+}
+
 absl::StatusOr<CompactCall> ValidateCompact(const v1::CompactRequest& request) {
   if (request.budget_bytes() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
     return Invalid(absl::StrCat("budget_bytes = ", request.budget_bytes(),

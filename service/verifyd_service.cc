@@ -207,6 +207,22 @@ grpc::ServerUnaryReactor* VerifydService::Release(grpc::CallbackServerContext* c
                  });
 }
 
+grpc::ServerUnaryReactor* VerifydService::Fork(grpc::CallbackServerContext* context,
+                                               const v1::ForkRequest* request,
+                                               v1::ForkResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<ForkCall> call = ValidateFork(*request);
+  if (!call.ok()) return FinishNow("Fork", context, start, call.status());
+  return Enqueue("Fork", context, start,
+                 [call = *std::move(call), response](DeviceOperations& ops) -> absl::Status {
+                   absl::StatusOr<ForkResult> result = ops.Fork(call);
+                   if (!result.ok()) return result.status();
+                   response->set_committed_length(static_cast<uint64_t>(result->committed_length));
+                   response->set_shared_tokens(static_cast<uint64_t>(result->shared_slots));
+                   return absl::OkStatus();
+                 });
+}
+
 grpc::ServerUnaryReactor* VerifydService::Stats(grpc::CallbackServerContext* context,
                                                 const v1::StatsRequest* /*request*/,
                                                 v1::StatsResponse* response) {

@@ -31,7 +31,7 @@ using VerifydServiceBase =
             v1::Verifyd::WithCallbackMethod_GetCompaction<v1::Verifyd::WithCallbackMethod_Stats<
                 v1::Verifyd::WithCallbackMethod_CreateSharedMemory<
                     v1::Verifyd::WithCallbackMethod_ReleaseSharedMemory<
-                        v1::Verifyd::Service>>>>>>>>;
+                        v1::Verifyd::WithCallbackMethod_Fork<v1::Verifyd::Service>>>>>>>>>;
 
 class VerifydService final : public VerifydServiceBase {
  public:
@@ -78,6 +78,9 @@ class VerifydService final : public VerifydServiceBase {
   grpc::ServerUnaryReactor* ReleaseSharedMemory(grpc::CallbackServerContext* context,
                                                 const v1::ReleaseSharedMemoryRequest* request,
                                                 v1::ReleaseSharedMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* Fork(grpc::CallbackServerContext* context,
+                                 const v1::ForkRequest* request,
+                                 v1::ForkResponse* response) override;
 
  private:
   // Runs `op` on the executor, then finishes the call with its status.
