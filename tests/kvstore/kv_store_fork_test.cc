@@ -115,12 +115,20 @@ TEST(KvStoreForkTest, SixtyFourForksOfAHundredThousandTokenPrefixTakeOnePrefix) 
   std::vector<std::vector<bf16_bits>> prompt;
   AppendRows(*store, 1, kPrefix, rng(), prompt);
   const StoreStats before = store->Stats();
-  std::vector<std::vector<std::vector<bf16_bits>>> forks(kForks);
+  std::vector<std::vector<std::vector<bf16_bits>>> suffixes(kForks);  // each fork's own rows
   for (int f = 0; f < kForks; ++f) {
     ASSERT_TRUE(store->Fork(1, 100 + f, kPrefix).ok());
-    forks[f] = prompt;
-    AppendRows(*store, 100 + f, kSuffix, rng(), forks[f]);
+    AppendRows(*store, 100 + f, kSuffix, rng(), suffixes[f]);
   }
+  // A fork reads back as the prompt followed by its own rows (one copy of the prompt in the test).
+  std::vector<bf16_bits> out((kPrefix + kSuffix) * size_t{kKvDim});
+  auto expect_fork = [&](int f) {
+    ASSERT_TRUE(store->ReadCommitted(100 + f, 0, out.data()).ok());
+    EXPECT_EQ(0, std::memcmp(out.data(), prompt[0].data(), prompt[0].size() * sizeof(bf16_bits)));
+    EXPECT_EQ(0, std::memcmp(out.data() + prompt[0].size(), suffixes[f][0].data(),
+                             suffixes[f][0].size() * sizeof(bf16_bits)))
+        << "fork " << f;
+  };
   const StoreStats after = store->Stats();
   std::cout << "before: used " << before.used_slots << " of " << before.capacity_slots
             << ", shared " << before.shared_slots << "\n"
@@ -138,7 +146,7 @@ TEST(KvStoreForkTest, SixtyFourForksOfAHundredThousandTokenPrefixTakeOnePrefix) 
   EXPECT_EQ(after.fragmentation.tokens, after.used_slots);
   EXPECT_EQ(after.fragmentation.runs, kForks + 1);  // the prompt, and each suffix in one run
   EXPECT_EQ(after.fragmentation.tokens_outside_first_run, 0);
-  for (int f = 0; f < kForks; f += 21) ExpectReadBack(*store, 100 + f, forks[f]);
+  for (int f = 0; f < kForks; f += 21) expect_fork(f);
 
   // The prompt's owner leaves first: the forks keep it, and only then is it freed.
   ASSERT_TRUE(store->Release(1).ok());
@@ -147,7 +155,7 @@ TEST(KvStoreForkTest, SixtyFourForksOfAHundredThousandTokenPrefixTakeOnePrefix) 
   EXPECT_EQ(store->Stats().shared_references, int64_t{kForks} * kPrefix);
   EXPECT_EQ(store->Stats().fragmentation, testing_kv::WalkFragmentation(*store));
   for (int f = kForks - 1; f >= 0; --f) {
-    if (f % 16 == 0) ExpectReadBack(*store, 100 + f, forks[f]);
+    if (f % 16 == 0) expect_fork(f);
     ASSERT_TRUE(store->Release(100 + f).ok());
   }
   EXPECT_EQ(store->Stats().free_slots, kCapacity);

@@ -57,13 +57,18 @@ class ForkServerTest : public ::testing::Test {
       ASSERT_TRUE(rpc_.Commit(id, model_.RandomPath(model_.sequences().at(id).parents)).ok());
     }
   }
-  void CompactUntilDone() {
+  // Polls the operation started last (or starts one) until DONE; returns its final status.
+  v1::CompactionStatus CompactUntilDone() {
+    v1::CompactionStatus status;
+    CompactUntilDoneInto(status);
+    return status;
+  }
+  void CompactUntilDoneInto(v1::CompactionStatus& status) {
     v1::CompactResponse started;
     {
       grpc::ClientContext context;
       ASSERT_TRUE(server_.stub().Compact(&context, v1::CompactRequest(), &started).ok());
     }
-    v1::CompactionStatus status;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     do {
       grpc::ClientContext context;
@@ -133,15 +138,22 @@ TEST_F(ForkServerTest, VerifyOverForksMatchesTheReferenceThroughReleaseAndCompac
     ASSERT_TRUE(server_.stub().Compact(&context, v1::CompactRequest(), &started).ok());
   }
   for (int step = 0; step < 3; ++step) ASSERT_EQ(StepAll({2, 3, 4}, step == 1), "");
-  CompactUntilDone();
+  // Operations after the traffic until one finds nothing to move (an operation "until converged"
+  // stops at twice its first plan's bytes): then every accounted list is one run.
+  v1::CompactionStatus done = CompactUntilDone();
+  for (int more = 0; more < 8 && done.tokens_moved() > 0; ++more) done = CompactUntilDone();
+  ASSERT_EQ(done.state(), v1::CompactionStatus::DONE);
+  EXPECT_EQ(done.tokens_moved(), 0u);
+  EXPECT_EQ(done.after().tokens_outside_first_run(), 0u);
+  EXPECT_EQ(done.after().runs(), done.after().sequences());
   for (int step = 0; step < 2; ++step) ASSERT_EQ(StepAll({2, 3, 4}, true), "");
   const v1::StatsResponse compacted = rpc_.Stats();
   EXPECT_EQ(compacted.used_tokens() - compacted.pending_tokens(),
             compacted.fragmentation().tokens());
   std::cout << "before compaction: runs " << fragmented.fragmentation().runs() << ", ratio "
-            << fragmented.fragmentation().fragmented_ratio() << "; after: runs "
-            << compacted.fragmentation().runs() << ", ratio "
-            << compacted.fragmentation().fragmented_ratio() << "\n";
+            << fragmented.fragmentation().fragmented_ratio() << "; converged: runs "
+            << done.after().runs() << ", ratio " << done.after().fragmented_ratio()
+            << "; two steps later: runs " << compacted.fragmentation().runs() << "\n";
 
   // Release the rest in random order, verifying the survivors each time; nothing leaks.
   std::vector<uint64_t> left = {2, 3, 4};
