@@ -1,6 +1,7 @@
 // KvStore: shared prefixes (Fork). Slots carry reference counts; sequences form a sharing tree
 // (parent, fork_length, children) that says which holder accounts each shared slot and which
-// lists a compaction must rewrite with it. Design and the SPEC §2 rule: plans/0019-shared-prefixes.md.
+// lists a compaction must rewrite with it. Design and the SPEC §2 rule:
+// plans/0019-shared-prefixes.md.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -21,9 +22,9 @@ absl::Status KvStore::Fork(SequenceId source, SequenceId fork, int64_t length) {
         absl::StrCat("fork = ", fork, " is already a live sequence; a fork needs a new id"));
   }
   if (parent->pending) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "source = ", source, " has a pending tree of ", parent->pending->num_nodes(),
-        " nodes; commit it before forking"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("source = ", source, " has a pending tree of ", parent->pending->num_nodes(),
+                     " nodes; commit it before forking"));
   }
   const int64_t committed = parent->committed_length();
   if (length > committed) {

@@ -51,7 +51,8 @@ void ExpectReadBack(const KvStore& store, SequenceId id,
 std::vector<std::vector<bf16_bits>> Prefix(const std::vector<std::vector<bf16_bits>>& rows,
                                            int64_t length) {
   std::vector<std::vector<bf16_bits>> prefix;
-  for (const auto& layer : rows) prefix.emplace_back(layer.begin(), layer.begin() + length * kKvDim);
+  for (const auto& layer : rows)
+    prefix.emplace_back(layer.begin(), layer.begin() + length * kKvDim);
   return prefix;
 }
 
@@ -243,9 +244,9 @@ TEST(KvStoreForkTest, AForksNewTokensGoRightAfterTheSharedRunWhereTheyFit) {
   for (int p = 0; p < 15; ++p) EXPECT_EQ(slots[p], p);
   // The parent grows past the fork's suffix; a fork at 10 finds [10, 15) taken and gets the
   // first free run after it, not the lowest free slots.
-  AppendRows(*store, 1, 4, 3, a);  // [15, 19)
+  AppendRows(*store, 1, 4, 3, a);       // [15, 19)
   ASSERT_TRUE(store->Release(2).ok());  // frees [10, 15)
-  AppendRows(*store, 7, 3, 4, c);  // lowest fit: [10, 13)
+  AppendRows(*store, 7, 3, 4, c);       // lowest fit: [10, 13)
   ASSERT_TRUE(store->Fork(1, 3, 10).ok());
   std::vector<std::vector<bf16_bits>> d = Prefix(a, 10);
   AppendRows(*store, 3, 6, 5, d);

@@ -25,8 +25,7 @@ class ForkServerTest : public ::testing::Test {
   ForkServerTest()
       : options_(testing::SmallOptions("fork")),
         server_(options_),
-        model_(options_.layers, options_.heads, options_.softmax_scale,
-               std::random_device{}()),
+        model_(options_.layers, options_.heads, options_.softmax_scale, std::random_device{}()),
         rpc_(server_.stub(), model_) {}
 
   void SetUp() override { ASSERT_TRUE(server_.status().ok()) << server_.status(); }
@@ -204,8 +203,7 @@ TEST_F(ForkServerTest, BadForksAreRefusedNamingTheFieldAndChangeNothing) {
     grpc::ClientContext context;
     const grpc::Status status = server_.stub().Fork(&context, request, &response);
     EXPECT_EQ(status.error_code(), c.code) << status.error_message();
-    EXPECT_NE(status.error_message().find(c.message), std::string::npos)
-        << status.error_message();
+    EXPECT_NE(status.error_message().find(c.message), std::string::npos) << status.error_message();
     EXPECT_EQ(rpc_.Stats().SerializeAsString(), stats_before);
   }
   // No sequence 5 was created, and 1 and 2 answer as before: 2's tree on its other layers, then
