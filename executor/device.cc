@@ -14,16 +14,16 @@ int64_t ExecutorSpinMicros(int64_t requested) {
   return std::thread::hardware_concurrency() >= 8 ? 2000 : 0;
 }
 
-absl::StatusOr<std::unique_ptr<Device>> Device::Create(const ServiceOptions& options,
+absl::StatusOr<std::unique_ptr<Device>> Device::Create(const DeviceOptions& options,
                                                        std::unique_ptr<ComputeBackend> backend,
-                                                       ServiceMetrics* metrics) {
+                                                       ExecutorMetrics* metrics) {
   VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<DeviceOperations> ops,
                            DeviceOperations::Create(options, std::move(backend), metrics));
   return std::unique_ptr<Device>(new Device(options, std::move(ops), metrics));
 }
 
-Device::Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> ops,
-               ServiceMetrics* metrics)
+Device::Device(const DeviceOptions& options, std::unique_ptr<DeviceOperations> ops,
+               ExecutorMetrics* metrics)
     : ops_(std::move(ops)),
       compactions_(options.compaction_history,
                    options.compaction_chunk_bytes > 0
@@ -38,8 +38,8 @@ Device::Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> 
     ops_->RefreshGauges();
   };
   // Expiry lags a lease by at most a quarter of it; gauges refresh at least 4 times a second.
-  hooks.tick_period = std::clamp(absl::Seconds(options.lease_seconds) / 4, absl::Milliseconds(20),
-                                 absl::Milliseconds(250));
+  hooks.tick_period =
+      std::clamp(options.store.lease / 4, absl::Milliseconds(20), absl::Milliseconds(250));
   hooks.max_queued = options.max_queued_requests;
   hooks.spin = absl::Microseconds(ExecutorSpinMicros(options.executor_spin_us));
   executor_ = std::make_unique<DeviceExecutor>(std::move(hooks));

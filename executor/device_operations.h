@@ -3,34 +3,36 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kvstore/kv_store.h"
 #include "backend/compute_backend.h"
+#include "executor/device_options.h"
+#include "executor/executor_metrics.h"
 #include "executor/request_types.h"
-#include "service/service_metrics.h"
-#include "service/service_options.h"
-#include "verifyd/v1/verifyd.pb.h"
+#include "kvstore/kv_store.h"
 
 namespace verifyd {
 
 class DeviceOperations {
  public:
-  // Creates the backend's storage and the store over it.
+  // Creates the backend's storage (options.capacity_slots) and the store over it.
   static absl::StatusOr<std::unique_ptr<DeviceOperations>> Create(
-      const ServiceOptions& options, std::unique_ptr<ComputeBackend> backend,
-      ServiceMetrics* metrics);
+      const DeviceOptions& options, std::unique_ptr<ComputeBackend> backend,
+      ExecutorMetrics* metrics);
 
-  absl::Status Append(const AppendCall& call, v1::AppendResponse* response);
-  // PrepareVerify (riding commits, pending trees), tree KV write, one batched compute.
-  absl::Status Verify(const VerifyCall& call, v1::VerifyResponse* response);
-  absl::Status Commit(const CommitCall& call, v1::CommitResponse* response);
-  absl::Status Release(const ReleaseCall& call, v1::ReleaseResponse* response);
+  absl::StatusOr<AppendResult> Append(const AppendCall& call);
+  // PrepareVerify (riding commits, pending trees), tree KV write, one batched compute. out and
+  // lse go to the call's destinations, or else into the result's buffers.
+  absl::StatusOr<VerifyResult> Verify(const VerifyCall& call);
+  absl::StatusOr<CommitResult> Commit(const CommitCall& call);
+  absl::StatusOr<ReleaseResult> Release(const ReleaseCall& call);
   // The new sequence shares the source's first call.length slots (KvStore::Fork).
   absl::StatusOr<ForkResult> Fork(const ForkCall& call);
-  void Stats(v1::StatsResponse* response) const;
+  // Also publishes the store's gauges.
+  DeviceStats Stats() const;
 
   // Releases sequences whose lease passed (and tells the backend to forget them); returns how
   // many.
@@ -42,24 +44,19 @@ class DeviceOperations {
   const ComputeBackend& backend() const { return *backend_; }
 
  private:
-  DeviceOperations(const ServiceOptions& options, std::unique_ptr<ComputeBackend> backend,
-                   ServiceMetrics* metrics)
-      : options_(options), backend_(std::move(backend)), metrics_(metrics) {}
+  DeviceOperations(std::unique_ptr<ComputeBackend> backend, ExecutorMetrics* metrics)
+      : backend_(std::move(backend)), metrics_(metrics) {}
 
-  ServiceOptions options_;
+  // The caller's name of Verify's b-th item ("sequences[2]"), for messages.
+  std::string Item(int b) const;
+
   std::unique_ptr<ComputeBackend> backend_;
   std::unique_ptr<KvStore> store_;
-  ServiceMetrics* metrics_;
+  ExecutorMetrics* metrics_;
   // Scratch of Verify, kept to avoid reallocating per call.
   std::vector<int32_t> prefix_len_, slot_indptr_, slots_, mask_indptr_;
   std::vector<VerifySlotList> slot_lists_;
   std::vector<uint64_t> mask_bits_;
 };
-
-// The pool's capacity in slots: --kv-capacity-tokens, or --kv-memory-fraction of what the backend
-// reports (AvailableMemoryBytes) divided by one slot's bytes over all layers, at most 2^31 - 1.
-absl::StatusOr<int64_t> PoolCapacitySlots(const ServiceOptions& options,
-                                          const ComputeBackend& backend);
-void FillFragmentation(const FragmentationStats& stats, v1::Fragmentation* out);
 
 }  // namespace verifyd

@@ -14,17 +14,32 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "verify/bf16.h"
-#include "verify/tree_mask.h"
 #include "kvstore/fragmentation_tracker.h"
 #include "kvstore/kv_storage.h"
 #include "kvstore/slot_allocator.h"
+#include "verify/bf16.h"
+#include "verify/tree_mask.h"
 
 namespace verifyd {
 
 using SequenceId = uint64_t;
+
+// What the store's error messages call its parameters. The defaults are the store's own names; a
+// caller serving a request passes the request's, so that a message names the field the client sent
+// ("sequences[2].sequence_id = 7 is not a live sequence") without the caller rewriting it.
+struct KvFieldNames {
+  std::string sequence = "sequence";       // the id of Append, Commit, Release and the queries
+  std::string num_tokens = "num_tokens";   // Append's token count T
+  std::string items = "items";             // PrepareVerify's batch: "items[2]", "items: ..."
+  std::string item_sequence = "sequence";  // an item's id, after "items[b]."
+  std::string item_commit = "commit";      // an item's commit, after "items[b]."
+  std::string fork_source = "source";      // Fork's source sequence
+  std::string fork_sequence = "fork";      // Fork's new sequence
+  std::string fork_length = "length";      // Fork's shared prefix length
+};
 
 struct KvStoreOptions {
   int num_layers = 1;
@@ -32,6 +47,7 @@ struct KvStoreOptions {
   absl::Duration lease = absl::Seconds(60);
   // Injectable clock for lease tests.
   std::function<absl::Time()> now = [] { return absl::Now(); };
+  KvFieldNames field_names;
 };
 
 // A commit of the pending tree: accepted_path[0] a root, each next a child of the previous.
@@ -198,8 +214,8 @@ class KvStore {
   struct PendingTree;
   struct Sequence;
 
-  absl::StatusOr<Sequence*> Find(SequenceId seq, const char* field);
-  absl::StatusOr<const Sequence*> Find(SequenceId seq, const char* field) const;
+  absl::StatusOr<Sequence*> Find(SequenceId seq, absl::string_view field);
+  absl::StatusOr<const Sequence*> Find(SequenceId seq, absl::string_view field) const;
   absl::Status ValidateCommit(const Sequence& sequence, const CommitPath& path,
                               const std::string& field) const;
   // Slot-table rewrite of a validated commit; frees the rejected nodes' slots.
@@ -225,6 +241,7 @@ class KvStore {
   // same rewrite for every descendant holding them (limit: the shared prefix along the path).
   void RewriteDescendants(Sequence& owner, int64_t position, int32_t dst, int64_t length,
                           int64_t limit);
+  const KvFieldNames& names() const { return options_.field_names; }
   KvStoreOptions options_;
   std::unique_ptr<KvStorage> storage_;
   SlotAllocator allocator_;

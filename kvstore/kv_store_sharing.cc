@@ -13,24 +13,25 @@ namespace verifyd {
 
 absl::Status KvStore::Fork(SequenceId source, SequenceId fork, int64_t length) {
   if (length < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "length = ", length, " must be >= 1 (a new sequence without a prefix is an Append)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(names().fork_length, " = ", length,
+                     " must be >= 1 (a new sequence without a prefix is an Append)"));
   }
-  VERIFYD_ASSIGN_OR_RETURN(Sequence * parent, Find(source, "source"));
+  VERIFYD_ASSIGN_OR_RETURN(Sequence * parent, Find(source, names().fork_source));
   if (sequences_.contains(fork)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("fork = ", fork, " is already a live sequence; a fork needs a new id"));
+    return absl::AlreadyExistsError(absl::StrCat(
+        names().fork_sequence, " = ", fork, " is already a live sequence; a fork needs a new id"));
   }
   if (parent->pending) {
     return absl::FailedPreconditionError(
-        absl::StrCat("source = ", source, " has a pending tree of ", parent->pending->num_nodes(),
-                     " nodes; commit it before forking"));
+        absl::StrCat(names().fork_source, " = ", source, " has a pending tree of ",
+                     parent->pending->num_nodes(), " nodes; commit it before forking"));
   }
   const int64_t committed = parent->committed_length();
   if (length > committed) {
-    return absl::OutOfRangeError(absl::StrCat("length = ", length,
+    return absl::OutOfRangeError(absl::StrCat(names().fork_length, " = ", length,
                                               " must be <= the committed length ", committed,
-                                              " of source = ", source));
+                                              " of ", names().fork_source, " = ", source));
   }
 
   auto created = std::make_unique<Sequence>();
@@ -144,7 +145,7 @@ int64_t KvStore::Holders(int32_t slot) const {
 }
 
 absl::StatusOr<int64_t> KvStore::AccountedBegin(SequenceId seq) const {
-  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, "sequence"));
+  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, names().sequence));
   return sequence->accounted_begin();
 }
 

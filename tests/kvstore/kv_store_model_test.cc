@@ -6,8 +6,8 @@
 // every allocated token with a cell id that a fork copies, and two positions must hold the same
 // slot exactly when they hold the same cell (no copy, no slot freed while referenced, a pending
 // slot held once); every slot's reference count is checked, and releasing everything at the end,
-// in random order with compactions between, must free the whole pool. VERIFYD_SEED reproduces a
-// run.
+// in random order with compactions between, must free the whole pool. VERIFYD_TEST_SEED
+// reproduces a run.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -721,7 +721,7 @@ class KvStoreModelCheck {
 
 TEST(KvStoreModelTest, HundredThousandRandomOperationsMatchTheModel) {
   const uint64_t seed = testing_kv::TestSeed();
-  SCOPED_TRACE(::testing::Message() << "reproduce with VERIFYD_SEED=" << seed);
+  SCOPED_TRACE(::testing::Message() << "reproduce with VERIFYD_TEST_SEED=" << seed);
   KvStoreModelCheck check(seed);
   for (int step = 0; step < kOperations; ++step) {
     check.Step();

@@ -13,6 +13,7 @@
 #include "tests/service/rpc_helpers.h"
 #include "tests/service/shadow_model.h"
 #include "tests/service/test_server.h"
+#include "tests/testing/test_seed.h"
 
 namespace verifyd {
 namespace {
@@ -30,13 +31,10 @@ class ForkServerTest : public ::testing::Test {
         model_(options_.layers, options_.heads, options_.softmax_scale, seed_),
         rpc_(server_.stub(), model_) {}
 
-  // VERIFYD_SEED reproduces a run; otherwise a fresh one, printed.
-  static uint32_t Seed() {
-    if (const char* env = std::getenv("VERIFYD_SEED")) return std::strtoul(env, nullptr, 10);
-    return std::random_device{}();
-  }
+  // VERIFYD_TEST_SEED reproduces a run; otherwise a fresh one, printed.
+  static uint32_t Seed() { return static_cast<uint32_t>(test::TestSeed()); }
   void SetUp() override {
-    std::cout << "reproduce with VERIFYD_SEED=" << seed_ << "\n";
+    std::cout << "reproduce with VERIFYD_TEST_SEED=" << seed_ << "\n";
     ASSERT_TRUE(server_.status().ok()) << server_.status();
   }
 
