@@ -231,6 +231,21 @@ absl::StatusOr<v1::ReleaseResponse> Client::Release(uint64_t sequence_id, const 
   return Unary("Release", false, call, &v1::Verifyd::Stub::Release, request);
 }
 
+absl::StatusOr<v1::ForkResponse> Client::Fork(uint64_t source_sequence_id,
+                                              uint64_t new_sequence_id, uint64_t length,
+                                              const CallOptions& call) {
+  v1::ForkRequest request;
+  request.set_source_sequence_id(source_sequence_id);
+  request.set_new_sequence_id(new_sequence_id);
+  request.set_length(length);
+  v1::ForkResponse response;
+  absl::Status status = Call("Fork", false, call, [&](grpc::ClientContext& context) {
+    return FromGrpc(stub_->Fork(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
 absl::StatusOr<v1::CompactResponse> Client::Compact(uint64_t budget_bytes,
                                                     const CallOptions& call) {
   v1::CompactRequest request;

@@ -105,6 +105,11 @@ class Client {
                                             absl::Span<const int32_t> accepted_path,
                                             const CallOptions& call = {});
   absl::StatusOr<v1::ReleaseResponse> Release(uint64_t sequence_id, const CallOptions& call = {});
+  // A new sequence on the first `length` committed tokens of `source_sequence_id`, sharing their
+  // KV slots (plans/0019). Not retried: a second attempt after a lost reply would answer
+  // ALREADY_EXISTS for a fork that succeeded.
+  absl::StatusOr<v1::ForkResponse> Fork(uint64_t source_sequence_id, uint64_t new_sequence_id,
+                                        uint64_t length, const CallOptions& call = {});
   // budget_bytes = 0: until converged. Returns the operation id to poll.
   absl::StatusOr<v1::CompactResponse> Compact(uint64_t budget_bytes, const CallOptions& call = {});
   absl::StatusOr<v1::CompactionStatus> GetCompaction(const std::string& operation_id,

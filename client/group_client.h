@@ -52,6 +52,10 @@ class GroupClient {
                                                          const CallOptions& call = {});
   std::vector<absl::StatusOr<v1::ReleaseResponse>> Release(uint64_t sequence_id,
                                                            const CallOptions& call = {});
+  // Every rank holds the sequence's KV: each forks its own copy of the prefix's slots.
+  std::vector<absl::StatusOr<v1::ForkResponse>> Fork(uint64_t source_sequence_id,
+                                                     uint64_t new_sequence_id, uint64_t length,
+                                                     const CallOptions& call = {});
   std::vector<absl::StatusOr<v1::StatsResponse>> Stats(const CallOptions& call = {});
   std::vector<absl::StatusOr<HealthStatus>> Health(const std::string& service = "",
                                                    const CallOptions& call = {});

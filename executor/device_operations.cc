@@ -142,6 +142,12 @@ absl::StatusOr<ReleaseResult> DeviceOperations::Release(const ReleaseCall& call)
   return ReleaseResult{store_->Stats().free_slots - free_before};
 }
 
+absl::StatusOr<ForkResult> DeviceOperations::Fork(const ForkCall& call) {
+  VERIFYD_RETURN_IF_ERROR(store_->Fork(call.source, call.fork, call.length));
+  VERIFYD_ASSIGN_OR_RETURN(const int64_t committed, store_->CommittedLength(call.fork));
+  return ForkResult{committed, store_->Stats().shared_slots};
+}
+
 DeviceStats DeviceOperations::Stats() const {
   DeviceStats stats;
   stats.backend = backend_->name();

@@ -29,6 +29,8 @@ class DeviceOperations {
   absl::StatusOr<VerifyResult> Verify(const VerifyCall& call);
   absl::StatusOr<CommitResult> Commit(const CommitCall& call);
   absl::StatusOr<ReleaseResult> Release(const ReleaseCall& call);
+  // The new sequence shares the source's first call.length slots (KvStore::Fork).
+  absl::StatusOr<ForkResult> Fork(const ForkCall& call);
   // Also publishes the store's gauges.
   DeviceStats Stats() const;
 

@@ -47,6 +47,18 @@ struct ReleaseCall {
   SequenceId sequence = 0;
 };
 
+struct ForkCall {
+  SequenceId source = 0;
+  SequenceId fork = 0;
+  int64_t length = 0;  // shared prefix, validated >= 1
+};
+
+// What a fork did (plain: the service layer encodes it).
+struct ForkResult {
+  int64_t committed_length = 0;
+  int64_t shared_slots = 0;  // store-wide, after the fork
+};
+
 struct CompactCall {
   int64_t budget_bytes = 0;  // 0: until converged
 };

@@ -7,9 +7,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "verify/mla_dims.h"
 #include "base/status_macros.h"
 #include "kvstore/sequence.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
@@ -27,7 +27,8 @@ std::vector<int32_t> SlotsOf(absl::Span<const SlotRun> runs) {
 KvStore::KvStore(KvStoreOptions options, std::unique_ptr<KvStorage> storage)
     : options_(std::move(options)),
       storage_(std::move(storage)),
-      allocator_(storage_->capacity_slots()) {
+      allocator_(storage_->capacity_slots()),
+      holders_(static_cast<size_t>(allocator_.capacity()), 0) {
   options_.num_layers = storage_->num_layers();
   // The kernels' mask rows and launch bounds stop at kMaxTreeNodes (SPEC §1).
   options_.max_tree_nodes = std::clamp(options_.max_tree_nodes, 1, kMaxTreeNodes);
@@ -126,9 +127,8 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
   std::vector<SlotRun> runs;
   if (need > 0) {
     // Extending the last run in place keeps the sequence contiguous with no copy.
-    VERIFYD_ASSIGN_OR_RETURN(runs, length > 0
-                                       ? allocator_.AllocateAfter(existing->slots.back() + 1, need,
-                                                                  names().num_tokens.c_str())
+    VERIFYD_ASSIGN_OR_RETURN(runs, existing != nullptr
+                                       ? AllocateGrowth(*existing, need, names().num_tokens.c_str())
                                        : allocator_.Allocate(need, names().num_tokens.c_str()));
   }
 
@@ -157,8 +157,11 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
     }
   }
   for (int l = layer_begin; l < layer_begin + layer_count; ++l) sequence->fill[l] += num_tokens;
+  for (int64_t p = length; p < new_length; ++p) Hold(sequence->slots[p]);
   if (existing == nullptr) fragmentation_.Add(seq);
-  if (need > 0) fragmentation_.Extend(seq, sequence->slots, length);
+  if (need > 0) {
+    fragmentation_.Extend(seq, sequence->accounted(), length - sequence->accounted_begin());
+  }
   Renew(*sequence);
   return absl::OkStatus();
 }
@@ -210,9 +213,10 @@ absl::Status KvStore::ApplyCommit(Sequence& sequence, const CommitPath& path) {
   std::vector<bool> accepted(tree.num_nodes(), false);
   for (int32_t node : path.accepted_path) {
     sequence.slots.push_back(tree.slots[node]);
+    Hold(tree.slots[node]);
     accepted[node] = true;
   }
-  fragmentation_.Extend(sequence.id, sequence.slots, old_length);
+  fragmentation_.Extend(sequence.id, sequence.accounted(), old_length - sequence.accounted_begin());
   pending_slots_ -= tree.num_nodes();
   std::vector<int32_t> rejected;
   for (int32_t i = 0; i < tree.num_nodes(); ++i) {
@@ -295,11 +299,8 @@ absl::Status KvStore::PrepareVerify(int layer, absl::Span<const VerifyItem> item
     if (planned[b].new_tree) {
       const int64_t q = static_cast<int64_t>(items[b].parents.size());
       // The run right after the prefix keeps an accepted chain contiguous with it.
-      VERIFYD_ASSIGN_OR_RETURN(
-          std::vector<SlotRun> runs,
-          sequence.slots.empty()
-              ? allocator_.Allocate(q, names().items.c_str())
-              : allocator_.AllocateAfter(sequence.slots.back() + 1, q, names().items.c_str()));
+      VERIFYD_ASSIGN_OR_RETURN(std::vector<SlotRun> runs,
+                               AllocateGrowth(sequence, q, names().items.c_str()));
       PendingTree tree;
       tree.parents = items[b].parents;
       tree.mask = *std::move(planned[b].new_tree);
@@ -356,11 +357,17 @@ absl::Status KvStore::Commit(SequenceId seq, const CommitPath& path) {
 
 absl::Status KvStore::Release(SequenceId seq) {
   VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, names().sequence));
-  std::vector<int32_t> slots = std::move(sequence->slots);
+  // Only the slots no other list holds are freed (a shared prefix stays with its other holders).
+  std::vector<int32_t> slots;
+  slots.reserve(sequence->slots.size());
+  for (int32_t slot : sequence->slots) {
+    if (Drop(slot)) slots.push_back(slot);
+  }
   if (sequence->pending) {
     slots.insert(slots.end(), sequence->pending->slots.begin(), sequence->pending->slots.end());
     pending_slots_ -= sequence->pending->num_nodes();
   }
+  Detach(*sequence);
   sequences_.erase(seq);
   fragmentation_.Remove(seq);
   return allocator_.Free(slots);

@@ -36,6 +36,9 @@ struct KvFieldNames {
   std::string items = "items";             // PrepareVerify's batch: "items[2]", "items: ..."
   std::string item_sequence = "sequence";  // an item's id, after "items[b]."
   std::string item_commit = "commit";      // an item's commit, after "items[b]."
+  std::string fork_source = "source";      // Fork's source sequence
+  std::string fork_sequence = "fork";      // Fork's new sequence
+  std::string fork_length = "length";      // Fork's shared prefix length
 };
 
 struct KvStoreOptions {
@@ -104,7 +107,14 @@ struct StoreStats {
   int64_t free_slots = 0;
   int64_t pending_slots = 0;
   int64_t largest_free_run = 0;
+  // fragmentation counts every committed slot once, in the sequence that accounts it (a shared
+  // slot: its oldest surviving holder's line, plans/0019-shared-prefixes.md).
   FragmentationStats fragmentation;
+  // Sharing (Fork): committed slots held by two or more sequences, and the references to them
+  // (the sum of their holder counts). Without sharing the committed tokens would take
+  // fragmentation.tokens + shared_references - shared_slots slots.
+  int64_t shared_slots = 0;
+  int64_t shared_references = 0;
 };
 
 // Positions [position, position + length) of `sequence` move from the consecutive slots
@@ -168,7 +178,14 @@ class KvStore {
   // Commits the pending tree (see CommitPath). FAILED_PRECONDITION when no tree is pending or a
   // layer of it was never written (unless the path is empty).
   absl::Status Commit(SequenceId seq, const CommitPath& path);
+  // Frees the slots no other sequence holds (a fork's shared prefix stays while any holder lives).
   absl::Status Release(SequenceId seq);
+  // A new sequence `fork` whose positions [0, length) are the first `length` committed positions
+  // of `source`, sharing their slots (no copy); afterwards both grow on their own. O(length).
+  // Checks, in order: length >= 1 (INVALID_ARGUMENT), source live (NOT_FOUND), fork not live
+  // (ALREADY_EXISTS), no pending tree on source (FAILED_PRECONDITION), length <= source's
+  // committed length (OUT_OF_RANGE). Renews both leases. Nothing changes on an error.
+  absl::Status Fork(SequenceId source, SequenceId fork, int64_t length);
   // Releases every sequence whose deadline (now + lease, renewed by every successful call that
   // names it; not by read-only calls or compaction) is <= now; returns them in id order.
   std::vector<SequenceId> ExpireLeases();
@@ -182,12 +199,20 @@ class KvStore {
   absl::Status ReadCommitted(SequenceId seq, int layer, bf16_bits* out) const;
   std::vector<SequenceId> Sequences() const;
   bool Contains(SequenceId seq) const;
+  // Sharing, for tests and diagnostics: how many committed slot lists hold `slot` (0 when free or
+  // pending), and the first position `seq` accounts (plans/0019; 0 unless it shares a prefix with
+  // an older holder).
+  int64_t Holders(int32_t slot) const;
+  absl::StatusOr<int64_t> AccountedBegin(SequenceId seq) const;
 
   // O(1): the fragmentation figures are kept up to date by every call that changes a slot list.
   StoreStats Stats() const;
 
   // Plans moves of at most budget_bytes that make sequences contiguous in position order
-  // (strategy in plans/0001-core.md, run form in plans/0011-run-compaction.md). Cost
+  // (strategy in plans/0001-core.md, run form in plans/0011-run-compaction.md). With sharing each
+  // sequence's accounted positions are made contiguous: its own suffix, and the shared runs it is
+  // the oldest holder of; a run is planned once, in its accounting sequence's name, and executing
+  // it rewrites every list holding it (plans/0019-shared-prefixes.md). Cost
   // O(sequences + fragmented log fragmented + positions past their first runs that it walks) +
   // O(runs log runs).
   CompactionPlan PlanCompaction(int64_t budget_bytes) const;
@@ -216,6 +241,25 @@ class KvStore {
   absl::Status CheckExpectation(SequenceId seq, const Sequence* existing, int layer_begin,
                                 int layer_count, AppendExpectation expect) const;
   void Renew(Sequence& sequence) const;
+  // Growth of a slot list by n slots (Append, a new tree): right after its last slot when free;
+  // for a fork that has not grown yet, the first free run after its shared prefix; else the
+  // allocator's lowest-first choice.
+  absl::StatusOr<std::vector<SlotRun>> AllocateGrowth(const Sequence& sequence, int64_t n,
+                                                      const char* field);
+  // Reference counts of committed slots (holders_), keeping the shared figures.
+  void Hold(int32_t slot);
+  // True when no list holds the slot any more.
+  bool Drop(int32_t slot);
+  // Unlinks a released sequence from the sharing tree: its parent forgets it, and its children
+  // pass to the child with the longest shared prefix (the heir), which takes over the positions
+  // the released sequence accounted and still shares.
+  void Detach(Sequence& sequence);
+  // Rebuilds a sequence's fragmentation entry after its accounted range changed.
+  void Retrack(const Sequence& sequence);
+  // Compaction moved positions [position, position + length) of `owner` to slots dst...: the
+  // same rewrite for every descendant holding them (limit: the shared prefix along the path).
+  void RewriteDescendants(Sequence& owner, int64_t position, int32_t dst, int64_t length,
+                          int64_t limit);
   const KvFieldNames& names() const { return options_.field_names; }
   KvStoreOptions options_;
   std::unique_ptr<KvStorage> storage_;
@@ -224,6 +268,10 @@ class KvStore {
   // Updated by every change of a slot list (Append, commits, Release, compaction).
   FragmentationTracker fragmentation_;
   int64_t pending_slots_ = 0;  // slots of pending trees, summed over sequences
+  // Per slot: how many committed slot lists hold it (pending slots: 0, they are never shared).
+  std::vector<uint32_t> holders_;
+  int64_t shared_slots_ = 0;       // slots with holders_ >= 2
+  int64_t shared_references_ = 0;  // sum of holders_ over those
   uint64_t next_slot_generation_ = 1;
 };
 

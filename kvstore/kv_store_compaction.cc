@@ -151,7 +151,8 @@ std::optional<std::pair<size_t, size_t>> FirstOverlap(const std::vector<Compacti
 }
 
 // The boundaries (kvstore/fragmentation_tracker.h) that rewriting the positions of `runs` can
-// change, as sorted, distinct keys (owner ordinal << 32 | position): each run's first position
+// change, as sorted, distinct keys (owner ordinal << 32 | position in the owner's accounted list,
+// Sequence::accounted()): each run's first position
 // and the one after its last; inside a run consecutive sources go to consecutive destinations, so
 // those boundaries keep their state. owner_by_ordinal[o] is ordinal o's owner. Plans list each
 // owner's runs together in position order, so ordinals are simply the groups of equal owners and
@@ -172,8 +173,9 @@ std::vector<uint64_t> ChangeableBoundaries(const std::vector<CompactionRun>& run
       owner_repeats |= !first_sight(owners[k]);
     }
     const uint64_t ordinal = owner_by_ordinal.size() - 1;
-    const int64_t held = static_cast<int64_t>(owners[k]->slots.size());
-    const int64_t begin = runs[k].position;
+    const int64_t base = owners[k]->accounted_begin();
+    const int64_t held = static_cast<int64_t>(owners[k]->slots.size()) - base;
+    const int64_t begin = runs[k].position - base;
     const int64_t end = begin + runs[k].length;
     if (begin >= 1) keys.push_back(ordinal << 32 | static_cast<uint64_t>(begin));
     if (end < held) keys.push_back(ordinal << 32 | static_cast<uint64_t>(end));
@@ -202,6 +204,8 @@ StoreStats KvStore::Stats() const {
   stats.largest_free_run = allocator_.largest_free_run();
   stats.pending_slots = pending_slots_;
   stats.fragmentation = fragmentation_.totals();
+  stats.shared_slots = shared_slots_;
+  stats.shared_references = shared_references_;
   return stats;
 }
 
@@ -220,27 +224,32 @@ CompactionPlan KvStore::PlanCompaction(int64_t budget_bytes) const {
     int64_t first_run;
   };
   std::vector<Fragmented> order;
+  // A sequence's list here is the part it accounts (Sequence::accounted()): a fork's shared prefix
+  // is its ancestors' to place, and moves with them.
   fragmentation_.ForEachFragmented([&](SequenceId id, int64_t first_run) {
     const Sequence* sequence = sequences_.find(id)->second.get();
-    order.push_back({sequence->slots[0], sequence, first_run});
+    const int64_t base = sequence->accounted_begin();
+    order.push_back({sequence->slots[base], sequence, base + first_run});
   });
   if (order.empty()) return plan;
   std::sort(order.begin(), order.end(),
             [](const Fragmented& a, const Fragmented& b) { return a.first_slot < b.first_slot; });
   ReservedRanges reserved;
-  // Pass 1, (1): grow each first run in place (position p belongs at slots[0] + p). It runs for
+  // Pass 1, (1): grow each first run in place (position p belongs at slots[base] + p - base, base
+  // the first accounted position; plain sequences: base 0). It runs for
   // every sequence before any relocation, so a relocation begun by an earlier call finishes before
   // pass 2 could hand the free slots after it to somebody else.
   std::vector<const Sequence*> blocked;
   for (const auto& [first_slot, sequence, first_run] : order) {
     const std::vector<int32_t>& slots = sequence->slots;
     const int64_t n = static_cast<int64_t>(slots.size());
+    const int64_t base = sequence->accounted_begin();
     const size_t first_new_run = plan.runs.size();
     // Targets in [window_begin, window_end) are available; the window is looked up once per
     // stretch of free slots, not per slot.
     int64_t window_end = 0;
     for (int64_t p = first_run; p < n && moves_left > 0;) {
-      const int64_t target = int64_t{slots[0]} + p;
+      const int64_t target = int64_t{slots[base]} + p - base;
       if (slots[p] == target) {  // already in place (so not free: outside any window)
         ++p;
         continue;
@@ -265,13 +274,14 @@ CompactionPlan KvStore::PlanCompaction(int64_t budget_bytes) const {
   for (const Sequence* sequence : blocked) {
     if (moves_left == 0) break;
     const std::vector<int32_t>& slots = sequence->slots;
-    const int64_t n = static_cast<int64_t>(slots.size());
+    const int64_t base = sequence->accounted_begin();
+    const int64_t n = static_cast<int64_t>(slots.size()) - base;  // accounted positions
     std::optional<int32_t> begin = LowestRunAvoiding(allocator_, reserved, n);
     if (!begin) continue;
     const int64_t count = std::min(n, moves_left);
     for (int64_t p = 0; p < count;) {
-      const int64_t length = ConsecutiveFrom(slots, p, count - p);
-      AddRun(plan, sequence->id, p, slots[p], int64_t{*begin} + p, length);
+      const int64_t length = ConsecutiveFrom(slots, base + p, count - p);
+      AddRun(plan, sequence->id, base + p, slots[base + p], int64_t{*begin} + p, length);
       p += length;
     }
     reserved.Add(*begin, *begin + count);
@@ -309,6 +319,13 @@ absl::Status KvStore::ExecuteCompaction(const CompactionPlan& plan) {
           absl::StrCat(field(), ": positions [", run.position, ", ",
                        int64_t{run.position} + run.length, ") are not all held by sequence ",
                        run.sequence, ", which holds ", held, " (stale plan)"));
+    }
+    // A shared position moves with the holder that accounts it (which rewrites the others).
+    if (run.position < sequence->accounted_begin()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field(), ".position = ", run.position, ": sequence ", run.sequence,
+          " shares positions below ", sequence->accounted_begin(),
+          " with an older holder, which moves them (stale plan)"));
     }
     if (run.dst_begin < 0 || int64_t{run.dst_begin} + run.length > allocator_.capacity()) {
       return absl::InvalidArgumentError(
@@ -368,21 +385,32 @@ absl::Status KvStore::ExecuteCompaction(const CompactionPlan& plan) {
     const int64_t position = static_cast<uint32_t>(boundaries[i]);
     changes[i].position = position;
     changes[i].was_break =
-        FragmentationTracker::IsBreak(owner_by_ordinal[boundaries[i] >> 32]->slots, position);
+        FragmentationTracker::IsBreak(owner_by_ordinal[boundaries[i] >> 32]->accounted(), position);
   }
   for (size_t k = 0; k < runs.size(); ++k) {
     int32_t* slots = owners[k]->slots.data() + runs[k].position;
     for (int32_t i = 0; i < runs[k].length; ++i) slots[i] = runs[k].dst_begin + i;
     if (k == 0 || owners[k] != owners[k - 1]) owners[k]->slot_generation = next_slot_generation_++;
+    // A shared run moves once: every list holding it is rewritten in this same step.
+    if (!owners[k]->children.empty()) {
+      RewriteDescendants(*owners[k], runs[k].position, runs[k].dst_begin, runs[k].length,
+                         runs[k].position + runs[k].length);
+    }
+    for (int32_t i = 0; i < runs[k].length; ++i) {
+      holders_[static_cast<size_t>(runs[k].dst_begin + i)] =
+          std::exchange(holders_[static_cast<size_t>(runs[k].src_begin + i)], 0);
+    }
   }
   for (size_t i = 0; i < boundaries.size();) {
     const Sequence& owner = *owner_by_ordinal[boundaries[i] >> 32];
     const FragmentationTracker::Handle handle = handles[boundaries[i] >> 32];
     size_t end = i;
     for (; end < boundaries.size() && boundaries[end] >> 32 == boundaries[i] >> 32; ++end) {
-      changes[end].is_break = FragmentationTracker::IsBreak(owner.slots, changes[end].position);
+      changes[end].is_break =
+          FragmentationTracker::IsBreak(owner.accounted(), changes[end].position);
     }
-    fragmentation_.Rewrite(handle, owner.slots, absl::MakeConstSpan(changes).subspan(i, end - i));
+    fragmentation_.Rewrite(handle, owner.accounted(),
+                           absl::MakeConstSpan(changes).subspan(i, end - i));
     i = end;
   }
   // Destinations that touch (a relocation split by its sources) are reserved as one range.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "verify/tree_mask.h"
 #include "kvstore/kv_store.h"
 
@@ -33,6 +34,19 @@ struct KvStore::Sequence {
   std::vector<int64_t> fill;  // per layer
   std::optional<PendingTree> pending;
   absl::Time deadline;
+  // Sharing (Fork, plans/0019-shared-prefixes.md). Positions [0, fork_length) hold the same slots
+  // as the same positions of `parent`; every slot is accounted (fragmentation figures, compaction
+  // planning) by exactly one holder: this sequence accounts positions [accounted_begin(), size),
+  // the ones before belong to its ancestors. A compaction that moves an accounted position moves
+  // it for every descendant that holds it (children with fork_length > position, recursively).
+  Sequence* parent = nullptr;  // null: a root, which accounts all its positions
+  int64_t fork_length = 0;     // meaningful with a parent; <= slots.size()
+  std::vector<Sequence*> children;
+
+  int64_t accounted_begin() const { return parent != nullptr ? fork_length : 0; }
+  absl::Span<const int32_t> accounted() const {
+    return absl::MakeConstSpan(slots).subspan(static_cast<size_t>(accounted_begin()));
+  }
 
   int64_t committed_length() const {
     int64_t n = static_cast<int64_t>(slots.size());

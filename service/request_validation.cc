@@ -234,6 +234,8 @@ KvFieldNames RequestFieldNames() {
   names.items = "sequences";
   names.item_sequence = "sequence_id";
   names.item_commit = "commit_previous";
+  names.fork_source = "source_sequence_id";
+  names.fork_sequence = "new_sequence_id";
   return names;
 }
 
@@ -402,6 +404,21 @@ absl::StatusOr<CommitCall> ValidateCommit(const v1::CommitRequest& request,
 
 absl::StatusOr<ReleaseCall> ValidateRelease(const v1::ReleaseRequest& request) {
   return ReleaseCall{request.sequence_id()};
+}
+
+absl::StatusOr<ForkCall> ValidateFork(const v1::ForkRequest& request) {
+  if (request.new_sequence_id() == request.source_sequence_id()) {
+    return Invalid(absl::StrCat("new_sequence_id = ", request.new_sequence_id(),
+                                " must differ from source_sequence_id"));
+  }
+  // Positions index int32 slot tables; the store checks the source's committed length.
+  constexpr uint64_t kMaxLength = (uint64_t{1} << 31) - 1;
+  if (request.length() < 1 || request.length() > kMaxLength) {
+    return Invalid(absl::StrCat("length = ", request.length(), " must be in [1, ", kMaxLength,
+                                "] (and <= the source's committed length)"));
+  }
+  return ForkCall{request.source_sequence_id(), request.new_sequence_id(),
+                  static_cast<int64_t>(request.length())};
 }
 
 absl::StatusOr<CompactCall> ValidateCompact(const v1::CompactRequest& request) {

@@ -50,6 +50,8 @@ absl::StatusOr<VerifyCall> ValidateVerify(const v1::VerifyRequest& request,
 absl::StatusOr<CommitCall> ValidateCommit(const v1::CommitRequest& request,
                                           const ValidationLimits& limits);
 absl::StatusOr<ReleaseCall> ValidateRelease(const v1::ReleaseRequest& request);
+// Fork: distinct ids, 1 <= length < 2^31 (the store checks the rest: plans/0019).
+absl::StatusOr<ForkCall> ValidateFork(const v1::ForkRequest& request);
 absl::StatusOr<CompactCall> ValidateCompact(const v1::CompactRequest& request);
 absl::StatusOr<GetCompactionCall> ValidateGetCompaction(const v1::GetCompactionRequest& request);
 

@@ -64,6 +64,11 @@ void EncodeRelease(const ReleaseResult& result, v1::ReleaseResponse* response) {
   response->set_freed_slots(static_cast<uint64_t>(result.freed_slots));
 }
 
+void EncodeFork(const ForkResult& result, v1::ForkResponse* response) {
+  response->set_committed_length(static_cast<uint64_t>(result.committed_length));
+  response->set_shared_tokens(static_cast<uint64_t>(result.shared_slots));
+}
+
 void EncodeStats(const DeviceStats& stats, int heads, float softmax_scale,
                  v1::StatsResponse* response) {
   const StoreStats& store = stats.store;
@@ -79,6 +84,8 @@ void EncodeStats(const DeviceStats& stats, int heads, float softmax_scale,
   response->set_largest_free_run(static_cast<uint64_t>(store.largest_free_run));
   EncodeFragmentation(store.fragmentation, response->mutable_fragmentation());
   response->set_softmax_scale(softmax_scale);
+  response->set_shared_tokens(static_cast<uint64_t>(store.shared_slots));
+  response->set_shared_references(static_cast<uint64_t>(store.shared_references));
 }
 
 void EncodeCompactionStatus(const CompactionOperation& op, v1::CompactionStatus* response) {

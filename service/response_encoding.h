@@ -20,6 +20,7 @@ void EncodeVerify(const v1::VerifyRequest& request, const VerifyCall& call, Veri
                   v1::VerifyResponse* response);
 void EncodeCommit(const CommitResult& result, v1::CommitResponse* response);
 void EncodeRelease(const ReleaseResult& result, v1::ReleaseResponse* response);
+void EncodeFork(const ForkResult& result, v1::ForkResponse* response);
 // heads and softmax_scale are the daemon's settings, not device state.
 void EncodeStats(const DeviceStats& stats, int heads, float softmax_scale,
                  v1::StatsResponse* response);

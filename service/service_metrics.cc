@@ -109,6 +109,16 @@ ServiceMetrics::ServiceMetrics()
                             .Help("Share of committed tokens outside their sequence's first run.")
                             .Register(*registry_)
                             .Add({})),
+      shared_tokens_(BuildGauge()
+                         .Name("verifyd_kv_shared_tokens")
+                         .Help("Committed KV slots held by two or more sequences (Fork).")
+                         .Register(*registry_)
+                         .Add({})),
+      shared_references_(BuildGauge()
+                             .Name("verifyd_kv_shared_references")
+                             .Help("References to shared slots (sum of their holder counts).")
+                             .Register(*registry_)
+                             .Add({})),
       compaction_bytes_(BuildCounter()
                             .Name("verifyd_compaction_bytes_total")
                             .Help("Bytes copied by compaction.")
@@ -183,6 +193,8 @@ void ServiceMetrics::RecordStore(const StoreStats& stats) {
   sequences_.Set(static_cast<double>(stats.fragmentation.sequences));
   fragment_runs_.Set(static_cast<double>(stats.fragmentation.runs));
   fragmented_ratio_.Set(stats.fragmentation.fragmented_ratio());
+  shared_tokens_.Set(static_cast<double>(stats.shared_slots));
+  shared_references_.Set(static_cast<double>(stats.shared_references));
 }
 
 void ServiceMetrics::RecordCompactionChunk(int64_t bytes, absl::Duration took) {

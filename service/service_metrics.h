@@ -61,6 +61,8 @@ class ServiceMetrics final : public ExecutorMetrics {
   prometheus::Gauge& sequences_;
   prometheus::Gauge& fragment_runs_;
   prometheus::Gauge& fragmented_ratio_;
+  prometheus::Gauge& shared_tokens_;
+  prometheus::Gauge& shared_references_;
   prometheus::Counter& compaction_bytes_;
   prometheus::Counter& compaction_seconds_;
   prometheus::Family<prometheus::Counter>& compaction_operations_;

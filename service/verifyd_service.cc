@@ -156,6 +156,19 @@ grpc::ServerUnaryReactor* VerifydService::Release(grpc::CallbackServerContext* c
                });
 }
 
+grpc::ServerUnaryReactor* VerifydService::Fork(grpc::CallbackServerContext* context,
+                                               const v1::ForkRequest* request,
+                                               v1::ForkResponse* response) {
+  const absl::Time start = absl::Now();
+  const absl::Status gate = gate_.CheckGated("Fork", *context);
+  absl::StatusOr<ForkCall> call = ValidateFork(*request);
+  return Serve("Fork", context, start, Prepared(gate, call), Where::kQueue,
+               [call = call.ok() ? *std::move(call) : ForkCall(), response](
+                   DeviceOperations& ops) {
+                 return EncodeResult(ops.Fork(call), response, EncodeFork);
+               });
+}
+
 grpc::ServerUnaryReactor* VerifydService::Stats(grpc::CallbackServerContext* context,
                                                 const v1::StatsRequest* /*request*/,
                                                 v1::StatsResponse* response) {

@@ -33,7 +33,8 @@ using VerifydServiceBase =
                 v1::Verifyd::WithCallbackMethod_Stats<
                     v1::Verifyd::WithCallbackMethod_CreateSharedMemory<
                         v1::Verifyd::WithCallbackMethod_ReleaseSharedMemory<
-                            v1::Verifyd::Service>>>>>>>>>;
+                            v1::Verifyd::WithCallbackMethod_Fork<
+                                v1::Verifyd::Service>>>>>>>>>>;
 
 class VerifydService final : public VerifydServiceBase {
  public:
@@ -84,6 +85,9 @@ class VerifydService final : public VerifydServiceBase {
   grpc::ServerUnaryReactor* ReleaseSharedMemory(grpc::CallbackServerContext* context,
                                                 const v1::ReleaseSharedMemoryRequest* request,
                                                 v1::ReleaseSharedMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* Fork(grpc::CallbackServerContext* context,
+                                 const v1::ForkRequest* request,
+                                 v1::ForkResponse* response) override;
 
  private:
   using Finish = std::function<void(const grpc::Status&)>;

@@ -15,8 +15,9 @@ absl::StatusOr<Command> ParseCommand(const std::string& word) {
   if (word == "stats") return Command::kStats;
   if (word == "compact") return Command::kCompact;
   if (word == "release") return Command::kRelease;
+  if (word == "fork") return Command::kFork;
   if (word == "help") return Command::kHelp;
-  return Usage("unknown command '", word, "'; expected health, stats, compact or release");
+  return Usage("unknown command '", word, "'; expected health, stats, compact, release or fork");
 }
 
 }  // namespace
@@ -31,13 +32,17 @@ std::string Usage() {
          "  compact [--budget-bytes=N]    defragment (0 = until converged), with progress\n"
          "          [--poll-ms=100]\n"
          "  release --sequence=ID         drop a sequence and free its slots\n"
+         "  fork --sequence=ID --new-sequence=ID --length=K\n"
+         "                                a new sequence on ID's first K committed tokens,\n"
+         "                                sharing their KV (no copy)\n"
          "exit codes: 0 ok, 1 rpc error, 2 usage\n";
 }
 
 absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& argv) {
   Args args;
   bool have_command = false;
-  std::string compact_flag, release_flag;  // a flag that only one command takes
+  // Flags that only some commands take: compact's, release's and fork's (--sequence), fork's.
+  std::string compact_flag, sequence_flag, fork_flag;
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& word = argv[i];
     if (word == "-h" || word == "--help") {
@@ -107,7 +112,19 @@ absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& argv) {
         return Usage("--sequence = '", value, "' must be an unsigned integer");
       }
       args.has_sequence = true;
-      release_flag = "--sequence";
+      sequence_flag = "--sequence";
+    } else if (name == "new-sequence") {
+      if (!absl::SimpleAtoi(value, &args.new_sequence)) {
+        return Usage("--new-sequence = '", value, "' must be an unsigned integer");
+      }
+      args.has_new_sequence = true;
+      fork_flag = "--new-sequence";
+    } else if (name == "length") {
+      if (!absl::SimpleAtoi(value, &args.length) || args.length < 1) {
+        return Usage("--length = '", value, "' must be an integer >= 1");
+      }
+      args.has_length = true;
+      fork_flag = "--length";
     } else {
       return Usage("unknown flag --", name);
     }
@@ -116,11 +133,19 @@ absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& argv) {
   if (!compact_flag.empty() && args.command != Command::kCompact) {
     return Usage(compact_flag, " applies to compact only");
   }
-  if (!release_flag.empty() && args.command != Command::kRelease) {
-    return Usage(release_flag, " applies to release only");
+  if (!sequence_flag.empty() && args.command != Command::kRelease &&
+      args.command != Command::kFork) {
+    return Usage(sequence_flag, " applies to release and fork only");
+  }
+  if (!fork_flag.empty() && args.command != Command::kFork) {
+    return Usage(fork_flag, " applies to fork only");
   }
   if (args.command == Command::kRelease && !args.has_sequence) {
     return Usage("release needs --sequence=ID");
+  }
+  if (args.command == Command::kFork &&
+      !(args.has_sequence && args.has_new_sequence && args.has_length)) {
+    return Usage("fork needs --sequence=ID --new-sequence=ID --length=K");
   }
   return args;
 }

@@ -12,7 +12,7 @@
 
 namespace verifyd::ctl {
 
-enum class Command { kHealth, kStats, kCompact, kRelease, kHelp, kVersion };
+enum class Command { kHealth, kStats, kCompact, kRelease, kFork, kHelp, kVersion };
 
 // text: tables and a progress bar (on a terminal); json: protobuf's JSON of the reply, for scripts.
 enum class Output { kText, kJson };
@@ -25,8 +25,12 @@ struct Args {
   Output output = Output::kText;
   uint64_t budget_bytes = 0;  // compact; 0 = until converged
   int poll_ms = 100;          // compact
-  uint64_t sequence = 0;      // release
+  uint64_t sequence = 0;      // release; fork: the source
   bool has_sequence = false;
+  uint64_t new_sequence = 0;  // fork
+  bool has_new_sequence = false;
+  uint64_t length = 0;  // fork: the shared prefix
+  bool has_length = false;
 };
 
 // INVALID_ARGUMENT naming the flag for anything unknown, missing or malformed.

@@ -1,4 +1,4 @@
-// verifyctl: the operator CLI (health, stats, compact with progress, release).
+// verifyctl: the operator CLI (health, stats, compact with progress, release, fork).
 // Exit codes: 0 ok, 1 rpc error (or not SERVING, or a FAILED compaction), 2 usage.
 #include <unistd.h>
 
@@ -86,6 +86,14 @@ int Run(const Args& args) {
       if (!released.ok()) return Fail(released.status());
       std::cout << "released sequence " << args.sequence << ": " << released->freed_slots()
                 << " slots freed\n";
+      return kOk;
+    }
+    case Command::kFork: {
+      auto forked = (*client)->Fork(args.sequence, args.new_sequence, args.length);
+      if (!forked.ok()) return Fail(forked.status());
+      std::cout << "forked sequence " << args.new_sequence << " from " << args.sequence << ": "
+                << forked->committed_length() << " tokens shared; " << forked->shared_tokens()
+                << " shared slots in the daemon\n";
       return kOk;
     }
     case Command::kHelp:

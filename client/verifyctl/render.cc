@@ -64,6 +64,8 @@ std::string FormatStatsTable(const v1::StatsResponse& s) {
       {"fragment runs", absl::StrCat(s.fragmentation().runs())},
       {"outside first run", absl::StrCat(s.fragmentation().tokens_outside_first_run())},
       {"fragmented ratio", absl::StrFormat("%.4f", s.fragmentation().fragmented_ratio())},
+      {"shared tokens", absl::StrCat(s.shared_tokens())},
+      {"shared references", absl::StrCat(s.shared_references())},
   });
 }
 

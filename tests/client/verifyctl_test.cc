@@ -19,6 +19,17 @@ TEST(VerifyctlArgsTest, ParsesCommandsAndFlagsInAnyOrder) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->sequence, 18446744073709551615ull);
   EXPECT_EQ(r->target, "unix:///run/verifyd/verifyd-0.sock");
+
+  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t source = rng(), fork = rng(), length = 1 + rng() % 100000;
+  auto f = ParseArgs({"fork", "--length", std::to_string(length),
+                      "--new-sequence=" + std::to_string(fork),
+                      "--sequence=" + std::to_string(source)});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->command, Command::kFork);
+  EXPECT_EQ(f->sequence, source);
+  EXPECT_EQ(f->new_sequence, fork);
+  EXPECT_EQ(f->length, length);
 }
 
 TEST(VerifyctlArgsTest, OutputAndVersion) {
@@ -73,6 +84,11 @@ TEST(VerifyctlArgsTest, UsageErrorsNameTheProblem) {
       {{}, "a command is required"},
       {{"frobnicate"}, "unknown command 'frobnicate'"},
       {{"release"}, "release needs --sequence=ID"},
+      {{"fork", "--sequence=1", "--length=4"}, "fork needs --sequence=ID --new-sequence=ID"},
+      {{"fork", "--sequence=1", "--new-sequence=2", "--length=0"},
+       "--length = '0' must be an integer >= 1"},
+      {{"release", "--sequence=1", "--length=3"}, "--length applies to fork only"},
+      {{"stats", "--sequence=1"}, "--sequence applies to release and fork only"},
       {{"stats", "--budget-bytes=5"}, "--budget-bytes applies to compact only"},
       {{"compact", "--budget-bytes=-5"}, "--budget-bytes = '-5' must be an integer >= 0"},
       {{"health", "--deadline-seconds=0"}, "--deadline-seconds = '0' must be a number > 0"},

@@ -1,14 +1,20 @@
 // The randomized model check of the KV store (issue 2): >= 100,000 random operations, valid and
 // deliberately invalid, against a trivially correct model (sequence -> per-layer list of token
 // rows, pending tree contents). The model predicts every status code; after EVERY operation every
-// sequence read back through its slot table equals the model byte for byte, no slot is owned twice,
-// free + used = capacity, and a rejected call changed nothing. VERIFYD_TEST_SEED reproduces a run.
+// sequence read back through its slot table equals the model byte for byte, free + used =
+// capacity, and a rejected call changed nothing. Forks (issue 18) share slots: the model names
+// every allocated token with a cell id that a fork copies, and two positions must hold the same
+// slot exactly when they hold the same cell (no copy, no slot freed while referenced, a pending
+// slot held once); every slot's reference count is checked, and releasing everything at the end,
+// in random order with compactions between, must free the whole pool. VERIFYD_TEST_SEED
+// reproduces a run.
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -39,6 +45,7 @@ struct ModelTree {
 
 struct ModelSequence {
   std::vector<std::vector<bf16_bits>> layers = std::vector<std::vector<bf16_bits>>(kLayers);
+  std::vector<uint64_t> cells;  // position -> token identity: equal cells must share one slot
   std::optional<ModelTree> tree;
   absl::Time deadline;
   int64_t fill(int l) const { return static_cast<int64_t>(layers[l].size()) / kKvDim; }
@@ -82,19 +89,21 @@ class KvStoreModelCheck {
     const Snapshot before = TakeSnapshot();
     const int dice = Uniform(100);
     std::optional<Code> result;  // set when the call was rejected (must change nothing)
-    if (dice < 25) {
+    if (dice < 23) {
       result = Append();
-    } else if (dice < 45) {
+    } else if (dice < 41) {
       result = PrepareVerify();
-    } else if (dice < 63) {
+    } else if (dice < 58) {
       result = WriteTreeLayer();
-    } else if (dice < 75) {
+    } else if (dice < 70) {
       result = Commit();
-    } else if (dice < 80) {
+    } else if (dice < 76) {
       result = Release();
-    } else if (dice < 88) {
+    } else if (dice < 83) {
+      result = Fork();
+    } else if (dice < 89) {
       result = Compact();
-    } else if (dice < 92) {
+    } else if (dice < 93) {
       result = StaleCompaction();
     } else if (dice < 96) {
       Leases();
@@ -109,16 +118,41 @@ class KvStoreModelCheck {
   }
 
   int64_t used_slots_seen() const { return used_slots_seen_; }
+  int64_t shared_slots_seen() const { return shared_slots_seen_; }
   std::map<std::string, int> codes_seen;
+
+  // Releases every sequence in random order, compacting between some releases; afterwards every
+  // slot must be free (none leaked by sharing).
+  void ReleaseAll() {
+    std::vector<SequenceId> ids = store_->Sequences();
+    std::shuffle(ids.begin(), ids.end(), rng_);
+    for (SequenceId id : ids) {
+      ASSERT_TRUE(store_->Release(id).ok()) << "sequence " << id;
+      model_.erase(id);
+      if (Chance(50)) Compact();
+      CheckEverything();
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    const StoreStats stats = store_->Stats();
+    EXPECT_EQ(stats.free_slots, kCapacity);
+    EXPECT_EQ(stats.shared_slots, 0);
+    EXPECT_EQ(stats.shared_references, 0);
+    EXPECT_EQ(store_->allocator().largest_free_run(), kCapacity);
+  }
 
  private:
   int Uniform(int n) { return static_cast<int>(rng_() % static_cast<uint64_t>(n)); }
   bool Chance(int percent) { return Uniform(100) < percent; }
   SequenceId AnyId() { return 1 + Uniform(kSequenceIds); }
+  // Distinct committed tokens (cells) plus pending nodes.
   int64_t ModelUsed() const {
+    std::set<uint64_t> cells;
     int64_t used = 0;
-    for (const auto& [id, s] : model_) used += s.length() + (s.tree ? s.tree->num_nodes() : 0);
-    return used;
+    for (const auto& [id, s] : model_) {
+      cells.insert(s.cells.begin(), s.cells.end());
+      used += s.tree ? s.tree->num_nodes() : 0;
+    }
+    return used + static_cast<int64_t>(cells.size());
   }
   int64_t ModelFree() const { return kCapacity - ModelUsed(); }
   void Renew(ModelSequence& s) { s.deadline = now_ + kLease; }
@@ -208,7 +242,8 @@ class KvStoreModelCheck {
     if (!a.empty() && !t.all_written()) return Code::kFailedPrecondition;
     return Code::kOk;
   }
-  static void ApplyCommit(ModelSequence& s, const std::vector<int32_t>& a) {
+  void ApplyCommit(ModelSequence& s, const std::vector<int32_t>& a) {
+    for (size_t j = 0; j < a.size(); ++j) s.cells.push_back(next_cell_++);
     for (int l = 0; l < kLayers; ++l) {
       for (int32_t node : a) {
         const auto row = s.tree->rows[l].begin() + static_cast<int64_t>(node) * kKvDim;
@@ -301,6 +336,7 @@ class KvStoreModelCheck {
     EXPECT_EQ(status.code(), expected) << status;
     if (status.code() != expected || !status.ok()) return status.code();
     ModelSequence& s = model_[id];
+    for (int64_t p = s.length(); p < s.length() + need; ++p) s.cells.push_back(next_cell_++);
     for (int l = layer_begin; l < layer_begin + layer_count; ++l) {
       const auto src = kv.begin() + static_cast<int64_t>(l - layer_begin) * tokens * kKvDim;
       s.layers[l].insert(s.layers[l].end(), src, src + static_cast<int64_t>(tokens) * kKvDim);
@@ -437,6 +473,48 @@ class KvStoreModelCheck {
     return status.ok() ? std::nullopt : std::optional<Code>(status.code());
   }
 
+  std::optional<Code> Fork() {
+    SequenceId source = Chance(95) ? AnyId() : 0;
+    if (Chance(70) && !model_.empty()) {  // mostly a live source, often one without a tree
+      auto it = std::next(model_.begin(), Uniform(static_cast<int>(model_.size())));
+      source = it->first;
+    }
+    SequenceId fork = AnyId();
+    for (int tries = 0; tries < 4 && model_.contains(fork) && Chance(85); ++tries) fork = AnyId();
+    auto src = model_.find(source);
+    const int64_t committed = src == model_.end() ? 0 : std::min(src->second.fill(0),
+                                                                 src->second.fill(1));
+    int64_t length = 1 + Uniform(static_cast<int>(std::max<int64_t>(committed, 1)));
+    if (Chance(5)) length = Chance(50) ? 0 : -Uniform(3);
+    if (Chance(5)) length = committed + 1 + Uniform(3);
+    Code expected = Code::kOk;
+    if (length < 1) {
+      expected = Code::kInvalidArgument;
+    } else if (src == model_.end()) {
+      expected = Code::kNotFound;
+    } else if (model_.contains(fork)) {
+      expected = Code::kAlreadyExists;
+    } else if (src->second.tree) {
+      expected = Code::kFailedPrecondition;
+    } else if (length > committed) {
+      expected = Code::kOutOfRange;
+    }
+    const absl::Status status = store_->Fork(source, fork, length);
+    Seen("Fork", status);
+    EXPECT_EQ(status.code(), expected) << status;
+    if (status.code() != expected || !status.ok()) return status.code();
+    ModelSequence child;
+    for (int l = 0; l < kLayers; ++l) {
+      child.layers[l].assign(src->second.layers[l].begin(),
+                             src->second.layers[l].begin() + length * kKvDim);
+    }
+    child.cells.assign(src->second.cells.begin(), src->second.cells.begin() + length);
+    Renew(child);
+    Renew(src->second);
+    model_[fork] = std::move(child);
+    return std::nullopt;
+  }
+
   std::optional<Code> Compact() {
     const int64_t move_bytes = int64_t{kLayers} * kKvRowBytes;
     const int64_t budget = Uniform(200) * move_bytes + Uniform(static_cast<int>(move_bytes)) - 1;
@@ -465,10 +543,12 @@ class KvStoreModelCheck {
       }
       malformed = true;
     }
-    if (Chance(50)) {
+    if (Chance(40)) {
       Append();
-    } else {
+    } else if (Chance(50)) {
       Release();
+    } else {
+      Fork();
     }
     if (::testing::Test::HasFailure()) return std::nullopt;
     const Snapshot before = TakeSnapshot();
@@ -537,9 +617,24 @@ class KvStoreModelCheck {
   void CheckEverything() {
     const std::vector<SequenceId> ids = store_->Sequences();
     ASSERT_EQ(ids.size(), model_.size());
-    std::vector<uint8_t> owned(kCapacity, 0);
+    // Committed slots: held by every list with the same cell there, and by no other cell.
+    std::vector<int64_t> holders(kCapacity, 0);
+    std::vector<uint64_t> cell_of_slot(kCapacity, 0);
+    std::map<uint64_t, int32_t> slot_of_cell;
+    std::vector<uint8_t> owned(kCapacity, 0);  // committed (any number of holders) or pending
     int64_t owned_count = 0;
     int64_t pending = 0;
+    auto hold = [&](int32_t slot, uint64_t cell) {
+      ASSERT_TRUE(slot >= 0 && slot < kCapacity) << "slot " << slot;
+      auto [it, fresh] = slot_of_cell.emplace(cell, slot);
+      ASSERT_EQ(it->second, slot) << "token " << cell << " is in two slots (a fork copied)";
+      if (holders[slot]++ == 0) {
+        ASSERT_EQ(owned[slot]++, 0) << "slot " << slot << " is pending and committed";
+        cell_of_slot[slot] = cell;
+        ++owned_count;
+      }
+      ASSERT_EQ(cell_of_slot[slot], cell) << "slot " << slot << " holds two different tokens";
+    };
     auto own = [&](int32_t slot) {
       ASSERT_TRUE(slot >= 0 && slot < kCapacity) << "slot " << slot;
       ASSERT_EQ(owned[slot]++, 0) << "slot " << slot << " is owned twice";
@@ -552,8 +647,9 @@ class KvStoreModelCheck {
       const std::vector<int32_t> slots = *store_->CommittedSlots(id);
       ASSERT_EQ(static_cast<int64_t>(slots.size()), s.length()) << "sequence " << id;
       ASSERT_EQ(*store_->LayerFill(id), (std::vector<int64_t>{s.fill(0), s.fill(1)}));
-      for (int32_t slot : slots) {
-        own(slot);
+      ASSERT_EQ(s.cells.size(), slots.size());
+      for (size_t p = 0; p < slots.size(); ++p) {
+        hold(slots[p], s.cells[p]);
         if (::testing::Test::HasFatalFailure()) return;
       }
       for (int l = 0; l < kLayers; ++l) {
@@ -611,7 +707,19 @@ class KvStoreModelCheck {
       }
       free_count += run.length;
     }
+    int64_t shared_slots = 0;
+    int64_t shared_references = 0;
+    for (int32_t slot = 0; slot < kCapacity; ++slot) {
+      ASSERT_EQ(store_->Holders(slot), holders[slot]) << "slot " << slot << "'s reference count";
+      if (holders[slot] >= 2) {
+        ++shared_slots;
+        shared_references += holders[slot];
+      }
+    }
     const StoreStats stats = store_->Stats();
+    ASSERT_EQ(stats.shared_slots, shared_slots);
+    ASSERT_EQ(stats.shared_references, shared_references);
+    shared_slots_seen_ += shared_slots;
     // The store keeps its fragmentation figures incrementally; a walk of every list recomputes
     // them.
     ASSERT_EQ(stats.fragmentation, testing_kv::WalkFragmentation(*store_));
@@ -631,7 +739,9 @@ class KvStoreModelCheck {
   // Last generation and committed slot list seen per sequence (CheckEverything).
   std::map<SequenceId, std::pair<uint64_t, std::vector<int32_t>>> generations_;
   uint64_t next_tag_ = 1;
+  uint64_t next_cell_ = 1;
   int64_t used_slots_seen_ = 0;
+  int64_t shared_slots_seen_ = 0;
 };
 
 TEST(KvStoreModelTest, HundredThousandRandomOperationsMatchTheModel) {
@@ -666,11 +776,19 @@ TEST(KvStoreModelTest, HundredThousandRandomOperationsMatchTheModel) {
                               "StaleCompact OK",
                               "StaleCompact FAILED_PRECONDITION",
                               "StaleCompact INVALID_ARGUMENT",
-                              "GetVerifyView OK"}) {
+                              "GetVerifyView OK",
+                              "Fork OK",
+                              "Fork INVALID_ARGUMENT",
+                              "Fork NOT_FOUND",
+                              "Fork ALREADY_EXISTS",
+                              "Fork FAILED_PRECONDITION",
+                              "Fork OUT_OF_RANGE"}) {
     EXPECT_GT(check.codes_seen[outcome], 0) << outcome << " never happened";
   }
   std::cout << "mean used slots " << check.used_slots_seen() / kOperations << " of " << kCapacity
-            << "\n";
+            << ", mean shared slots " << check.shared_slots_seen() / kOperations << "\n";
+  EXPECT_GT(check.shared_slots_seen(), 0) << "no fork ever shared a slot";
+  check.ReleaseAll();
   for (const auto& [outcome, count] : check.codes_seen)
     std::cout << outcome << ": " << count << "\n";
 }

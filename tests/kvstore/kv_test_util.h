@@ -52,12 +52,14 @@ inline std::vector<bf16_bits> HashedRows(uint64_t tag, int64_t count) {
   return rows;
 }
 
-// The store's fragmentation figures from scratch: a walk of every committed slot list (the
-// reference for the figures KvStore keeps incrementally).
+// The store's fragmentation figures from scratch: a walk of every committed slot list from the
+// first position the sequence accounts (plans/0019: a shared slot counts once, with its oldest
+// holder), the reference for the figures KvStore keeps incrementally.
 inline FragmentationStats WalkFragmentation(const KvStore& store) {
   FragmentationStats stats;
   for (SequenceId id : store.Sequences()) {
-    const std::vector<int32_t> slots = *store.CommittedSlots(id);
+    std::vector<int32_t> slots = *store.CommittedSlots(id);
+    slots.erase(slots.begin(), slots.begin() + *store.AccountedBegin(id));
     ++stats.sequences;
     if (slots.empty()) continue;
     size_t first_run = 1;

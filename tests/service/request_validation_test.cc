@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "verify/mla_dims.h"
@@ -257,6 +258,25 @@ TEST_F(ValidationTest, CommitReleaseCompactFieldsRejected) {
               HasSubstr("operation_id has 65 characters, must be <= 64"));
   get.set_operation_id("compact-1");
   EXPECT_EQ(ValidateGetCompaction(get)->operation_id, "compact-1");
+
+  v1::ForkRequest fork;
+  fork.set_source_sequence_id(4);
+  fork.set_new_sequence_id(4);
+  fork.set_length(10);
+  EXPECT_THAT(std::string(ValidateFork(fork).status().message()),
+              HasSubstr("new_sequence_id = 4 must differ from source_sequence_id"));
+  fork.set_new_sequence_id(5);
+  for (uint64_t length : {uint64_t{0}, uint64_t{1} << 31}) {
+    fork.set_length(length);
+    EXPECT_EQ(ValidateFork(fork).status().code(), absl::StatusCode::kInvalidArgument) << length;
+    EXPECT_THAT(std::string(ValidateFork(fork).status().message()),
+                HasSubstr(absl::StrCat("length = ", length, " must be in [1, 2147483647]")));
+  }
+  fork.set_length((uint64_t{1} << 31) - 1);
+  ASSERT_TRUE(ValidateFork(fork).ok());
+  EXPECT_EQ(ValidateFork(fork)->source, 4u);
+  EXPECT_EQ(ValidateFork(fork)->fork, 5u);
+  EXPECT_EQ(ValidateFork(fork)->length, (int64_t{1} << 31) - 1);
 }
 
 TEST(ServiceOptionsTest, EveryFlagBounded) {

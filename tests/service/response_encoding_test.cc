@@ -114,6 +114,8 @@ TEST(ResponseEncoding, StatsAndTheOtherResults) {
   stats.store.pending_slots = rng() % 500;
   stats.store.largest_free_run = rng() % 40000;
   stats.store.fragmentation = RandomFragmentation(rng);
+  stats.store.shared_slots = rng() % 30000;
+  stats.store.shared_references = 2 * stats.store.shared_slots + rng() % 1000;
   const int heads = 1 + static_cast<int>(rng() % 128);
   const float scale = 0.01f * static_cast<float>(1 + rng() % 100);
   v1::StatsResponse response;
@@ -130,6 +132,8 @@ TEST(ResponseEncoding, StatsAndTheOtherResults) {
   EXPECT_EQ(response.largest_free_run(), static_cast<uint64_t>(stats.store.largest_free_run));
   ExpectFragmentation(response.fragmentation(), stats.store.fragmentation);
   EXPECT_EQ(response.softmax_scale(), scale);
+  EXPECT_EQ(response.shared_tokens(), static_cast<uint64_t>(stats.store.shared_slots));
+  EXPECT_EQ(response.shared_references(), static_cast<uint64_t>(stats.store.shared_references));
 
   AppendResult appended{static_cast<int64_t>(rng() % 1000), {}};
   for (int l = 0; l < 5; ++l) appended.layer_fill.push_back(appended.committed_length + rng() % 9);
@@ -148,6 +152,11 @@ TEST(ResponseEncoding, StatsAndTheOtherResults) {
   const ReleaseResult released{static_cast<int64_t>(rng() % 100000)};
   EncodeRelease(released, &release);
   EXPECT_EQ(release.freed_slots(), static_cast<uint64_t>(released.freed_slots));
+  v1::ForkResponse fork;
+  const ForkResult forked{static_cast<int64_t>(rng() % 100000), static_cast<int64_t>(rng() % 1000)};
+  EncodeFork(forked, &fork);
+  EXPECT_EQ(fork.committed_length(), static_cast<uint64_t>(forked.committed_length));
+  EXPECT_EQ(fork.shared_tokens(), static_cast<uint64_t>(forked.shared_slots));
 }
 
 // Fragmentation before is reported once an operation started, after once it ended.

@@ -61,6 +61,20 @@ grpc::Status RpcDriver::Release(uint64_t sequence, v1::ReleaseResponse* response
   return status;
 }
 
+grpc::Status RpcDriver::Fork(uint64_t source, uint64_t fork, uint64_t length,
+                             v1::ForkResponse* response) {
+  v1::ForkResponse local;
+  if (response == nullptr) response = &local;
+  v1::ForkRequest request;
+  request.set_source_sequence_id(source);
+  request.set_new_sequence_id(fork);
+  request.set_length(length);
+  auto context = ContextWithDeadline(kTimeout);
+  grpc::Status status = stub_.Fork(context.get(), request, response);
+  if (status.ok()) model_.AcceptFork(source, fork, static_cast<int64_t>(length));
+  return status;
+}
+
 v1::StatsResponse RpcDriver::Stats() {
   v1::StatsResponse response;
   auto context = ContextWithDeadline(kTimeout);

@@ -25,6 +25,8 @@ class RpcDriver {
   grpc::Status Commit(uint64_t sequence, const std::vector<int32_t>& path,
                       v1::CommitResponse* response = nullptr);
   grpc::Status Release(uint64_t sequence, v1::ReleaseResponse* response = nullptr);
+  grpc::Status Fork(uint64_t source, uint64_t fork, uint64_t length,
+                    v1::ForkResponse* response = nullptr);
   v1::StatsResponse Stats();
 
   // One decode step: Verify `parts` on every layer (commits ride on layer 0 only); returns the

@@ -141,6 +141,15 @@ void ShadowModel::AcceptCommit(uint64_t sequence, const std::vector<int32_t>& pa
   seq.tree.clear();
 }
 
+void ShadowModel::AcceptFork(uint64_t source, uint64_t fork, int64_t length) {
+  const ShadowSequence& from = sequences_.at(source);
+  ShadowSequence copy;
+  for (const auto& rows : from.committed) {
+    copy.committed.emplace_back(rows.begin(), rows.begin() + length * kKvDim);
+  }
+  sequences_[fork] = std::move(copy);
+}
+
 int64_t ShadowModel::committed_length(uint64_t sequence) const {
   const ShadowSequence& seq = sequences_.at(sequence);
   int64_t n = INT64_MAX;

@@ -47,6 +47,8 @@ class ShadowModel {
 
   void AcceptCommit(uint64_t sequence, const std::vector<int32_t>& path);
   void AcceptRelease(uint64_t sequence) { sequences_.erase(sequence); }
+  // The fork's committed KV is the source's first `length` positions (plans/0019).
+  void AcceptFork(uint64_t source, uint64_t fork, int64_t length);
 
   int64_t committed_length(uint64_t sequence) const;
   bool has_tree(uint64_t sequence) const;

@@ -4,7 +4,9 @@
 //    5th step; L ~ 10K), graphs on vs off identical bytes every step, the graph replayed (at most a
 //    handful of captures) and the mirror uploading only tails;
 //  - random appends / verifies / commits / compactions / releases with a small arena (mirror
-//    resets happen): every output against the oracle on the host twin.
+//    resets happen): every output against the oracle on the host twin;
+//  - forks sharing a fragmented prompt, compactions moving the shared runs between steps, the
+//    prompt's owner released first, then random operations with forks (plans/0019).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -294,6 +296,135 @@ TEST(CudaDecodeMirror, RandomStoreOperationsWithCompactionMatchTheOracle) {
   RecordProperty("compactions_moving", compactions_moving);
   RecordProperty("mirror_resets", static_cast<int>(m.resets));
   RecordProperty("mirror_grows", static_cast<int>(m.grows));
+}
+
+
+// Forks (plans/0019) on the device: sequences share their prefix's slots, and a compaction that
+// moves a shared run rewrites every holder's list, so each holder's mirrored list must be
+// refreshed (a new generation) or the kernel reads moved-away rows. A fragmented prompt, eight
+// forks of it (one a fork of a fork) verified every step with graphs on and off, compactions that
+// move the shared runs between steps, the prompt's owner released first; then random operations
+// with forks. Every output against the float64 oracle on the host twin, both backends identical.
+TEST(CudaDecodeMirror, ForksThroughCompactionAndReleaseMatchTheOracle) {
+  if (!test::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = test::TestSeed();
+  SCOPED_TRACE("VERIFYD_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  constexpr int kLayers = 2, kHeads = 4;
+  constexpr int64_t kCapacity = 8192;
+  auto on = test::MakeBackend(/*cuda_graphs=*/true, kLayers, kCapacity);
+  auto off = test::MakeBackend(/*cuda_graphs=*/false, kLayers, kCapacity);
+  ASSERT_TRUE(on.ok()) << on.status();
+  ASSERT_TRUE(off.ok()) << off.status();
+  Stores stores({&*on, &*off}, kLayers, kCapacity);
+  const std::vector<CudaBackend*> backends = {on->backend.get(), off->backend.get()};
+  auto append = [&](SequenceId seq, int tokens) {
+    const std::vector<bf16_bits> kv =
+        test::RandomValues(rng, size_t(kLayers) * tokens * kKvDim, 1.f);
+    return stores.Each([&](KvStore& s) { return s.Append(seq, 0, kLayers, tokens, kv.data()); });
+  };
+  // One step on every layer for `ids`, then a random commit of each tree.
+  auto step = [&](const std::vector<SequenceId>& ids) {
+    std::vector<VerifyItem> items;
+    for (SequenceId id : ids) {
+      items.push_back({id, test::MakeParents(static_cast<test::TreeShape>(rng() % 4),
+                                             1 + static_cast<int>(rng() % 24), rng),
+                       std::nullopt});
+    }
+    // A full pool refuses the trees in every store alike; nothing to verify then.
+    if (!stores.Each([&](KvStore& s) { return s.PrepareVerify(0, items); }).ok()) return;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      if (layer > 0) {
+        ASSERT_TRUE(stores.Each([&](KvStore& s) { return s.PrepareVerify(layer, items); }).ok());
+      }
+      VerifyLayer(stores, backends, layer, items, kHeads, rng);
+      if (testing::Test::HasFatalFailure()) return;
+    }
+    for (const VerifyItem& item : items) {
+      const CommitPath path{test::RandomPath(item.parents, rng)};
+      ASSERT_TRUE(stores.Each([&](KvStore& s) { return s.Commit(item.sequence, path); }).ok());
+    }
+  };
+  auto compact = [&](int64_t budget_slots) {
+    const int64_t budget = int64_t{kLayers} * kKvRowBytes * budget_slots;
+    std::vector<CompactionPlan> plans;
+    for (size_t i = 0; i < backends.size(); ++i) {
+      plans.push_back(stores.cuda(i).PlanCompaction(budget));
+    }
+    const CompactionPlan host = stores.host().PlanCompaction(budget);
+    for (size_t i = 0; i < backends.size(); ++i) {
+      ASSERT_EQ(plans[i].runs, host.runs);
+      ASSERT_TRUE(stores.cuda(i).ExecuteCompaction(plans[i]).ok());
+    }
+    ASSERT_TRUE(stores.host().ExecuteCompaction(host).ok());
+  };
+
+  // The prompt (sequence 1), its prefill interleaved with a filler that then leaves.
+  for (int chunk = 0; chunk < 8; ++chunk) {
+    ASSERT_TRUE(append(1, 150 + static_cast<int>(rng() % 200)).ok());
+    ASSERT_TRUE(append(99, 20 + static_cast<int>(rng() % 60)).ok());
+  }
+  ASSERT_TRUE(stores.Each([&](KvStore& s) { return s.Release(99); }).ok());
+  for (CudaBackend* b : backends) b->ForgetSequence(99);
+  const int64_t prompt = *stores.host().CommittedLength(1);
+  std::vector<SequenceId> live = {1};
+  for (SequenceId f = 2; f <= 8; ++f) {
+    const int64_t k = f == 2 ? prompt : 1 + static_cast<int64_t>(rng() % prompt);
+    ASSERT_TRUE(stores.Each([&](KvStore& s) { return s.Fork(1, f, k); }).ok());
+    live.push_back(f);
+  }
+  ASSERT_TRUE(stores.Each([&](KvStore& s) { return s.Fork(2, 9, prompt / 2); }).ok());
+  live.push_back(9);
+  for (int round = 0; round < 6; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    step(live);
+    if (testing::Test::HasFatalFailure()) return;
+    compact(1 + static_cast<int64_t>(rng() % 400));  // moves shared runs between steps
+    if (testing::Test::HasFatalFailure()) return;
+    if (round == 2) {  // the prompt's owner leaves first; its forks keep the prefix
+      ASSERT_TRUE(stores.Each([&](KvStore& s) { return s.Release(1); }).ok());
+      for (CudaBackend* b : backends) b->ForgetSequence(1);
+      live.erase(live.begin());
+    }
+  }
+  EXPECT_GT(stores.host().Stats().shared_slots, 0);
+
+  // Random operations with forks among them.
+  SequenceId next_id = 100;
+  for (int op = 0; op < 150; ++op) {
+    SCOPED_TRACE("op " + std::to_string(op));
+    live = stores.host().Sequences();
+    const int kind = live.empty() ? 0 : static_cast<int>(rng() % 10);
+    if (kind <= 1) {
+      const SequenceId seq =
+          live.empty() || rng() % 3 == 0 ? next_id++ : live[rng() % live.size()];
+      append(seq, 1 + static_cast<int>(rng() % 60)).IgnoreError();  // every store agrees
+    } else if (kind <= 3) {
+      const SequenceId source = live[rng() % live.size()];
+      const int64_t n = *stores.host().CommittedLength(source);
+      if (n < 1) continue;
+      const SequenceId fork = next_id++;
+      const int64_t k = 1 + static_cast<int64_t>(rng() % n);
+      ASSERT_TRUE(stores.Each([&](KvStore& s) { return s.Fork(source, fork, k); }).ok());
+    } else if (kind <= 6) {
+      std::shuffle(live.begin(), live.end(), rng);
+      live.resize(std::min<size_t>(live.size(), 1 + rng() % 4));
+      step(live);
+      if (testing::Test::HasFatalFailure()) return;
+    } else if (kind <= 8) {
+      compact(1 + static_cast<int64_t>(rng() % 300));
+      if (testing::Test::HasFatalFailure()) return;
+    } else {
+      const SequenceId seq = live[rng() % live.size()];
+      ASSERT_TRUE(stores.Each([&](KvStore& s) { return s.Release(seq); }).ok());
+      for (CudaBackend* b : backends) b->ForgetSequence(seq);
+    }
+  }
+  for (SequenceId seq : stores.host().Sequences()) {
+    ASSERT_TRUE(stores.Each([&](KvStore& s) { return s.Release(seq); }).ok());
+  }
+  EXPECT_EQ(stores.host().Stats().free_slots, kCapacity);
+  EXPECT_EQ(stores.cuda(0).Stats().free_slots, kCapacity);
 }
 
 }  // namespace
