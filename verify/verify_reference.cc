@@ -32,7 +32,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The hot loop is compiled twice, for AVX2 and for baseline x86-64, and the loader picks one. Both
 // do the same roundings in the same order (explicit lanes, no FMA), so results are bit-identical.
-#if defined(__x86_64__) && defined(__has_attribute)
+// Not under TSan: GCC instruments the ifunc resolver, which the loader runs before TSan's runtime
+// is up, and the binary crashes at startup (plans/0016-integrity-and-test-infra.md).
+#if defined(__x86_64__) && defined(__has_attribute) && !defined(__SANITIZE_THREAD__)
 #if __has_attribute(target_clones)
 #define VERIFYD_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
 #endif

@@ -53,6 +53,8 @@ class FaultInjectionTest : public ::testing::Test {
     DeviceOptions device;
     device.store.num_layers = 2;
     device.capacity_slots = 256;
+    // The requests' field names, as the service sets them: the messages below name "sequences[0]".
+    device.store.field_names = RequestFieldNames();
     ServiceOptions service;
     service.layers = 2;
     service.heads = 2;
