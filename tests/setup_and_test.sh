@@ -28,7 +28,7 @@ stage "ASan+UBSan: build"
 cmake -S . -B "$BUILD-asan" "${san_args[@]}" "${asan_compiler[@]}" \
   -DVERIFYD_SANITIZE=address,undefined
 asan_targets=(slot_allocator_test kv_storage_test kv_store_test kv_store_compaction_test
-              kv_store_model_test fragmentation_tracker_test append_integrity_test
+              kv_store_model_test kv_store_fork_test fragmentation_tracker_test append_integrity_test
               tree_mask_test verify_reference_test slot_copy_check_test value_bound_test
               tree_mask_fuzz kv_store_fuzz)
 cmake --build "$BUILD-asan" -j "$(nproc)" --target "${asan_targets[@]}"
