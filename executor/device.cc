@@ -4,7 +4,10 @@
 #include <string_view>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+
 #include "base/status_macros.h"
+#include "executor/channel_table.h"
 
 namespace verifyd {
 
@@ -33,15 +36,30 @@ Device::Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> 
   capacity_slots_ = ops_->store().allocator().capacity();
   ExecutorHooks hooks;
   hooks.background_step = [this] { return compactions_.Step(ops_->store()); };
-  hooks.tick = [this] {
+  hooks.tick = [this, metrics] {
     ops_->ExpireLeases();
     ops_->RefreshGauges();
+    metrics->RecordDataPlane(external_regions_->regions(), external_regions_->total_bytes(),
+                             channels_->channels());
   };
   // Expiry lags a lease by at most a quarter of it; gauges refresh at least 4 times a second.
   hooks.tick_period = std::clamp(absl::Seconds(options.lease_seconds) / 4, absl::Milliseconds(20),
                                  absl::Milliseconds(250));
   hooks.max_queued = options.max_queued_requests;
   hooks.spin = absl::Microseconds(ExecutorSpinMicros(options.executor_spin_us));
+  ExternalRegionLimits region_limits;
+  region_limits.device = options.device;
+  region_limits.lease = absl::Seconds(options.lease_seconds);
+  external_regions_ =
+      std::make_unique<ExternalRegionTable>(&ops_->mutable_backend(), region_limits);
+  ChannelTableOptions channel_options;
+  channel_options.limits = ValidationLimits{options.layers, options.heads, options.max_tree_nodes,
+                                            options.softmax_scale, options.max_message_bytes};
+  channel_options.lease = absl::Seconds(options.lease_seconds);
+  channel_options.name_prefix = absl::StrCat("verifyd-", options.device, "-channel-");
+  channel_options.on_completion = [metrics](bool ok) { metrics->RecordChannelDescriptor(ok); };
+  channels_ = std::make_unique<ChannelTable>(channel_options, this, external_regions_.get());
+  // Started last: its tick reads the tables.
   executor_ = std::make_unique<DeviceExecutor>(std::move(hooks));
   executor_->Start();
 }
@@ -67,7 +85,9 @@ std::optional<CompactionOperation> Device::GetCompaction(const std::string& id) 
 }
 
 void Device::Drain() {
+  if (channels_ != nullptr) channels_->CloseAll(absl::StatusCode::kUnavailable);
   executor_->Drain();
+  if (external_regions_ != nullptr) external_regions_->ReleaseAll();
   compactions_.AbandonAll("verifyd shut down before the operation finished");
 }
 

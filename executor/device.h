@@ -10,10 +10,13 @@
 #include "executor/compaction_manager.h"
 #include "executor/device_executor.h"
 #include "executor/device_operations.h"
+#include "executor/external_regions.h"
 #include "service/service_metrics.h"
 #include "service/service_options.h"
 
 namespace verifyd {
+
+class ChannelTable;
 
 // --executor-spin-us resolved: `requested` when >= 0, else 2000 µs on hosts with >= 8 cores, 0 on
 // smaller ones.
@@ -35,8 +38,13 @@ class Device {
   // Queues a Compact operation and returns its id at once.
   std::string StartCompaction(int64_t budget_bytes);
   std::optional<CompactionOperation> GetCompaction(const std::string& id) const;
-  // Finishes every queued task, abandons unfinished compactions, stops the thread.
+  // Closes every channel (their published descriptors complete ABORTED), finishes every queued
+  // task, abandons unfinished compactions, stops the thread, drops the external regions.
   void Drain();
+
+  // The data plane (plans/0017): memory clients registered, and their channels.
+  ExternalRegionTable& external_regions() { return *external_regions_; }
+  ChannelTable& channels() { return *channels_; }
 
   const char* backend_name() const { return ops_->backend().name(); }
   // The pool's slots (--kv-capacity-tokens or resolved from --kv-memory-fraction); fixed.
@@ -50,6 +58,8 @@ class Device {
   int64_t capacity_slots_ = 0;
   CompactionManager compactions_;
   std::unique_ptr<DeviceExecutor> executor_;
+  std::unique_ptr<ExternalRegionTable> external_regions_;
+  std::unique_ptr<ChannelTable> channels_;
 };
 
 }  // namespace verifyd
