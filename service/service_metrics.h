@@ -39,6 +39,10 @@ class ServiceMetrics {
   void RecordCompactionChunk(int64_t bytes, absl::Duration took);
   void RecordCompactionFinished(bool done);
   void RecordLeaseExpiries(int64_t count);
+  // The data plane (plans/0017): registered regions, their bytes, open channels; descriptors
+  // completed by result.
+  void RecordDataPlane(int regions, uint64_t bytes, int channels);
+  void RecordChannelDescriptor(bool ok);
   void RecordGraphCapture() { graph_captures_.Increment(); }
   void RecordGraphReplay() { graph_replays_.Increment(); }
   void RecordGraphFallback() { graph_fallbacks_.Increment(); }
@@ -67,6 +71,10 @@ class ServiceMetrics {
   prometheus::Counter& graph_replays_;
   prometheus::Counter& graph_fallbacks_;
   prometheus::Counter& lease_expiries_;
+  prometheus::Gauge& external_regions_;
+  prometheus::Gauge& external_region_bytes_;
+  prometheus::Gauge& channels_;
+  prometheus::Family<prometheus::Counter>& channel_descriptors_;
 };
 
 }  // namespace verifyd

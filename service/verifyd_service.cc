@@ -1,18 +1,38 @@
 #include "service/verifyd_service.h"
 
 #include <chrono>
+#include <limits>
+#include <optional>
 
 #include "google/protobuf/descriptor.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "executor/channel_table.h"
 #include "service/grpc_status.h"
 
 namespace verifyd {
 namespace {
 
 absl::Status NotReady() { return absl::UnavailableError("verifyd is starting; retry"); }
+
+// The client named by metadata "x-verifyd-client".
+absl::StatusOr<std::string> ClientOf(const grpc::CallbackServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kClientMetadata);
+  if (it == metadata.end() || it->second.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metadata \"", kClientMetadata,
+                     "\" is missing; external memory and channels belong to a named client"));
+  }
+  if (it->second.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata \"", kClientMetadata, "\" has ",
+                                                   it->second.size(),
+                                                   " characters, must be <= 128"));
+  }
+  return std::string(it->second.data(), it->second.size());
+}
 
 // Equal-time comparison: the token must not leak through response timing.
 bool TokenEquals(std::string_view a, std::string_view b) {
@@ -108,11 +128,23 @@ grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* co
                                                  v1::AppendResponse* response) {
   const absl::Time start = absl::Now();
   RegionPins pins;
-  absl::StatusOr<AppendCall> call = ValidateAppend(*request, limits_, regions_, &pins);
+  // KV from a registered external region: the region must be this client's.
+  ExternalPins external_pins;
+  std::optional<ExternalAccess> external;
+  if (request->kv().has_external_memory()) {
+    Device* device = ReadyDevice();
+    if (device == nullptr) return FinishNow("Append", context, start, NotReady());
+    absl::StatusOr<std::string> owner = ClientOf(*context);
+    if (!owner.ok()) return FinishNow("Append", context, start, owner.status());
+    external = ExternalAccess{&device->external_regions(), *std::move(owner), &external_pins};
+  }
+  absl::StatusOr<AppendCall> call = ValidateAppend(*request, limits_, regions_, &pins,
+                                                   external ? &*external : nullptr);
   if (!call.ok()) return FinishNow("Append", context, start, call.status());
   // The pins ride with the task: the kv pointer stays mapped until the executor is done with it.
   return Enqueue("Append", context, start,
                  [call = *std::move(call), pins = std::move(pins),
+                  external_pins = std::move(external_pins),
                   response](DeviceOperations& ops) { return ops.Append(call, response); });
 }
 
@@ -211,8 +243,12 @@ grpc::ServerUnaryReactor* VerifydService::Stats(grpc::CallbackServerContext* con
                                                 const v1::StatsRequest* /*request*/,
                                                 v1::StatsResponse* response) {
   const absl::Time start = absl::Now();
-  return Enqueue("Stats", context, start, [response](DeviceOperations& ops) {
+  Device* device = ReadyDevice();
+  return Enqueue("Stats", context, start, [response, device](DeviceOperations& ops) {
     ops.Stats(response);
+    response->set_external_regions(static_cast<uint32_t>(device->external_regions().regions()));
+    response->set_external_region_bytes(device->external_regions().total_bytes());
+    response->set_channels(static_cast<uint32_t>(device->channels().channels()));
     return absl::OkStatus();
   });
 }
@@ -237,6 +273,77 @@ grpc::ServerUnaryReactor* VerifydService::ReleaseSharedMemory(
   absl::StatusOr<uint64_t> bytes = regions_->Release(request->region());
   if (bytes.ok()) response->set_bytes(*bytes);
   return FinishNow("ReleaseSharedMemory", context, start, bytes.status());
+}
+
+grpc::ServerUnaryReactor* VerifydService::RegisterExternalMemory(
+    grpc::CallbackServerContext* context, const v1::RegisterExternalMemoryRequest* request,
+    v1::RegisterExternalMemoryResponse* response) {
+  const char* method = "RegisterExternalMemory";
+  const absl::Time start = absl::Now();
+  Device* device = ReadyDevice();
+  if (device == nullptr) return FinishNow(method, context, start, NotReady());
+  absl::StatusOr<std::string> owner = ClientOf(*context);
+  if (!owner.ok()) return FinishNow(method, context, start, owner.status());
+  if (request->device() > static_cast<uint32_t>(std::numeric_limits<int>::max())) {
+    return FinishNow(method, context, start,
+                     absl::InvalidArgumentError(absl::StrCat(
+                         "device = ", request->device(), " must be this daemon's device")));
+  }
+  ExternalMemoryHandle handle{request->handle(), request->bytes(),
+                              static_cast<int>(request->device())};
+  absl::StatusOr<uint64_t> region = device->external_regions().Register(*owner, handle);
+  if (region.ok()) {
+    response->set_region(*region);
+    response->set_bytes(request->bytes());
+  }
+  return FinishNow(method, context, start, region.status());
+}
+
+grpc::ServerUnaryReactor* VerifydService::ReleaseExternalMemory(
+    grpc::CallbackServerContext* context, const v1::ReleaseExternalMemoryRequest* request,
+    v1::ReleaseExternalMemoryResponse* response) {
+  const char* method = "ReleaseExternalMemory";
+  const absl::Time start = absl::Now();
+  Device* device = ReadyDevice();
+  if (device == nullptr) return FinishNow(method, context, start, NotReady());
+  absl::StatusOr<std::string> owner = ClientOf(*context);
+  if (!owner.ok()) return FinishNow(method, context, start, owner.status());
+  absl::StatusOr<uint64_t> bytes = device->external_regions().Release(*owner, request->region());
+  if (bytes.ok()) response->set_bytes(*bytes);
+  return FinishNow(method, context, start, bytes.status());
+}
+
+grpc::ServerUnaryReactor* VerifydService::OpenChannel(grpc::CallbackServerContext* context,
+                                                      const v1::OpenChannelRequest* request,
+                                                      v1::OpenChannelResponse* response) {
+  const char* method = "OpenChannel";
+  const absl::Time start = absl::Now();
+  Device* device = ReadyDevice();
+  if (device == nullptr) return FinishNow(method, context, start, NotReady());
+  absl::StatusOr<std::string> owner = ClientOf(*context);
+  if (!owner.ok()) return FinishNow(method, context, start, owner.status());
+  const uint32_t entries = request->entries() == 0 ? 64 : request->entries();
+  absl::StatusOr<ChannelInfo> info = device->channels().Open(*owner, entries);
+  if (info.ok()) {
+    response->set_channel(info->id);
+    response->set_path(info->path);
+    response->set_entries(info->entries);
+    response->set_bytes(info->bytes);
+  }
+  return FinishNow(method, context, start, info.status());
+}
+
+grpc::ServerUnaryReactor* VerifydService::CloseChannel(grpc::CallbackServerContext* context,
+                                                       const v1::CloseChannelRequest* request,
+                                                       v1::CloseChannelResponse* /*response*/) {
+  const char* method = "CloseChannel";
+  const absl::Time start = absl::Now();
+  Device* device = ReadyDevice();
+  if (device == nullptr) return FinishNow(method, context, start, NotReady());
+  absl::StatusOr<std::string> owner = ClientOf(*context);
+  if (!owner.ok()) return FinishNow(method, context, start, owner.status());
+  return FinishNow(method, context, start,
+                   device->channels().Close(*owner, request->channel()));
 }
 
 absl::Status VerifydService::CheckAdmin(const grpc::CallbackServerContext& context) const {

@@ -19,6 +19,8 @@
 namespace verifyd {
 
 inline constexpr char kAdminTokenMetadata[] = "x-verifyd-admin-token";
+// Who owns external regions and channels (plans/0017): 1-128 characters chosen by the client.
+inline constexpr char kClientMetadata[] = "x-verifyd-client";
 
 // Verify's gRPC handler is chosen at start (--verify-handler, plans/0012): polled (default; a
 // thread of ours polls a completion queue, VerifyPoller, and the device thread writes the reply)
@@ -31,7 +33,11 @@ using VerifydServiceBase =
             v1::Verifyd::WithCallbackMethod_GetCompaction<v1::Verifyd::WithCallbackMethod_Stats<
                 v1::Verifyd::WithCallbackMethod_CreateSharedMemory<
                     v1::Verifyd::WithCallbackMethod_ReleaseSharedMemory<
-                        v1::Verifyd::Service>>>>>>>>;
+                        v1::Verifyd::WithCallbackMethod_RegisterExternalMemory<
+                            v1::Verifyd::WithCallbackMethod_ReleaseExternalMemory<
+                                v1::Verifyd::WithCallbackMethod_OpenChannel<
+                                    v1::Verifyd::WithCallbackMethod_CloseChannel<
+                                        v1::Verifyd::Service>>>>>>>>>>>>;
 
 class VerifydService final : public VerifydServiceBase {
  public:
@@ -78,6 +84,19 @@ class VerifydService final : public VerifydServiceBase {
   grpc::ServerUnaryReactor* ReleaseSharedMemory(grpc::CallbackServerContext* context,
                                                 const v1::ReleaseSharedMemoryRequest* request,
                                                 v1::ReleaseSharedMemoryResponse* response) override;
+  // The data plane (plans/0017), answered on the handler thread: the tables are thread-safe.
+  grpc::ServerUnaryReactor* RegisterExternalMemory(
+      grpc::CallbackServerContext* context, const v1::RegisterExternalMemoryRequest* request,
+      v1::RegisterExternalMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseExternalMemory(
+      grpc::CallbackServerContext* context, const v1::ReleaseExternalMemoryRequest* request,
+      v1::ReleaseExternalMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* OpenChannel(grpc::CallbackServerContext* context,
+                                        const v1::OpenChannelRequest* request,
+                                        v1::OpenChannelResponse* response) override;
+  grpc::ServerUnaryReactor* CloseChannel(grpc::CallbackServerContext* context,
+                                         const v1::CloseChannelRequest* request,
+                                         v1::CloseChannelResponse* response) override;
 
  private:
   // Runs `op` on the executor, then finishes the call with its status.
