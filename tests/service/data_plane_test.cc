@@ -287,12 +287,6 @@ TEST(DataPlaneTest, ErrorsMatchTheGrpcPathAndChangeNothing) {
       {"duplicate", [](auto& r) { r.mutable_sequences(1)->set_sequence_id(1); }},
       {"parents", [](auto& r) { r.mutable_sequences(0)->set_parents(2, 5); }},
       {"root", [](auto& r) { r.mutable_sequences(0)->set_parents(1, -7); }},
-      {"commit length",
-       [](auto& r) {
-         auto* c = r.mutable_sequences(0)->mutable_commit_previous();
-         c->set_commit_length(2);
-         c->add_accepted_path(0);
-       }},
       {"commit node",
        [](auto& r) {
          auto* c = r.mutable_sequences(0)->mutable_commit_previous();
@@ -579,21 +573,44 @@ TEST(DataPlaneTest, MalformedDescriptorsAndACorruptRing) {
   EXPECT_THAT(c.message, HasSubstr("sequences[0].parents has 0 nodes"));
   EXPECT_EQ(scratch.word(128).load(), 3u);
 
+  // A commit_length the client library cannot send (it derives it from the path): the same
+  // message as the gRPC Verify's.
+  {
+    channel::Descriptor mismatched;
+    mismatched.id = 44;
+    mismatched.sequences.resize(1);
+    mismatched.sequences[0].sequence_id = 1;
+    mismatched.sequences[0].parents = {-1};
+    mismatched.sequences[0].has_commit = true;
+    mismatched.sequences[0].commit_length = 2;
+    mismatched.sequences[0].accepted_path = {0};
+    ASSERT_TRUE(producer.Push(mismatched).ok());
+    channel::Completion m;
+    const auto t = std::chrono::steady_clock::now();
+    while (!producer.PopCompletion(&m) &&
+           std::chrono::steady_clock::now() - t < std::chrono::seconds(10)) {
+    }
+    EXPECT_EQ(m.descriptor_id, 44u);
+    EXPECT_EQ(m.code, absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(m.message,
+              "sequences[0].commit_previous.commit_length = 2 must equal the size of "
+              "sequences[0].commit_previous.accepted_path = 1");
+  }
   // Bytes the encoder would never write: a kind of 9.
   channel::DescriptorHeader bad{};
   bad.kind = 9;
   bad.bytes = sizeof(bad);
   bad.id = 43;
   bad.done = {region, 256, 4, 0};
-  std::memcpy(ring->view().descriptor_slot(1), &bad, sizeof(bad));
-  ring->view().header().submit_tail.store(2, std::memory_order_release);
+  std::memcpy(ring->view().descriptor_slot(2), &bad, sizeof(bad));
+  ring->view().header().submit_tail.store(3, std::memory_order_release);
   ring->view().WakeConsumer();
   // The producer's own index is behind what was published by hand; read the record directly.
   const auto t1 = std::chrono::steady_clock::now();
-  while (ring->view().completion_slot(1).sequence.load() != 2 &&
+  while (ring->view().completion_slot(2).sequence.load() != 3 &&
          std::chrono::steady_clock::now() - t1 < std::chrono::seconds(10)) {
   }
-  const channel::CompletionRecord& r = ring->view().completion_slot(1);
+  const channel::CompletionRecord& r = ring->view().completion_slot(2);
   EXPECT_EQ(r.descriptor_id, 43u);
   EXPECT_EQ(r.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(r.message, r.message_bytes),

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/shared_tensor.h"
+#include "client/tensor.h"
 #include "service/service_options.h"
 #include "service/verifyd_server.h"
 #include "verify/mla_dims.h"
@@ -100,8 +101,8 @@ int RunBench(const std::string& target, int calls) {
       const SharedVerifyLayout layout = SharedVerifyLayoutAt(0, shape.nodes, kHeads, false);
       auto region = (*client)->CreateSharedMemory(layout.end);
       if (!region.ok()) return 1;
-      std::memcpy(region->data() + layout.q, q.data(), q.size() * 2);
-      std::memcpy(region->data() + layout.tree_kv, tree_kv.data(), tree_kv.size() * 2);
+      std::memcpy(region->bytes().data() + layout.q, q.data(), q.size() * 2);
+      std::memcpy(region->bytes().data() + layout.tree_kv, tree_kv.data(), tree_kv.size() * 2);
       std::vector<double> us;
       for (int i = 0; i < calls + 20; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
