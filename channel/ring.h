@@ -22,7 +22,8 @@
 // futex-waits on `doorbell` (timed, so that it notices close and the lease). The client, after
 // publishing (submit_tail or complete_head), fences seq_cst and, when consumer_sleeping is 1,
 // bumps doorbell and futex-wakes it. Either the daemon's re-read sees the new index or the client
-// sees consumer_sleeping = 1: a wake-up cannot be lost. The futex is a shared one (no
+// sees consumer_sleeping = 1: a wake-up cannot be lost. A client that waits for a completion does
+// the same on completion_bell / producer_sleeping, and the daemon wakes it after each record. The futex is a shared one (no
 // FUTEX_PRIVATE_FLAG): the two processes map the word at different addresses.
 #pragma once
 
@@ -70,6 +71,10 @@ struct RingHeader {
   std::atomic<uint32_t> close_code;
   // Bumped by the client when it reads completions: a client that only polls keeps its lease.
   alignas(64) std::atomic<uint64_t> heartbeat;
+  // The same protocol the other way: a client waiting for a completion sleeps on
+  // completion_bell with producer_sleeping = 1; the daemon rings it after writing a record.
+  alignas(64) std::atomic<uint32_t> completion_bell;
+  std::atomic<uint32_t> producer_sleeping;
 };
 static_assert(sizeof(RingHeader) <= kRingHeaderBytes);
 
@@ -161,6 +166,13 @@ class RingView {
     if (m > 0) std::memcpy(r.message, message, m);
     r.message_bytes = static_cast<uint32_t>(m);
     r.sequence.store(n + 1, std::memory_order_release);
+    // Wake a client that sleeps waiting for a record (ring.h's protocol, reversed).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    RingHeader& h = header();
+    if (h.producer_sleeping.load(std::memory_order_relaxed) != 0) {
+      h.completion_bell.fetch_add(1, std::memory_order_seq_cst);
+      FutexWake(&h.completion_bell);
+    }
   }
 
  private:

@@ -4,6 +4,7 @@
 // untrusted: an index that went backwards or jumped past the ring is a corrupt ring, not a crash.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -69,6 +70,38 @@ class RingProducer {
     h.heartbeat.fetch_add(1, std::memory_order_relaxed);
     view_.WakeConsumer();  // the daemon may wait for this slot
     return true;
+  }
+
+  // Waits until the next completion is written or `timeout` passes: polls for `spin` first (a
+  // record due within microseconds costs no system call), then sleeps on the completion futex, so
+  // a long call does not take a core from the daemon computing it. True when a record is there
+  // (PopCompletion then returns it).
+  bool WaitForCompletion(std::chrono::nanoseconds timeout,
+                         std::chrono::nanoseconds spin = std::chrono::microseconds(20)) {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    auto ready = [&] {
+      return read_ != tail_ &&
+             view_.completion_slot(read_).sequence.load(std::memory_order_acquire) == read_ + 1;
+    };
+    while (Clock::now() - start < spin) {
+      if (ready()) return true;
+    }
+    RingHeader& h = view_.header();
+    for (;;) {
+      if (ready()) return true;
+      const auto left = timeout - (Clock::now() - start);
+      if (left <= std::chrono::nanoseconds::zero()) return false;
+      const uint32_t bell = h.completion_bell.load(std::memory_order_seq_cst);
+      h.producer_sleeping.store(1, std::memory_order_seq_cst);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      // A short slice: the daemon could have closed the channel without writing the record.
+      if (!ready()) {
+        FutexWait(&h.completion_bell, bell,
+                  std::min<int64_t>(left.count(), int64_t{10'000'000}));
+      }
+      h.producer_sleeping.store(0, std::memory_order_relaxed);
+    }
   }
 
   // Keeps the channel's lease while nothing is enqueued or read.

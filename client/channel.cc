@@ -1,10 +1,5 @@
 #include "client/channel.h"
 
-#include <sched.h>
-
-#include <chrono>
-#include <thread>
-
 #include "absl/strings/str_cat.h"
 #include "channel/descriptor.h"
 #include "channel/ring_ends.h"
@@ -103,19 +98,10 @@ absl::StatusOr<Channel::Completion> Channel::WaitCompletion(absl::Duration timeo
   if (state_->producer.in_flight() == 0) {
     return absl::FailedPreconditionError("WaitCompletion: nothing is in flight");
   }
-  const auto start = std::chrono::steady_clock::now();
-  const auto limit = absl::ToChronoNanoseconds(timeout);
   channel::Completion c;
-  for (int64_t i = 0;; ++i) {
-    if (state_->producer.PopCompletion(&c)) {
-      return Completion{c.descriptor_id, absl::Status(c.code, c.message), c.committed_length};
-    }
-    if ((i & 63) == 0 && std::chrono::steady_clock::now() - start > limit) break;
-    if (i > 20000) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    } else if (i > 2000) {
-      sched_yield();
-    }
+  if (state_->producer.WaitForCompletion(absl::ToChronoNanoseconds(timeout)) &&
+      state_->producer.PopCompletion(&c)) {
+    return Completion{c.descriptor_id, absl::Status(c.code, c.message), c.committed_length};
   }
   return absl::DeadlineExceededError(
       absl::StrCat("WaitCompletion: no completion within ", absl::FormatDuration(timeout)));

@@ -95,8 +95,9 @@ class Channel {
   absl::Status EnqueueCommit(const CommitDescriptor& descriptor);
   // The completions written so far, in enqueue order (never blocks).
   std::vector<Completion> PollCompletions();
-  // The next completion; DEADLINE_EXCEEDED when none came within `timeout` (spins briefly, then
-  // yields and sleeps in short steps). FAILED_PRECONDITION when nothing is in flight.
+  // The next completion; DEADLINE_EXCEEDED when none came within `timeout` (polls for 20 µs, then
+  // sleeps on the ring's futex until the daemon writes a record: no busy core during a long call).
+  // FAILED_PRECONDITION when nothing is in flight.
   absl::StatusOr<Completion> WaitCompletion(absl::Duration timeout);
   // Tells the daemon the channel is still used when the thread has nothing to enqueue or read for
   // longer than the daemon's lease.

@@ -434,5 +434,43 @@ TEST(RingTest, SleepingConsumerWakesOnAPushFromAnotherProcess) {
   EXPECT_LT(waited, std::chrono::seconds(5)) << "the push did not wake the sleeper";
 }
 
+// The reverse direction: a client asleep waiting for a completion wakes within milliseconds of the
+// record written by another process, and gives up after its timeout when none comes.
+TEST(RingTest, WaitingProducerWakesOnACompletionFromAnotherProcess) {
+  AnonRing ring(4);
+  RingProducer p(ring.view());
+  Descriptor d;
+  d.sequences.resize(1);
+  ASSERT_TRUE(p.Push(d).ok());
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(p.WaitForCompletion(std::chrono::milliseconds(60)));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(55));
+
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    RingConsumer c(ring.view());
+    std::vector<uint8_t> copy(kDescriptorBytes);
+    uint64_t n = 0;
+    std::string why;
+    if (c.TryTake(copy.data(), &n, &why) != RingConsumer::Take::kTaken) _exit(1);
+    Complete(ring.view(), n, 77);
+    _exit(0);
+  }
+  t0 = std::chrono::steady_clock::now();
+  const bool woke = p.WaitForCompletion(std::chrono::seconds(20));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_TRUE(woke);
+  EXPECT_GE(waited, std::chrono::milliseconds(150));
+  EXPECT_LT(waited, std::chrono::seconds(5)) << "the record did not wake the waiting client";
+  Completion c;
+  ASSERT_TRUE(p.PopCompletion(&c));
+  EXPECT_EQ(c.descriptor_id, 77u);
+}
+
 }  // namespace
 }  // namespace verifyd::channel
