@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 
 #include <chrono>
+#include <deque>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -15,6 +17,24 @@ struct ChannelServer::Shared {
   explicit Shared(channel::RingMapping m) : mapping(std::move(m)) {}
   channel::RingMapping mapping;
   std::atomic<bool> cancelled{false};
+  // The ready flags of the last calls handed to the backend, in descriptor order: on a backend
+  // whose wait sits on a device stream (cuda), a call returns before the device saw its flag, and
+  // closing the channel must release those waits (ChannelOptions::release_wait). Bounded: a call
+  // older than the backend's staging depth (64 layers, plans/0018) has run.
+  // Each flag keeps its call's regions open (pins), so a release never writes into memory a
+  // ReleaseExternalMemory or a lease already dropped.
+  struct Enqueued {
+    ExternalFlag ready;
+    ExternalPins pins;
+  };
+  std::mutex mu;
+  std::deque<Enqueued> enqueued_ready;
+  void RecordEnqueued(const ExternalFlag& ready, const ExternalPins& pins) {
+    if (ready.word == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu);
+    enqueued_ready.push_back(Enqueued{ready, pins});
+    if (enqueued_ready.size() > 256) enqueued_ready.pop_front();
+  }
 };
 
 namespace {
@@ -297,6 +317,7 @@ void ChannelServer::Handle(const uint8_t* copy, uint64_t number, bool closing) {
     uint64_t committed = 0;
     if (!work->refused.ok()) {
       status = ops.FailExternal(work->failure, work->refused);
+      shared->RecordEnqueued(work->failure.order.ready, work->pins);
     } else if (work->kind == DescriptorKind::kCommit) {
       absl::StatusOr<int64_t> length = ops.CommitPlain(work->commit);
       status = length.status();
@@ -305,6 +326,7 @@ void ChannelServer::Handle(const uint8_t* copy, uint64_t number, bool closing) {
     } else {
       std::vector<int64_t> lengths;
       status = ops.VerifyExternal(work->verify, work->order, &lengths);
+      shared->RecordEnqueued(work->order.ready, work->pins);
       counters->verifies.fetch_add(1, std::memory_order_relaxed);
     }
     if (!status.ok()) counters->failed.fetch_add(1, std::memory_order_relaxed);
@@ -359,6 +381,16 @@ void ChannelServer::Close(absl::StatusCode reason) {
       break;
     }
     Handle(copy.data(), number, /*closing=*/true);
+  }
+  // Waits the backend may still hold on a device stream for flags nobody will write now; in
+  // descriptor order, so a flag used by several calls ends at its last value.
+  if (options_.release_wait) {
+    std::deque<Shared::Enqueued> waiting;
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      waiting.swap(shared_->enqueued_ready);
+    }
+    for (const Shared::Enqueued& e : waiting) options_.release_wait(e.ready);
   }
   shm_unlink(name_.c_str());
 }

@@ -40,6 +40,9 @@ struct ChannelOptions {
   absl::Duration sleep_slice = absl::Milliseconds(100);
   // Called on the executor for every completed descriptor (metrics); may be empty.
   std::function<void(bool ok)> on_completion;
+  // At close: releases a backend's device-side wait for a ready flag of a call already handed to
+  // it (ComputeBackend::ReleaseExternalWait; a no-op on cpu). May be empty.
+  std::function<void(const ExternalFlag& ready)> release_wait;
 };
 
 struct ChannelCounters {

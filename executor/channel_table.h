@@ -27,6 +27,7 @@ struct ChannelTableOptions {
   // Ring names are "/<name_prefix><32 random hex digits>".
   std::string name_prefix = "verifyd-channel-";
   std::function<void(bool ok)> on_completion;  // ChannelOptions::on_completion of every channel
+  std::function<void(const ExternalFlag& ready)> release_wait;  // ChannelOptions::release_wait
 };
 
 struct ChannelInfo {

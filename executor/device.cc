@@ -63,6 +63,10 @@ Device::Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> 
       absl::Microseconds(std::max<int64_t>(50, ExecutorSpinMicros(options.executor_spin_us)));
   channel_options.name_prefix = absl::StrCat("verifyd-", options.device, "-channel-");
   channel_options.on_completion = [metrics](bool ok) { metrics->RecordChannelDescriptor(ok); };
+  // Off the executor (a channel's close): the backend's own thread-safety covers it (plans/0018).
+  channel_options.release_wait = [ops = ops_.get()](const ExternalFlag& ready) {
+    (void)ops->mutable_backend().ReleaseExternalWait(ready);
+  };
   channels_ = std::make_unique<ChannelTable>(channel_options, this, external_regions_.get());
   // Started last: its tick reads the tables.
   executor_ = std::make_unique<DeviceExecutor>(std::move(hooks));
