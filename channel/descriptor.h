@@ -172,8 +172,8 @@ inline absl::StatusOr<Descriptor> Decode(const uint8_t* copy) {
     return bad(absl::StrCat("num_sequences = ", h.num_sequences, " cannot fit bytes = ", h.bytes));
   }
   if (d.kind == DescriptorKind::kCommit && h.num_sequences != 1) {
-    return bad(absl::StrCat("a Commit descriptor has num_sequences = ", h.num_sequences,
-                            ", must be 1"));
+    return bad(
+        absl::StrCat("a Commit descriptor has num_sequences = ", h.num_sequences, ", must be 1"));
   }
   d.sequences.resize(h.num_sequences);
   uint64_t at = sizeof(DescriptorHeader);
@@ -185,7 +185,8 @@ inline absl::StatusOr<Descriptor> Decode(const uint8_t* copy) {
     std::memcpy(&sh, copy + at, sizeof(sh));
     at += sizeof(sh);
     if (sh.has_commit > 1) {
-      return bad(absl::StrCat("sequences[", b, "].has_commit = ", sh.has_commit, " must be 0 or 1"));
+      return bad(
+          absl::StrCat("sequences[", b, "].has_commit = ", sh.has_commit, " must be 0 or 1"));
     }
     const uint64_t words = uint64_t{sh.num_parents} + sh.path_nodes;
     if (at + 4 * words > h.bytes) {

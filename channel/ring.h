@@ -23,8 +23,9 @@
 // publishing (submit_tail or complete_head), fences seq_cst and, when consumer_sleeping is 1,
 // bumps doorbell and futex-wakes it. Either the daemon's re-read sees the new index or the client
 // sees consumer_sleeping = 1: a wake-up cannot be lost. A client that waits for a completion does
-// the same on completion_bell / producer_sleeping, and the daemon wakes it after each record. The futex is a shared one (no
-// FUTEX_PRIVATE_FLAG): the two processes map the word at different addresses.
+// the same on completion_bell / producer_sleeping, and the daemon wakes it after each record. The
+// futex is a shared one (no FUTEX_PRIVATE_FLAG): the two processes map the word at different
+// addresses.
 #pragma once
 
 #include <linux/futex.h>
@@ -161,8 +162,8 @@ class RingView {
     r.descriptor_id = descriptor_id;
     r.committed_length = committed_length;
     r.code = code;
-    const size_t m = message_bytes < kCompletionMessageBytes ? message_bytes
-                                                             : kCompletionMessageBytes;
+    const size_t m =
+        message_bytes < kCompletionMessageBytes ? message_bytes : kCompletionMessageBytes;
     if (m > 0) std::memcpy(r.message, message, m);
     r.message_bytes = static_cast<uint32_t>(m);
     r.sequence.store(n + 1, std::memory_order_release);

@@ -97,8 +97,7 @@ class RingProducer {
       std::atomic_thread_fence(std::memory_order_seq_cst);
       // A short slice: the daemon could have closed the channel without writing the record.
       if (!ready()) {
-        FutexWait(&h.completion_bell, bell,
-                  std::min<int64_t>(left.count(), int64_t{10'000'000}));
+        FutexWait(&h.completion_bell, bell, std::min<int64_t>(left.count(), int64_t{10'000'000}));
       }
       h.producer_sleeping.store(0, std::memory_order_relaxed);
     }
@@ -115,9 +114,9 @@ class RingProducer {
   absl::Status Closed() const {
     const auto code =
         static_cast<absl::StatusCode>(view_.header().close_code.load(std::memory_order_relaxed));
-    return absl::FailedPreconditionError(
-        absl::StrCat("the channel is closed (", absl::StatusCodeToString(code),
-                     "); open another with OpenChannel"));
+    return absl::FailedPreconditionError(absl::StrCat("the channel is closed (",
+                                                      absl::StatusCodeToString(code),
+                                                      "); open another with OpenChannel"));
   }
 
   RingView view_;
@@ -145,8 +144,7 @@ class RingConsumer {
       return Take::kCorrupt;
     }
     if (read > head_) {
-      *why = absl::StrCat("complete_head = ", read, " is past the ", head_,
-                          " descriptors taken");
+      *why = absl::StrCat("complete_head = ", read, " is past the ", head_, " descriptors taken");
       return Take::kCorrupt;
     }
     if (tail == head_) return Take::kEmpty;

@@ -114,9 +114,8 @@ inline absl::StatusOr<RingMapping> OpenRingFile(const std::string& name, uint32_
   }
   RingMapping mapping(data, bytes, entries);
   if (!mapping.view().HeaderMatches()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("'", name, "' is not a version ", kRingVersion, " ring of ", entries,
-                     " entries"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", name, "' is not a version ", kRingVersion, " ring of ", entries, " entries"));
   }
   return mapping;
 }

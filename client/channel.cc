@@ -27,7 +27,9 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-channel::TensorRef Ref(const Channel::TensorRef& r) { return channel::TensorRef{r.region, r.offset}; }
+channel::TensorRef Ref(const Channel::TensorRef& r) {
+  return channel::TensorRef{r.region, r.offset};
+}
 channel::FlagRef Ref(const Channel::Flag& f) {
   return channel::FlagRef{f.region, f.offset, f.value, 0};
 }
@@ -120,7 +122,7 @@ uint32_t Channel::entries() const { return state_->mapping.view().entries(); }
 uint64_t Channel::in_flight() const { return state_->producer.in_flight(); }
 
 absl::StatusOr<std::unique_ptr<Channel>> Client::OpenChannel(uint32_t entries,
-                                                            const CallOptions& call) {
+                                                             const CallOptions& call) {
   v1::OpenChannelRequest request;
   request.set_entries(entries);
   v1::OpenChannelResponse response;

@@ -195,9 +195,8 @@ void PrepareCommit(const Descriptor& d, const ValidationLimits& limits, Work* wo
     return;
   }
   work->commit.sequence = s.sequence_id;
-  absl::StatusOr<CommitPath> path =
-      DecodeCommit(CommitSpecView{s.commit_length, s.accepted_path}, "commit",
-                   limits.max_tree_nodes);
+  absl::StatusOr<CommitPath> path = DecodeCommit(CommitSpecView{s.commit_length, s.accepted_path},
+                                                 "commit", limits.max_tree_nodes);
   if (!path.ok()) {
     work->refused = path.status();
     return;
@@ -213,15 +212,14 @@ absl::StatusOr<std::unique_ptr<ChannelServer>> ChannelServer::Open(uint64_t id, 
                                                                    ExternalRegionTable* regions) {
   absl::StatusOr<channel::RingMapping> mapping = channel::CreateRingFile(name, options.entries);
   if (!mapping.ok()) return mapping.status();
-  std::unique_ptr<ChannelServer> server(new ChannelServer(
-      id, std::move(name), std::move(options), device, regions, *std::move(mapping)));
+  std::unique_ptr<ChannelServer> server(new ChannelServer(id, std::move(name), std::move(options),
+                                                          device, regions, *std::move(mapping)));
   server->thread_ = std::thread([s = server.get()] { s->Loop(); });
   return server;
 }
 
-ChannelServer::ChannelServer(uint64_t id, std::string name, ChannelOptions options,
-                             Device* device, ExternalRegionTable* regions,
-                             channel::RingMapping mapping)
+ChannelServer::ChannelServer(uint64_t id, std::string name, ChannelOptions options, Device* device,
+                             ExternalRegionTable* regions, channel::RingMapping mapping)
     : id_(id),
       name_(std::move(name)),
       options_(std::move(options)),
@@ -345,16 +343,14 @@ void ChannelServer::Handle(const uint8_t* copy, uint64_t number, bool closing) {
       counters_->failed.fetch_add(1, std::memory_order_relaxed);
       shared_->mapping.view().WriteCompletion(number, header.id,
                                               static_cast<uint32_t>(queued.code()),
-                                              queued.message().data(), queued.message().size(),
-                                              0);
+                                              queued.message().data(), queued.message().size(), 0);
       return;
     }
     if (stop_.load(std::memory_order_acquire) && !closing) {
       // Closing while the queue is full: the record says why; the close fails the rest.
       shared_->mapping.view().WriteCompletion(number, header.id,
                                               static_cast<uint32_t>(queued.code()),
-                                              queued.message().data(), queued.message().size(),
-                                              0);
+                                              queued.message().data(), queued.message().size(), 0);
       return;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));

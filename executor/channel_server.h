@@ -56,8 +56,7 @@ class ChannelServer {
   // Creates the ring under `name` (a POSIX shared-memory name) and starts the thread. `device`
   // and `regions` must outlive the channel.
   static absl::StatusOr<std::unique_ptr<ChannelServer>> Open(uint64_t id, std::string name,
-                                                             ChannelOptions options,
-                                                             Device* device,
+                                                             ChannelOptions options, Device* device,
                                                              ExternalRegionTable* regions);
   ~ChannelServer();  // Close(kCancelled)
 

@@ -47,9 +47,9 @@ ChannelTable::~ChannelTable() { CloseAll(absl::StatusCode::kUnavailable); }
 
 absl::StatusOr<ChannelInfo> ChannelTable::Open(const std::string& owner, uint32_t entries) {
   if (!channel::ValidEntries(entries)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "entries = ", entries, " must be a power of two in [", channel::kMinEntries, ", ",
-        channel::kMaxEntries, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("entries = ", entries, " must be a power of two in [", channel::kMinEntries,
+                     ", ", channel::kMaxEntries, "]"));
   }
   uint64_t id = 0;
   {

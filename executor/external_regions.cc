@@ -25,13 +25,13 @@ ExternalRegionTable::ExternalRegionTable(ComputeBackend* backend, ExternalRegion
 absl::StatusOr<uint64_t> ExternalRegionTable::Register(const std::string& owner,
                                                        const ExternalMemoryHandle& handle) {
   if (handle.device != limits_.device) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device = ", handle.device, " must be this daemon's device (--device = ",
-        limits_.device, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device = ", handle.device,
+                     " must be this daemon's device (--device = ", limits_.device, ")"));
   }
   if (handle.bytes == 0 || handle.bytes > limits_.max_region_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("bytes = ", handle.bytes, " must be in [1, ",
-                                                   limits_.max_region_bytes, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bytes = ", handle.bytes, " must be in [1, ", limits_.max_region_bytes, "]"));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -53,8 +53,8 @@ absl::StatusOr<uint64_t> ExternalRegionTable::Register(const std::string& owner,
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t id = RandomId();
   while (entries_.contains(id)) id = RandomId();
-  entries_[id] = Entry{std::make_shared<const OpenExternalRegion>(id, owner, *std::move(opened)),
-                       clock_()};
+  entries_[id] =
+      Entry{std::make_shared<const OpenExternalRegion>(id, owner, *std::move(opened)), clock_()};
   ++per_owner_[owner];
   total_bytes_ += bytes;
   return id;

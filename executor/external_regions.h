@@ -51,7 +51,8 @@ class ExternalRegionTable {
  public:
   using Clock = std::function<absl::Time()>;
   ExternalRegionTable(
-      ComputeBackend* backend, ExternalRegionLimits limits, Clock clock = [] { return absl::Now(); });
+      ComputeBackend* backend, ExternalRegionLimits limits,
+      Clock clock = [] { return absl::Now(); });
 
   // Validates (device, bytes, the handle opens, the memory 256-byte aligned, the client's count)
   // and opens the region. INVALID_ARGUMENT / NOT_FOUND naming the field; UNIMPLEMENTED when the

@@ -57,8 +57,7 @@ absl::StatusOr<CommitPath> DecodeCommit(const CommitSpecView& spec, const std::s
 absl::StatusOr<VerifyCall> ValidateVerifyHeader(const VerifyHeaderView& view,
                                                 const ValidationLimits& limits) {
   if (view.layer >= static_cast<uint32_t>(limits.layers)) {
-    return Invalid(
-        absl::StrCat("layer = ", view.layer, " must be < --layers = ", limits.layers));
+    return Invalid(absl::StrCat("layer = ", view.layer, " must be < --layers = ", limits.layers));
   }
   if (view.sequences.empty()) return Invalid("sequences must not be empty");
   VerifyCall call;
@@ -83,9 +82,8 @@ absl::StatusOr<VerifyCall> ValidateVerifyHeader(const VerifyHeaderView& view,
     const std::string field = absl::StrCat("sequences[", b, "]");
     auto [it, inserted] = first_index.emplace(seq.sequence_id, static_cast<int>(b));
     if (!inserted) {
-      return Invalid(absl::StrCat(field, ".sequence_id = ", seq.sequence_id,
-                                  " repeats sequences[", it->second,
-                                  "]; a sequence may appear once per Verify"));
+      return Invalid(absl::StrCat(field, ".sequence_id = ", seq.sequence_id, " repeats sequences[",
+                                  it->second, "]; a sequence may appear once per Verify"));
     }
     VERIFYD_RETURN_IF_ERROR(
         CheckParents(seq.parents, absl::StrCat(field, ".parents"), limits.max_tree_nodes));

@@ -45,8 +45,8 @@ absl::StatusOr<std::unique_ptr<ExternalRegion>> OpenCpuExternalRegion(
   if (handle.bytes == 0) return absl::InvalidArgumentError("bytes = 0 must be > 0");
   const int fd = open(handle.handle.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("handle: cannot open '", handle.handle,
-                                            "': ", std::strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat("handle: cannot open '", handle.handle, "': ", std::strerror(errno)));
   }
   struct stat st {};
   absl::Status status;
@@ -55,9 +55,9 @@ absl::StatusOr<std::unique_ptr<ExternalRegion>> OpenCpuExternalRegion(
     status = absl::InvalidArgumentError(
         absl::StrCat("handle: '", handle.handle, "' is not a regular file"));
   } else if (static_cast<uint64_t>(st.st_size) < handle.bytes) {
-    status = absl::InvalidArgumentError(absl::StrCat("bytes = ", handle.bytes,
-                                                     " must be <= the ", st.st_size,
-                                                     " bytes of '", handle.handle, "'"));
+    status =
+        absl::InvalidArgumentError(absl::StrCat("bytes = ", handle.bytes, " must be <= the ",
+                                                st.st_size, " bytes of '", handle.handle, "'"));
   } else {
     data = mmap(nullptr, handle.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (data == MAP_FAILED) {
@@ -97,10 +97,9 @@ absl::Status WaitReadyFlag(const ExternalFlag& ready, absl::Duration timeout,
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("the ready flag stayed ", FlagWord(ready).load(std::memory_order_acquire),
-                   " < ", ready.value, " for ", absl::FormatDuration(timeout),
-                   "; the call was not computed"));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the ready flag stayed ", FlagWord(ready).load(std::memory_order_acquire), " < ", ready.value,
+      " for ", absl::FormatDuration(timeout), "; the call was not computed"));
 }
 
 void WriteDoneFlag(const ExternalFlag& done) {

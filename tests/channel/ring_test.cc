@@ -86,7 +86,8 @@ void ExpectSame(const Descriptor& a, const Descriptor& b) {
   EXPECT_EQ(a.layer, b.layer);
   EXPECT_EQ(a.return_lse, b.return_lse);
   EXPECT_EQ(a.scale, b.scale);
-  for (auto [x, y] : {std::pair{a.q, b.q}, {a.tree_kv, b.tree_kv}, {a.out, b.out}, {a.lse, b.lse}}) {
+  for (auto [x, y] :
+       {std::pair{a.q, b.q}, {a.tree_kv, b.tree_kv}, {a.out, b.out}, {a.lse, b.lse}}) {
     EXPECT_EQ(x.region, y.region);
     EXPECT_EQ(x.offset, y.offset);
   }
@@ -153,7 +154,8 @@ TEST(DescriptorTest, MalformedDescriptorsNameTheField) {
       {"bytes = 8 must be in [144, 8192]", [](auto& x, auto&) { x.bytes = 8; }},
       {"bytes = 9000 must be in", [](auto& x, auto&) { x.bytes = 9000; }},
       {"flags = 5 has bits outside 3", [](auto& x, auto&) { x.flags = 5; }},
-      {"num_sequences = 4000000000 cannot fit", [](auto& x, auto&) { x.num_sequences = 4000000000u; }},
+      {"num_sequences = 4000000000 cannot fit",
+       [](auto& x, auto&) { x.num_sequences = 4000000000u; }},
       {"but the sequences end at", [](auto& x, auto&) { x.bytes += 4; }},
       {"sequences[0].has_commit = 9 must be 0 or 1",
        [](auto&, auto& b) { b[sizeof(DescriptorHeader) + 12] = 9; }},
@@ -251,7 +253,8 @@ TEST(RingTest, WrapsAroundInOrderAcrossThreads) {
         ASSERT_EQ(c.number, static_cast<uint64_t>(popped));
         EXPECT_EQ(c.descriptor_id, ids[popped]);
         EXPECT_EQ(c.committed_length, c.number * 7);
-        EXPECT_EQ(c.code, popped % 3 == 0 ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kOk);
+        EXPECT_EQ(c.code,
+                  popped % 3 == 0 ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kOk);
         EXPECT_EQ(c.message, absl::StrCat("done ", popped));
         ++popped;
       }

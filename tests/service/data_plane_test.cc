@@ -271,7 +271,8 @@ TEST(DataPlaneTest, ErrorsMatchTheGrpcPathAndChangeNothing) {
   SCOPED_TRACE(absl::StrCat("seed ", Harness::Seed()));
   Harness h(testing::SmallOptions("dp-errors"));
   Scratch scratch(4 << 20);
-  const uint64_t region = h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
+  const uint64_t region =
+      h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
   std::unique_ptr<Channel> channel = *h.client->OpenChannel(4);
   h.AppendSequence(1, 20);
   h.AppendSequence(2, 9);
@@ -337,7 +338,8 @@ TEST(DataPlaneTest, BadReferencesAreRefusedByName) {
   Harness h(testing::SmallOptions("dp-refs"));
   Scratch scratch(4 << 20);
   Scratch theirs(1 << 20);
-  const uint64_t region = h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
+  const uint64_t region =
+      h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
   ClientOptions other_options;
   other_options.client_id = "scheduler-b";
   std::unique_ptr<Client> other = *Client::FromChannel(h.server.channel(), other_options);
@@ -473,7 +475,8 @@ TEST(DataPlaneTest, LeaseEndsWhatADeadSchedulerLeft) {
   options.lease_seconds = 0.5;
   Harness h(options);
   Scratch scratch(4 << 20);
-  const uint64_t region = h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
+  const uint64_t region =
+      h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
   std::unique_ptr<Channel> channel = *h.client->OpenChannel(4);
   h.AppendSequence(1, 10);
   h.AppendSequence(2, 10);
@@ -513,7 +516,8 @@ TEST(DataPlaneTest, LeaseEndsWhatADeadSchedulerLeft) {
 TEST(DataPlaneTest, FullChannelPushesBack) {
   Harness h(testing::SmallOptions("dp-full"));
   Scratch scratch(4 << 20);
-  const uint64_t region = h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
+  const uint64_t region =
+      h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
   std::unique_ptr<Channel> channel = *h.client->OpenChannel(2);
   h.AppendSequence(1, 10);
   const v1::VerifyRequest request = h.model.MakeVerify(0, {{1, {-1}, std::nullopt}}, false);
@@ -541,7 +545,8 @@ TEST(DataPlaneTest, FullChannelPushesBack) {
 TEST(DataPlaneTest, MalformedDescriptorsAndACorruptRing) {
   Harness h(testing::SmallOptions("dp-raw"));
   Scratch scratch(1 << 16);
-  const uint64_t region = h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
+  const uint64_t region =
+      h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
   auto open_raw = [&] {
     grpc::ClientContext context;
     context.AddMetadata("x-verifyd-client", "scheduler-a");
@@ -566,7 +571,8 @@ TEST(DataPlaneTest, MalformedDescriptorsAndACorruptRing) {
   EXPECT_EQ(header.id, 42u);
   channel::Completion c;
   const auto t0 = std::chrono::steady_clock::now();
-  while (!producer.PopCompletion(&c) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+  while (!producer.PopCompletion(&c) &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
   }
   EXPECT_EQ(c.descriptor_id, 42u);
   EXPECT_EQ(c.code, absl::StatusCode::kInvalidArgument);  // parents empty
@@ -641,7 +647,8 @@ TEST(DataPlaneTest, AppendFromExternalMemory) {
   SCOPED_TRACE(absl::StrCat("seed ", Harness::Seed()));
   Harness h(testing::SmallOptions("dp-append"));
   Scratch scratch(1 << 20);
-  const uint64_t region = h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
+  const uint64_t region =
+      h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
   v1::AppendRequest append = h.model.MakeAppend(5, 21);
   std::memcpy(scratch.data() + 128, append.kv().inline_data().data(),
               append.kv().inline_data().size());
@@ -652,8 +659,8 @@ TEST(DataPlaneTest, AppendFromExternalMemory) {
   h.model.AcceptAppend(append);
   testing::RpcDriver driver(h.server.stub(), h.model);
   std::string mismatch;
-  ASSERT_TRUE(driver.Verify(h.model.MakeVerify(2, {{5, {-1, 0, 1}, std::nullopt}}, true), &mismatch)
-                  .ok());
+  ASSERT_TRUE(
+      driver.Verify(h.model.MakeVerify(2, {{5, {-1, 0, 1}, std::nullopt}}, true), &mismatch).ok());
   EXPECT_EQ(mismatch, "");
   // Another client's region, an offset past the end: refused by name, nothing appended.
   ClientOptions o;

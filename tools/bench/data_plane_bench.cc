@@ -53,7 +53,8 @@ void Print(const char* shape, const char* path, const std::vector<double>& us) {
 std::vector<uint16_t> RandomBf16(size_t n, std::mt19937& rng) {
   std::uniform_int_distribution<int> exponent(120, 127);
   std::vector<uint16_t> v(n);
-  for (uint16_t& x : v) x = static_cast<uint16_t>((rng() & 0x8000) | (exponent(rng) << 7) | (rng() & 0x7F));
+  for (uint16_t& x : v)
+    x = static_cast<uint16_t>((rng() & 0x8000) | (exponent(rng) << 7) | (rng() & 0x7F));
   return v;
 }
 
@@ -91,7 +92,9 @@ int RunBench(const std::string& target, int calls) {
       for (int i = 0; i < calls + 20; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         if (!(*client)->Verify(inline_request).ok()) return 1;
-        const double d = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        const double d =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                .count();
         if (i >= 20) us.push_back(d);
       }
       Print(shape.name, "gRPC inline", us);
@@ -107,7 +110,9 @@ int RunBench(const std::string& target, int calls) {
       for (int i = 0; i < calls + 20; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         if (!(*client)->VerifySharedInPlace(request, layout, *region).ok()) return 1;
-        const double d = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        const double d =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                .count();
         if (i >= 20) us.push_back(d);
       }
       Print(shape.name, "gRPC shared memory", us);
@@ -119,7 +124,8 @@ int RunBench(const std::string& target, int calls) {
       const std::string path = absl::StrCat("/dev/shm/verifyd-data-plane-bench-", getpid());
       const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
       if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) return 1;
-      auto* data = static_cast<uint8_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+      auto* data =
+          static_cast<uint8_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
       close(fd);
       std::memcpy(data + layout.q, q.data(), q.size() * 2);
       std::memcpy(data + layout.tree_kv, tree_kv.data(), tree_kv.size() * 2);
@@ -144,7 +150,9 @@ int RunBench(const std::string& target, int calls) {
         if (!(*channel)->EnqueueVerify(d).ok()) return 1;
         auto c = (*channel)->WaitCompletion(absl::Seconds(30));
         if (!c.ok() || !c->status.ok()) return 1;
-        const double dt = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        const double dt =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                .count();
         if (i >= 20) us.push_back(dt);
       }
       Print(shape.name, "channel (CPU waits)", us);

@@ -23,13 +23,13 @@ absl::StatusOr<std::unique_ptr<ChannelLane>> ChannelLane::Open(Client& client, u
   std::unique_ptr<ChannelLane> lane(new ChannelLane());
   lane->client_ = &client;
   lane->bytes_ = Align64(bytes) + 128;  // the two flags on a line of their own
-  lane->path_ = absl::StrCat("/dev/shm/verifyd-fake-scheduler-", getpid(), "-",
-                             std::random_device{}());
+  lane->path_ =
+      absl::StrCat("/dev/shm/verifyd-fake-scheduler-", getpid(), "-", std::random_device{}());
   const int fd = open(lane->path_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", lane->path_));
   const bool sized = ftruncate(fd, static_cast<off_t>(lane->bytes_)) == 0;
-  void* data = sized ? mmap(nullptr, lane->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                     : MAP_FAILED;
+  void* data =
+      sized ? mmap(nullptr, lane->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
   close(fd);
   if (data == MAP_FAILED) {
     unlink(lane->path_.c_str());
@@ -60,12 +60,13 @@ absl::StatusOr<v1::VerifyResponse> ChannelLane::Verify(const v1::VerifyRequest& 
                                                        absl::Span<const int64_t> committed) {
   const uint64_t total_q = tree_kv.size() / kKvDim;
   const uint64_t rows = total_q * static_cast<uint64_t>(heads);
-  const uint64_t q_at = 0, kv_at = Align64(q.size() * 2), out_at = Align64(kv_at + tree_kv.size() * 2),
+  const uint64_t q_at = 0, kv_at = Align64(q.size() * 2),
+                 out_at = Align64(kv_at + tree_kv.size() * 2),
                  lse_at = Align64(out_at + rows * kVDim * 2), end = Align64(lse_at + rows * 4);
   const uint64_t ready_at = bytes_ - 128, done_at = bytes_ - 64;
   if (end > ready_at) {
-    return absl::InvalidArgumentError(absl::StrCat("the Verify needs ", end, " bytes, the lane has ",
-                                                   ready_at));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the Verify needs ", end, " bytes, the lane has ", ready_at));
   }
   std::memcpy(data_ + q_at, q.data(), q.size() * 2);
   std::memcpy(data_ + kv_at, tree_kv.data(), tree_kv.size() * 2);

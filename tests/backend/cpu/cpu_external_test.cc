@@ -58,7 +58,8 @@ TEST(CpuExternalRegionTest, OpenRefusesWhatItCannotMap) {
       {{file.path(), 0, 0}, absl::StatusCode::kInvalidArgument, "bytes = 0 must be > 0"},
       {{"/dev/shm/verifyd-no-such-file", 64, 0}, absl::StatusCode::kNotFound, "cannot open"},
       {{"/dev/shm", 64, 0}, absl::StatusCode::kNotFound, "cannot open"},
-      {{file.path(), 8192, 0}, absl::StatusCode::kInvalidArgument,
+      {{file.path(), 8192, 0},
+       absl::StatusCode::kInvalidArgument,
        "bytes = 8192 must be <= the 4096 bytes of"},
   };
   for (const Case& c : cases) {
@@ -70,12 +71,12 @@ TEST(CpuExternalRegionTest, OpenRefusesWhatItCannotMap) {
 
 TEST(CpuExternalRegionTest, TheMappingIsTheFile) {
   ShmFile file(8192);
-  absl::StatusOr<std::unique_ptr<ExternalRegion>> r =
-      OpenCpuExternalRegion({file.path(), 8192, 0});
+  absl::StatusOr<std::unique_ptr<ExternalRegion>> r = OpenCpuExternalRegion({file.path(), 8192, 0});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ((*r)->bytes(), 8192u);
   const int fd = open(file.path().c_str(), O_RDWR);
-  auto* mine = static_cast<uint8_t*>(mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  auto* mine =
+      static_cast<uint8_t*>(mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
   close(fd);
   std::mt19937 rng(test::TestSeed());
   for (int i = 0; i < 8192; ++i) mine[i] = static_cast<uint8_t>(rng());
@@ -185,8 +186,9 @@ TEST(CpuExternalVerifyTest, MatchesComputeVerifyAndTheFloat64Reference) {
 
     std::vector<double> ref_out, ref_lse;
     test::ComputeVerifyF64(c->hp.problem(), &ref_out, &ref_lse);
-    EXPECT_LE(test::RelativeError({c->call.problem.out, static_cast<size_t>(rows * kVDim)}, ref_out),
-              kBf16HalfUlp);
+    EXPECT_LE(
+        test::RelativeError({c->call.problem.out, static_cast<size_t>(rows * kVDim)}, ref_out),
+        kBf16HalfUlp);
     EXPECT_LE(test::RelativeError({c->call.problem.lse, static_cast<size_t>(rows)}, ref_lse), 1e-5);
   }
 }
