@@ -132,6 +132,23 @@ absl::Status Client::Call(const char* method, bool idempotent, const CallOptions
   return absl::Status(status.code(), absl::StrCat(method, ": ", status.message()));
 }
 
+template <typename Request, typename Response>
+absl::StatusOr<Response> Client::Unary(const char* method, bool idempotent, const CallOptions& call,
+                                       grpc::Status (v1::Verifyd::Stub::*rpc)(grpc::ClientContext*,
+                                                                              const Request&,
+                                                                              Response*),
+                                       const Request& request, bool admin) {
+  Response response;
+  absl::Status status = Call(method, idempotent, call, [&](grpc::ClientContext& context) {
+    if (admin && !options_.admin_token.empty()) {
+      context.AddMetadata(kAdminTokenKey, options_.admin_token);
+    }
+    return FromGrpc((stub_.get()->*rpc)(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
 absl::StatusOr<v1::AppendResponse> Client::Append(const v1::AppendRequest& request,
                                                   const CallOptions& call) {
   auto chunks = SplitAppend(request, options_.max_message_bytes);
@@ -207,48 +224,27 @@ absl::StatusOr<v1::CommitResponse> Client::Commit(uint64_t sequence_id,
   request.mutable_commit()->set_commit_length(static_cast<uint32_t>(accepted_path.size()));
   request.mutable_commit()->mutable_accepted_path()->Add(accepted_path.begin(),
                                                          accepted_path.end());
-  v1::CommitResponse response;
-  absl::Status status = Call("Commit", false, call, [&](grpc::ClientContext& context) {
-    return FromGrpc(stub_->Commit(&context, request, &response));
-  });
-  if (!status.ok()) return status;
-  return response;
+  return Unary("Commit", false, call, &v1::Verifyd::Stub::Commit, request);
 }
 
 absl::StatusOr<v1::ReleaseResponse> Client::Release(uint64_t sequence_id, const CallOptions& call) {
   v1::ReleaseRequest request;
   request.set_sequence_id(sequence_id);
-  v1::ReleaseResponse response;
-  absl::Status status = Call("Release", false, call, [&](grpc::ClientContext& context) {
-    return FromGrpc(stub_->Release(&context, request, &response));
-  });
-  if (!status.ok()) return status;
-  return response;
+  return Unary("Release", false, call, &v1::Verifyd::Stub::Release, request);
 }
 
 absl::StatusOr<v1::CompactResponse> Client::Compact(uint64_t budget_bytes,
                                                     const CallOptions& call) {
   v1::CompactRequest request;
   request.set_budget_bytes(budget_bytes);
-  v1::CompactResponse response;
-  absl::Status status = Call("Compact", false, call, [&](grpc::ClientContext& context) {
-    if (!options_.admin_token.empty()) context.AddMetadata(kAdminTokenKey, options_.admin_token);
-    return FromGrpc(stub_->Compact(&context, request, &response));
-  });
-  if (!status.ok()) return status;
-  return response;
+  return Unary("Compact", false, call, &v1::Verifyd::Stub::Compact, request, /*admin=*/true);
 }
 
 absl::StatusOr<v1::CompactionStatus> Client::GetCompaction(const std::string& operation_id,
                                                            const CallOptions& call) {
   v1::GetCompactionRequest request;
   request.set_operation_id(operation_id);
-  v1::CompactionStatus response;
-  absl::Status status = Call("GetCompaction", true, call, [&](grpc::ClientContext& context) {
-    return FromGrpc(stub_->GetCompaction(&context, request, &response));
-  });
-  if (!status.ok()) return status;
-  return response;
+  return Unary("GetCompaction", true, call, &v1::Verifyd::Stub::GetCompaction, request);
 }
 
 absl::StatusOr<v1::CompactionStatus> Client::WaitCompaction(
@@ -267,23 +263,17 @@ absl::StatusOr<v1::CompactionStatus> Client::WaitCompaction(
 }
 
 absl::StatusOr<v1::StatsResponse> Client::Stats(const CallOptions& call) {
-  v1::StatsResponse response;
-  absl::Status status = Call("Stats", true, call, [&](grpc::ClientContext& context) {
-    return FromGrpc(stub_->Stats(&context, v1::StatsRequest(), &response));
-  });
-  if (!status.ok()) return status;
-  return response;
+  return Unary("Stats", true, call, &v1::Verifyd::Stub::Stats, v1::StatsRequest());
 }
 
 absl::StatusOr<SharedMemoryRegion> Client::CreateSharedMemory(uint64_t bytes,
                                                               const CallOptions& call) {
   v1::CreateSharedMemoryRequest request;
   request.set_bytes(bytes);
-  v1::SharedMemoryRegion info;
-  absl::Status status = Call("CreateSharedMemory", false, call, [&](grpc::ClientContext& context) {
-    return FromGrpc(stub_->CreateSharedMemory(&context, request, &info));
-  });
-  if (!status.ok()) return status;
+  absl::StatusOr<v1::SharedMemoryRegion> created =
+      Unary("CreateSharedMemory", false, call, &v1::Verifyd::Stub::CreateSharedMemory, request);
+  if (!created.ok()) return created.status();
+  const v1::SharedMemoryRegion& info = *created;
   auto region = SharedMemoryRegion::Map(this, info);
   if (!region.ok()) {
     // Nobody else knows the name: drop it now rather than after its lease.
@@ -298,12 +288,8 @@ absl::StatusOr<v1::ReleaseSharedMemoryResponse> Client::ReleaseSharedMemory(
     const std::string& region, const CallOptions& call) {
   v1::ReleaseSharedMemoryRequest request;
   request.set_region(region);
-  v1::ReleaseSharedMemoryResponse response;
-  absl::Status status = Call("ReleaseSharedMemory", false, call, [&](grpc::ClientContext& context) {
-    return FromGrpc(stub_->ReleaseSharedMemory(&context, request, &response));
-  });
-  if (!status.ok()) return status;
-  return response;
+  return Unary("ReleaseSharedMemory", false, call, &v1::Verifyd::Stub::ReleaseSharedMemory,
+               request);
 }
 
 absl::StatusOr<HealthStatus> Client::Health(const std::string& service, const CallOptions& call) {

@@ -175,6 +175,13 @@ class Client {
   // Runs attempt(context) with one absolute deadline, retrying UNAVAILABLE when idempotent.
   absl::Status Call(const char* method, bool idempotent, const CallOptions& call,
                     const std::function<absl::Status(grpc::ClientContext&)>& attempt);
+  // One unary RPC of the stub through Call: its response, or the status prefixed with the method.
+  // `admin` adds the admin token's metadata (Compact over TCP needs it).
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Unary(const char* method, bool idempotent, const CallOptions& call,
+                                 grpc::Status (v1::Verifyd::Stub::*rpc)(grpc::ClientContext*,
+                                                                        const Request&, Response*),
+                                 const Request& request, bool admin = false);
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -317,13 +317,12 @@ void ChannelServer::Handle(const uint8_t* copy, uint64_t number, bool closing) {
       status = ops.FailExternal(work->failure, work->refused);
       shared->RecordEnqueued(work->failure.order.ready, work->pins);
     } else if (work->kind == DescriptorKind::kCommit) {
-      absl::StatusOr<int64_t> length = ops.CommitPlain(work->commit);
-      status = length.status();
-      if (length.ok()) committed = static_cast<uint64_t>(*length);
+      absl::StatusOr<CommitResult> result = ops.Commit(work->commit);
+      status = result.status();
+      if (result.ok()) committed = static_cast<uint64_t>(result->committed_length);
       counters->commits.fetch_add(1, std::memory_order_relaxed);
     } else {
-      std::vector<int64_t> lengths;
-      status = ops.VerifyExternal(work->verify, work->order, &lengths);
+      status = ops.VerifyExternal(work->verify, work->order).status();
       shared->RecordEnqueued(work->order.ready, work->pins);
       counters->verifies.fetch_add(1, std::memory_order_relaxed);
     }

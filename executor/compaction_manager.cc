@@ -8,7 +8,7 @@
 
 namespace verifyd {
 
-CompactionManager::CompactionManager(int history, int64_t chunk_bytes, ServiceMetrics* metrics)
+CompactionManager::CompactionManager(int history, int64_t chunk_bytes, ExecutorMetrics* metrics)
     : history_(history),
       chunk_bytes_(chunk_bytes > 0 ? chunk_bytes : ChunkBytesFor("cpu")),
       metrics_(metrics) {}

@@ -11,8 +11,8 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "executor/executor_metrics.h"
 #include "kvstore/kv_store.h"
-#include "service/service_metrics.h"
 
 namespace verifyd {
 
@@ -48,9 +48,9 @@ struct CompactionOperation {
 class CompactionManager {
  public:
   // chunk_bytes: the most one Step copies (0: ChunkBytesFor the cpu backend).
-  CompactionManager(int history, int64_t chunk_bytes, ServiceMetrics* metrics);
+  CompactionManager(int history, int64_t chunk_bytes, ExecutorMetrics* metrics);
 
-  // The chunk size for --compaction-chunk-bytes=0 (auto), by backend name: a chunk holds the
+  // The chunk size for chunk_bytes 0 (auto), by backend name: a chunk holds the
   // executor (Verify waits behind it), but each chunk also pays a fixed host and launch cost;
   // reasoning and measurements in plans/0011-run-compaction.md.
   static int64_t ChunkBytesFor(std::string_view backend_name);
@@ -92,7 +92,7 @@ class CompactionManager {
   CompactionPlan plan_;
   PlanCursor cursor_;
   int64_t plan_slots_left_ = 0;  // slots of plan_ past the cursor
-  ServiceMetrics* metrics_;
+  ExecutorMetrics* metrics_;
   mutable std::mutex mu_;
   std::deque<CompactionOperation> operations_;  // oldest first
   uint64_t next_id_ = 1;

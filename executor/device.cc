@@ -5,7 +5,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-
 #include "base/status_macros.h"
 #include "executor/channel_table.h"
 
@@ -17,16 +16,16 @@ int64_t ExecutorSpinMicros(int64_t requested) {
   return std::thread::hardware_concurrency() >= 8 ? 2000 : 0;
 }
 
-absl::StatusOr<std::unique_ptr<Device>> Device::Create(const ServiceOptions& options,
+absl::StatusOr<std::unique_ptr<Device>> Device::Create(const DeviceOptions& options,
                                                        std::unique_ptr<ComputeBackend> backend,
-                                                       ServiceMetrics* metrics) {
+                                                       ExecutorMetrics* metrics) {
   VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<DeviceOperations> ops,
                            DeviceOperations::Create(options, std::move(backend), metrics));
   return std::unique_ptr<Device>(new Device(options, std::move(ops), metrics));
 }
 
-Device::Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> ops,
-               ServiceMetrics* metrics)
+Device::Device(const DeviceOptions& options, std::unique_ptr<DeviceOperations> ops,
+               ExecutorMetrics* metrics)
     : ops_(std::move(ops)),
       compactions_(options.compaction_history,
                    options.compaction_chunk_bytes > 0
@@ -43,19 +42,18 @@ Device::Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> 
                              channels_->channels());
   };
   // Expiry lags a lease by at most a quarter of it; gauges refresh at least 4 times a second.
-  hooks.tick_period = std::clamp(absl::Seconds(options.lease_seconds) / 4, absl::Milliseconds(20),
-                                 absl::Milliseconds(250));
+  hooks.tick_period =
+      std::clamp(options.store.lease / 4, absl::Milliseconds(20), absl::Milliseconds(250));
   hooks.max_queued = options.max_queued_requests;
   hooks.spin = absl::Microseconds(ExecutorSpinMicros(options.executor_spin_us));
   ExternalRegionLimits region_limits;
   region_limits.device = options.device;
-  region_limits.lease = absl::Seconds(options.lease_seconds);
+  region_limits.lease = options.store.lease;
   external_regions_ =
       std::make_unique<ExternalRegionTable>(&ops_->mutable_backend(), region_limits);
   ChannelTableOptions channel_options;
-  channel_options.limits = ValidationLimits{options.layers, options.heads, options.max_tree_nodes,
-                                            options.softmax_scale, options.max_message_bytes};
-  channel_options.lease = absl::Seconds(options.lease_seconds);
+  channel_options.limits = options.request_limits;
+  channel_options.lease = options.store.lease;
   // A channel thread polls as long as the executor does after its last piece of work (2 ms on
   // hosts with >= 8 cores, plans/0012), at least 50 µs: a scheduler's next layer usually comes
   // within that, and a futex wake-up costs tens of µs on a VM.

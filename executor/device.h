@@ -10,24 +10,24 @@
 #include "executor/compaction_manager.h"
 #include "executor/device_executor.h"
 #include "executor/device_operations.h"
+#include "executor/device_options.h"
+#include "executor/executor_metrics.h"
 #include "executor/external_regions.h"
-#include "service/service_metrics.h"
-#include "service/service_options.h"
 
 namespace verifyd {
 
 class ChannelTable;
 
-// --executor-spin-us resolved: `requested` when >= 0, else 2000 µs on hosts with >= 8 cores, 0 on
-// smaller ones.
+// DeviceOptions::executor_spin_us resolved: `requested` when >= 0, else 2000 µs on hosts with >= 8
+// cores, 0 on smaller ones.
 int64_t ExecutorSpinMicros(int64_t requested);
 
 class Device {
  public:
   // Builds the backend's storage and the store, and starts the executor.
-  static absl::StatusOr<std::unique_ptr<Device>> Create(const ServiceOptions& options,
+  static absl::StatusOr<std::unique_ptr<Device>> Create(const DeviceOptions& options,
                                                         std::unique_ptr<ComputeBackend> backend,
-                                                        ServiceMetrics* metrics);
+                                                        ExecutorMetrics* metrics);
   ~Device();
 
   // Runs `task` on the executor thread; see DeviceExecutor::Submit for refusals.
@@ -47,12 +47,12 @@ class Device {
   ChannelTable& channels() { return *channels_; }
 
   const char* backend_name() const { return ops_->backend().name(); }
-  // The pool's slots (--kv-capacity-tokens or resolved from --kv-memory-fraction); fixed.
+  // The pool's slots (DeviceOptions::capacity_slots); fixed.
   int64_t capacity_slots() const { return capacity_slots_; }
 
  private:
-  Device(const ServiceOptions& options, std::unique_ptr<DeviceOperations> ops,
-         ServiceMetrics* metrics);
+  Device(const DeviceOptions& options, std::unique_ptr<DeviceOperations> ops,
+         ExecutorMetrics* metrics);
 
   std::unique_ptr<DeviceOperations> ops_;
   int64_t capacity_slots_ = 0;

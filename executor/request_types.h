@@ -1,5 +1,7 @@
-// Validated requests as plain structs: what the executor acts on. Tensor pointers point into the
-// gRPC request message, which lives until the call is finished.
+// Validated requests and their results as plain structs: what the executor acts on and returns.
+// Tensor pointers point into the caller's request (the gRPC message, or a shared-memory region),
+// which lives until the call is finished. The service decodes the calls and encodes the results
+// (service/request_validation.h, service/response_encoding.h); nothing here knows the wire format.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +31,8 @@ struct VerifyCall {
   const bf16_bits* tree_kv = nullptr;  // [total_q][576]
   bool return_lse = false;
   float scale = 0.f;
-  // Where out and lse go when the client placed them in shared memory (the service layer has
-  // mapped and checked the region); null: inline in the response.
+  // Where out and lse go when the caller has a place for them (the service: a shared-memory
+  // region it mapped and checked); null: into VerifyResult's buffers.
   bf16_bits* out_destination = nullptr;  // [total_q][num_heads][512]
   float* lse_destination = nullptr;      // [total_q][num_heads], only with return_lse
 };
@@ -50,6 +52,36 @@ struct CompactCall {
 
 struct GetCompactionCall {
   std::string operation_id;
+};
+
+struct AppendResult {
+  int64_t committed_length = 0;  // the minimum fill over layers
+  std::vector<int64_t> layer_fill;
+};
+
+struct VerifyResult {
+  std::vector<int64_t> committed_length;  // per sequence, request order: the prefix attended
+  // out and lse when the call named no destination, as raw bytes ([total_q][num_heads][512] bf16,
+  // [total_q][num_heads] fp32): std::string so that the service moves them into the response's
+  // bytes fields without a copy. Empty where the call gave a destination (or without return_lse).
+  std::string out_bytes;
+  std::string lse_bytes;
+};
+
+struct CommitResult {
+  int64_t committed_length = 0;
+};
+
+struct ReleaseResult {
+  int64_t freed_slots = 0;
+};
+
+struct DeviceStats {
+  std::string backend;  // "cpu" | "cuda"
+  bool mps_active = false;  // the backend's device is shared through CUDA MPS
+  int layers = 0;
+  int max_tree_nodes = 0;
+  StoreStats store;
 };
 
 }  // namespace verifyd

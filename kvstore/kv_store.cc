@@ -35,7 +35,7 @@ KvStore::KvStore(KvStoreOptions options, std::unique_ptr<KvStorage> storage)
 
 KvStore::~KvStore() = default;
 
-absl::StatusOr<KvStore::Sequence*> KvStore::Find(SequenceId seq, const char* field) {
+absl::StatusOr<KvStore::Sequence*> KvStore::Find(SequenceId seq, absl::string_view field) {
   auto it = sequences_.find(seq);
   if (it == sequences_.end()) {
     return absl::NotFoundError(absl::StrCat(field, " = ", seq, " is not a live sequence"));
@@ -43,7 +43,8 @@ absl::StatusOr<KvStore::Sequence*> KvStore::Find(SequenceId seq, const char* fie
   return it->second.get();
 }
 
-absl::StatusOr<const KvStore::Sequence*> KvStore::Find(SequenceId seq, const char* field) const {
+absl::StatusOr<const KvStore::Sequence*> KvStore::Find(SequenceId seq,
+                                                       absl::string_view field) const {
   auto it = sequences_.find(seq);
   if (it == sequences_.end()) {
     return absl::NotFoundError(absl::StrCat(field, " = ", seq, " is not a live sequence"));
@@ -73,7 +74,8 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
                      " must be in [1, layers - layer_begin = ", layers - layer_begin, "]"));
   }
   if (num_tokens < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("num_tokens = ", num_tokens, " must be >= 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(names().num_tokens, " = ", num_tokens, " must be >= 1"));
   }
   if (kv == nullptr) return absl::InvalidArgumentError("kv must not be null");
 
@@ -94,9 +96,10 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
   std::vector<SlotRun> runs;
   if (need > 0) {
     // Extending the last run in place keeps the sequence contiguous with no copy.
-    VERIFYD_ASSIGN_OR_RETURN(
-        runs, length > 0 ? allocator_.AllocateAfter(existing->slots.back() + 1, need, "num_tokens")
-                         : allocator_.Allocate(need, "num_tokens"));
+    VERIFYD_ASSIGN_OR_RETURN(runs, length > 0
+                                       ? allocator_.AllocateAfter(existing->slots.back() + 1, need,
+                                                                  names().num_tokens.c_str())
+                                       : allocator_.Allocate(need, names().num_tokens.c_str()));
   }
 
   Sequence* sequence = existing;
@@ -192,7 +195,9 @@ absl::Status KvStore::ApplyCommit(Sequence& sequence, const CommitPath& path) {
 
 absl::Status KvStore::PrepareVerify(int layer, absl::Span<const VerifyItem> items) {
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer, "layer"));
-  if (items.empty()) return absl::InvalidArgumentError("items must not be empty");
+  if (items.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(names().items, " must not be empty"));
+  }
 
   struct Planned {
     Sequence* sequence = nullptr;
@@ -204,18 +209,19 @@ absl::Status KvStore::PrepareVerify(int layer, absl::Span<const VerifyItem> item
   int64_t freed_by_commits = 0;
   for (size_t b = 0; b < items.size(); ++b) {
     const VerifyItem& item = items[b];
-    const std::string field = absl::StrCat("items[", b, "]");
+    const std::string field = absl::StrCat(names().items, "[", b, "]");
+    const std::string sequence_field = absl::StrCat(field, ".", names().item_sequence);
     auto [dup, inserted] = first_index.emplace(item.sequence, b);
     if (!inserted) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".sequence = ", item.sequence, " repeats items[", dup->second, "]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          sequence_field, " = ", item.sequence, " repeats ", names().items, "[", dup->second, "]"));
     }
-    VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence,
-                             Find(item.sequence, absl::StrCat(field, ".sequence").c_str()));
+    VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(item.sequence, sequence_field));
     planned[b].sequence = sequence;
     bool pending_after = sequence->pending.has_value();
     if (item.commit) {
-      VERIFYD_RETURN_IF_ERROR(ValidateCommit(*sequence, *item.commit, field + ".commit"));
+      VERIFYD_RETURN_IF_ERROR(
+          ValidateCommit(*sequence, *item.commit, absl::StrCat(field, ".", names().item_commit)));
       freed_by_commits +=
           sequence->pending->num_nodes() - static_cast<int64_t>(item.commit->accepted_path.size());
       pending_after = false;
@@ -245,7 +251,7 @@ absl::Status KvStore::PrepareVerify(int layer, absl::Span<const VerifyItem> item
   const int64_t available = allocator_.free_slots() + freed_by_commits;
   if (need > available) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "items: the new trees need ", need, " free KV slots, only ", available, " of ",
+        names().items, ": the new trees need ", need, " free KV slots, only ", available, " of ",
         allocator_.capacity(), " are free (counting ", freed_by_commits, " freed by the commits)"));
   }
 
@@ -261,8 +267,9 @@ absl::Status KvStore::PrepareVerify(int layer, absl::Span<const VerifyItem> item
       // The run right after the prefix keeps an accepted chain contiguous with it.
       VERIFYD_ASSIGN_OR_RETURN(
           std::vector<SlotRun> runs,
-          sequence.slots.empty() ? allocator_.Allocate(q, "items")
-                                 : allocator_.AllocateAfter(sequence.slots.back() + 1, q, "items"));
+          sequence.slots.empty()
+              ? allocator_.Allocate(q, names().items.c_str())
+              : allocator_.AllocateAfter(sequence.slots.back() + 1, q, names().items.c_str()));
       PendingTree tree;
       tree.parents = items[b].parents;
       tree.mask = *std::move(planned[b].new_tree);
@@ -279,7 +286,7 @@ absl::Status KvStore::PrepareVerify(int layer, absl::Span<const VerifyItem> item
 absl::Status KvStore::WriteTreeLayer(SequenceId seq, int layer, const bf16_bits* tree_kv) {
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer, "layer"));
   if (tree_kv == nullptr) return absl::InvalidArgumentError("tree_kv must not be null");
-  VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, "sequence"));
+  VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, names().sequence));
   if (!sequence->pending) {
     return absl::FailedPreconditionError(
         absl::StrCat("sequence ", seq, " has no pending tree; PrepareVerify begins one"));
@@ -296,7 +303,7 @@ absl::Status KvStore::WriteTreeLayer(SequenceId seq, int layer, const bf16_bits*
 
 absl::Status KvStore::MarkTreeLayerWritten(SequenceId seq, int layer) {
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer, "layer"));
-  VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, "sequence"));
+  VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, names().sequence));
   if (!sequence->pending) {
     return absl::FailedPreconditionError(
         absl::StrCat("sequence ", seq, " has no pending tree; PrepareVerify begins one"));
@@ -311,7 +318,7 @@ absl::Status KvStore::MarkTreeLayerWritten(SequenceId seq, int layer) {
 }
 
 absl::StatusOr<VerifyView> KvStore::GetVerifyView(SequenceId seq) const {
-  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, "sequence"));
+  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, names().sequence));
   if (!sequence->pending) {
     return absl::FailedPreconditionError(
         absl::StrCat("sequence ", seq, " has no pending tree; PrepareVerify begins one"));
@@ -326,7 +333,7 @@ absl::StatusOr<VerifyView> KvStore::GetVerifyView(SequenceId seq) const {
 }
 
 absl::Status KvStore::Commit(SequenceId seq, const CommitPath& path) {
-  VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, "sequence"));
+  VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, names().sequence));
   VERIFYD_RETURN_IF_ERROR(ValidateCommit(*sequence, path, "commit"));
   VERIFYD_RETURN_IF_ERROR(ApplyCommit(*sequence, path));
   Renew(*sequence);
@@ -334,7 +341,7 @@ absl::Status KvStore::Commit(SequenceId seq, const CommitPath& path) {
 }
 
 absl::Status KvStore::Release(SequenceId seq) {
-  VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, "sequence"));
+  VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, names().sequence));
   std::vector<int32_t> slots = std::move(sequence->slots);
   if (sequence->pending) {
     slots.insert(slots.end(), sequence->pending->slots.begin(), sequence->pending->slots.end());
@@ -357,23 +364,23 @@ std::vector<SequenceId> KvStore::ExpireLeases() {
 }
 
 absl::StatusOr<int64_t> KvStore::CommittedLength(SequenceId seq) const {
-  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, "sequence"));
+  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, names().sequence));
   return sequence->committed_length();
 }
 
 absl::StatusOr<std::vector<int64_t>> KvStore::LayerFill(SequenceId seq) const {
-  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, "sequence"));
+  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, names().sequence));
   return sequence->fill;
 }
 
 absl::StatusOr<std::vector<int32_t>> KvStore::CommittedSlots(SequenceId seq) const {
-  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, "sequence"));
+  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, names().sequence));
   return sequence->slots;
 }
 
 absl::Status KvStore::ReadCommitted(SequenceId seq, int layer, bf16_bits* out) const {
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer, "layer"));
-  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, "sequence"));
+  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, names().sequence));
   return storage_->ReadRows(
       layer, absl::MakeConstSpan(sequence->slots.data(), sequence->fill[layer]), out);
 }

@@ -14,17 +14,29 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "verify/bf16.h"
-#include "verify/tree_mask.h"
 #include "kvstore/fragmentation_tracker.h"
 #include "kvstore/kv_storage.h"
 #include "kvstore/slot_allocator.h"
+#include "verify/bf16.h"
+#include "verify/tree_mask.h"
 
 namespace verifyd {
 
 using SequenceId = uint64_t;
+
+// What the store's error messages call its parameters. The defaults are the store's own names; a
+// caller serving a request passes the request's, so that a message names the field the client sent
+// ("sequences[2].sequence_id = 7 is not a live sequence") without the caller rewriting it.
+struct KvFieldNames {
+  std::string sequence = "sequence";       // the id of Append, Commit, Release and the queries
+  std::string num_tokens = "num_tokens";   // Append's token count T
+  std::string items = "items";             // PrepareVerify's batch: "items[2]", "items: ..."
+  std::string item_sequence = "sequence";  // an item's id, after "items[b]."
+  std::string item_commit = "commit";      // an item's commit, after "items[b]."
+};
 
 struct KvStoreOptions {
   int num_layers = 1;
@@ -32,6 +44,7 @@ struct KvStoreOptions {
   absl::Duration lease = absl::Seconds(60);
   // Injectable clock for lease tests.
   std::function<absl::Time()> now = [] { return absl::Now(); };
+  KvFieldNames field_names;
 };
 
 // A commit of the pending tree: accepted_path[0] a root, each next a child of the previous.
@@ -179,14 +192,15 @@ class KvStore {
   struct PendingTree;
   struct Sequence;
 
-  absl::StatusOr<Sequence*> Find(SequenceId seq, const char* field);
-  absl::StatusOr<const Sequence*> Find(SequenceId seq, const char* field) const;
+  absl::StatusOr<Sequence*> Find(SequenceId seq, absl::string_view field);
+  absl::StatusOr<const Sequence*> Find(SequenceId seq, absl::string_view field) const;
   absl::Status ValidateCommit(const Sequence& sequence, const CommitPath& path,
                               const std::string& field) const;
   // Slot-table rewrite of a validated commit; frees the rejected nodes' slots.
   absl::Status ApplyCommit(Sequence& sequence, const CommitPath& path);
   absl::Status CheckLayer(int layer, const char* field) const;
   void Renew(Sequence& sequence) const;
+  const KvFieldNames& names() const { return options_.field_names; }
   KvStoreOptions options_;
   std::unique_ptr<KvStorage> storage_;
   SlotAllocator allocator_;

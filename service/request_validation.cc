@@ -175,6 +175,16 @@ ValidationLimits LimitsFromOptions(const ServiceOptions& options) {
                           options.softmax_scale, options.max_message_bytes};
 }
 
+KvFieldNames RequestFieldNames() {
+  KvFieldNames names;
+  names.sequence = "sequence_id";
+  names.num_tokens = "kv.shape[1]";  // AppendRequest.kv is [layer_count][T][576]
+  names.items = "sequences";
+  names.item_sequence = "sequence_id";
+  names.item_commit = "commit_previous";
+  return names;
+}
+
 absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
                                           const ValidationLimits& limits,
                                           SharedMemoryRegistry* regions, RegionPins* pins,

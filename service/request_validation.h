@@ -18,6 +18,10 @@ namespace verifyd {
 
 ValidationLimits LimitsFromOptions(const ServiceOptions& options);
 
+// The request fields that carry the store's parameters, for the store's messages: a store error
+// names what the client sent ("sequences[1].commit_previous.accepted_path[0] = 3 ...").
+KvFieldNames RequestFieldNames();
+
 // The shared-memory regions a validated call reads or writes. The call's pointers point into
 // them, so the caller holds the pins until the call has finished: a region released or expired
 // meanwhile stays mapped.

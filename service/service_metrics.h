@@ -1,5 +1,6 @@
 // Every metric of plans/0003-service-metrics.md, registered once; the service records through
-// this class only. Thread-safe (prometheus-cpp metrics are atomic; family lookups lock).
+// this class only, the executor through its ExecutorMetrics interface, which this class implements.
+// Thread-safe (prometheus-cpp metrics are atomic; family lookups lock).
 #pragma once
 
 #include <memory>
@@ -7,6 +8,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "executor/executor_metrics.h"
 #include "kvstore/kv_store.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -16,10 +18,7 @@
 
 namespace verifyd {
 
-// The `kernel` label values.
-enum class KernelKind { kVerify, kAppend, kCompact };
-
-class ServiceMetrics {
+class ServiceMetrics final : public ExecutorMetrics {
  public:
   ServiceMetrics();
 
@@ -32,20 +31,22 @@ class ServiceMetrics {
   // One finished RPC: code is the upper-case gRPC code name.
   void RecordRpc(const std::string& method, const char* code, absl::Duration total);
   void RecordQueue(const std::string& method, absl::Duration waited);
-  void RecordKernel(KernelKind kernel, absl::Duration took);
-  void RecordVerifyBatch(int sequences);
-  void RecordTreeNodes(int nodes);
-  void RecordStore(const StoreStats& stats);
-  void RecordCompactionChunk(int64_t bytes, absl::Duration took);
-  void RecordCompactionFinished(bool done);
-  void RecordLeaseExpiries(int64_t count);
+
+  // ExecutorMetrics.
+  void RecordKernel(KernelKind kernel, absl::Duration took) override;
+  void RecordVerifyBatch(int sequences) override;
+  void RecordTreeNodes(int nodes) override;
+  void RecordStore(const StoreStats& stats) override;
+  void RecordCompactionChunk(int64_t bytes, absl::Duration took) override;
+  void RecordCompactionFinished(bool done) override;
+  void RecordLeaseExpiries(int64_t count) override;
   // The data plane (plans/0017): registered regions, their bytes, open channels; descriptors
   // completed by result.
-  void RecordDataPlane(int regions, uint64_t bytes, int channels);
-  void RecordChannelDescriptor(bool ok);
-  void RecordGraphCapture() { graph_captures_.Increment(); }
-  void RecordGraphReplay() { graph_replays_.Increment(); }
-  void RecordGraphFallback() { graph_fallbacks_.Increment(); }
+  void RecordDataPlane(int regions, uint64_t bytes, int channels) override;
+  void RecordChannelDescriptor(bool ok) override;
+  void RecordGraphCapture() override { graph_captures_.Increment(); }
+  void RecordGraphReplay() override { graph_replays_.Increment(); }
+  void RecordGraphFallback() override { graph_fallbacks_.Increment(); }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

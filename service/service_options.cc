@@ -1,13 +1,15 @@
 #include "service/service_options.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "verify/mla_dims.h"
 #include "base/status_macros.h"
+#include "service/request_validation.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 
@@ -135,6 +137,39 @@ absl::Status ValidateServiceOptions(const ServiceOptions& o) {
     VERIFYD_RETURN_IF_ERROR(SplitHostPort(o.metrics, "--metrics", &host, &port));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> PoolCapacitySlots(const ServiceOptions& options,
+                                          const ComputeBackend& backend) {
+  if (options.kv_memory_fraction <= 0) return options.kv_capacity_tokens;
+  VERIFYD_ASSIGN_OR_RETURN(const int64_t memory, backend.AvailableMemoryBytes());
+  const int64_t slot_bytes = int64_t{options.layers} * kKvRowBytes;
+  const auto slots = static_cast<int64_t>(options.kv_memory_fraction * static_cast<double>(memory) /
+                                          static_cast<double>(slot_bytes));
+  if (slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-memory-fraction = ", options.kv_memory_fraction, " of ", memory,
+        " bytes holds no slot of ", options.layers, " layers x ", kKvRowBytes, " bytes"));
+  }
+  // Slots are int32 in the slot tables.
+  return std::min<int64_t>(slots, (int64_t{1} << 31) - 1);
+}
+
+absl::StatusOr<DeviceOptions> BuildDeviceOptions(const ServiceOptions& options,
+                                                 const ComputeBackend& backend) {
+  DeviceOptions device;
+  device.store.num_layers = options.layers;
+  device.store.max_tree_nodes = options.max_tree_nodes;
+  device.store.lease = absl::Seconds(options.lease_seconds);
+  device.store.field_names = RequestFieldNames();
+  VERIFYD_ASSIGN_OR_RETURN(device.capacity_slots, PoolCapacitySlots(options, backend));
+  device.max_queued_requests = options.max_queued_requests;
+  device.executor_spin_us = options.executor_spin_us;
+  device.compaction_chunk_bytes = options.compaction_chunk_bytes;
+  device.compaction_history = options.compaction_history;
+  device.device = options.device;
+  device.request_limits = LimitsFromOptions(options);
+  return device;
 }
 
 }  // namespace verifyd

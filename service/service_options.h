@@ -1,5 +1,7 @@
 // ServiceOptions: every daemon setting in one struct. main.cc fills it from flags; nothing below
-// main reads a flag.
+// main reads a flag, and nothing below the service sees this struct: the layers below take their
+// own options (DeviceOptions, KvStoreOptions, CudaBackendOptions), built here and in
+// backend_factory.cc.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +9,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "backend/compute_backend.h"
+#include "executor/device_options.h"
 
 namespace verifyd {
 
@@ -77,6 +81,16 @@ std::string DefaultListenAddress(int device);
 
 // Checks every field against its bound; the message names the flag ("--heads = 0 must be >= 1").
 absl::Status ValidateServiceOptions(const ServiceOptions& options);
+
+// The pool's capacity in slots: --kv-capacity-tokens, or --kv-memory-fraction of what the backend
+// reports (AvailableMemoryBytes) divided by one slot's bytes over all layers, at most 2^31 - 1.
+absl::StatusOr<int64_t> PoolCapacitySlots(const ServiceOptions& options,
+                                          const ComputeBackend& backend);
+
+// The device's options from the flags, for `backend` (the pool's size may depend on its memory).
+// The store's messages name the requests' fields (RequestFieldNames).
+absl::StatusOr<DeviceOptions> BuildDeviceOptions(const ServiceOptions& options,
+                                                 const ComputeBackend& backend);
 
 // True for 127.0.0.0/8, ::1 and localhost.
 bool IsLoopbackHost(const std::string& host);

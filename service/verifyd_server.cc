@@ -146,7 +146,10 @@ absl::Status VerifydServer::BecomeReady() {
   // The device owns the backend from here on; the hooks below stop using it (Shutdown clears
   // them) before the device is destroyed.
   ComputeBackend* compute = backend.get();
-  VERIFYD_ASSIGN_OR_RETURN(device_, Device::Create(options_, std::move(backend), metrics_.get()));
+  VERIFYD_ASSIGN_OR_RETURN(const DeviceOptions device_options,
+                           BuildDeviceOptions(options_, *backend));
+  VERIFYD_ASSIGN_OR_RETURN(device_,
+                           Device::Create(device_options, std::move(backend), metrics_.get()));
   if (compute->can_register_host_memory()) {
     // Regions created since Start are registered now, later ones as they are mapped. A refusal
     // (no support, a pinned-memory limit) leaves the region on the staging path: slower, not

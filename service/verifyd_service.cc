@@ -11,6 +11,7 @@
 #include "base/status_macros.h"
 #include "executor/channel_table.h"
 #include "service/grpc_status.h"
+#include "service/response_encoding.h"
 
 namespace verifyd {
 namespace {
@@ -40,20 +41,6 @@ bool TokenEquals(std::string_view a, std::string_view b) {
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
-}
-
-v1::CompactionStatus::State ToProtoState(CompactionOperation::State state) {
-  switch (state) {
-    case CompactionOperation::State::kPending:
-      return v1::CompactionStatus::PENDING;
-    case CompactionOperation::State::kRunning:
-      return v1::CompactionStatus::RUNNING;
-    case CompactionOperation::State::kDone:
-      return v1::CompactionStatus::DONE;
-    case CompactionOperation::State::kFailed:
-      return v1::CompactionStatus::FAILED;
-  }
-  return v1::CompactionStatus::STATE_UNSPECIFIED;
 }
 
 }  // namespace
@@ -144,8 +131,9 @@ grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* co
   // The pins ride with the task: the kv pointer stays mapped until the executor is done with it.
   return Enqueue("Append", context, start,
                  [call = *std::move(call), pins = std::move(pins),
-                  external_pins = std::move(external_pins),
-                  response](DeviceOperations& ops) { return ops.Append(call, response); });
+                  external_pins = std::move(external_pins), response](DeviceOperations& ops) {
+                   return EncodeResult(ops.Append(call), response, EncodeAppend);
+                 });
 }
 
 namespace {
@@ -153,15 +141,10 @@ namespace {
 // Verify's work on the device, shared by the polled and the callback handler.
 absl::Status RunVerify(DeviceOperations& ops, const VerifyCall& call,
                        const v1::VerifyRequest& request, v1::VerifyResponse* response) {
-  VERIFYD_RETURN_IF_ERROR(ops.Verify(call, response));
-  // The executor wrote the bytes there and left dtype + shape; name the range.
-  if (call.out_destination != nullptr) {
-    *response->mutable_out()->mutable_shared_memory() = request.out_shared_memory();
-  }
-  if (call.lse_destination != nullptr) {
-    *response->mutable_lse()->mutable_shared_memory() = request.lse_shared_memory();
-  }
-  return absl::OkStatus();
+  return EncodeResult(ops.Verify(call), response,
+                      [&](VerifyResult result, v1::VerifyResponse* encoded) {
+                        EncodeVerify(request, call, std::move(result), encoded);
+                      });
 }
 
 }  // namespace
@@ -223,7 +206,7 @@ grpc::ServerUnaryReactor* VerifydService::Commit(grpc::CallbackServerContext* co
   if (!call.ok()) return FinishNow("Commit", context, start, call.status());
   return Enqueue("Commit", context, start,
                  [call = *std::move(call), response](DeviceOperations& ops) {
-                   return ops.Commit(call, response);
+                   return EncodeResult(ops.Commit(call), response, EncodeCommit);
                  });
 }
 
@@ -235,7 +218,7 @@ grpc::ServerUnaryReactor* VerifydService::Release(grpc::CallbackServerContext* c
   if (!call.ok()) return FinishNow("Release", context, start, call.status());
   return Enqueue("Release", context, start,
                  [call = *std::move(call), response](DeviceOperations& ops) {
-                   return ops.Release(call, response);
+                   return EncodeResult(ops.Release(call), response, EncodeRelease);
                  });
 }
 
@@ -244,8 +227,9 @@ grpc::ServerUnaryReactor* VerifydService::Stats(grpc::CallbackServerContext* con
                                                 v1::StatsResponse* response) {
   const absl::Time start = absl::Now();
   Device* device = ReadyDevice();
-  return Enqueue("Stats", context, start, [response, device](DeviceOperations& ops) {
-    ops.Stats(response);
+  return Enqueue("Stats", context, start, [this, response, device](DeviceOperations& ops) {
+    EncodeStats(ops.Stats(), limits_.heads, limits_.default_scale, response);
+    // The data plane's tables are the device's, not the store's (plans/0017).
     response->set_external_regions(static_cast<uint32_t>(device->external_regions().regions()));
     response->set_external_region_bytes(device->external_regions().total_bytes());
     response->set_channels(static_cast<uint32_t>(device->channels().channels()));
@@ -396,21 +380,7 @@ grpc::ServerUnaryReactor* VerifydService::GetCompaction(grpc::CallbackServerCont
         absl::NotFoundError(absl::StrCat("operation_id = '", call->operation_id,
                                          "' is unknown (only recent operations are kept)")));
   }
-  response->set_operation_id(op->id);
-  response->set_state(ToProtoState(op->state));
-  response->set_bytes_planned(static_cast<uint64_t>(op->bytes_planned));
-  response->set_bytes_moved(static_cast<uint64_t>(op->bytes_moved));
-  response->set_tokens_moved(static_cast<uint64_t>(op->tokens_moved));
-  if (op->state != CompactionOperation::State::kPending) {
-    FillFragmentation(op->before, response->mutable_before());
-  }
-  if (op->state == CompactionOperation::State::kDone ||
-      op->state == CompactionOperation::State::kFailed) {
-    FillFragmentation(op->after, response->mutable_after());
-  }
-  response->set_seconds(absl::ToDoubleSeconds(op->copy_time));
-  response->set_bytes_per_second(op->bytes_per_second());
-  response->set_error(op->error);
+  EncodeCompactionStatus(*op, response);
   return FinishNow("GetCompaction", context, start, absl::OkStatus());
 }
 

@@ -1,27 +1,10 @@
 # shellcheck shell=bash
 # Shared helpers of the tests/deploy drivers (sourced, not run). Needs bash, curl and coreutils only.
+# Daemons are started and stopped through tests/lib/daemon.sh.
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/daemon.sh"
 
 DEPLOY_TMP=$(mktemp -d "${TMPDIR:-/tmp}/verifyd-deploy.XXXXXX")
-DEPLOY_PIDS=()
-
-# Only children still in DEPLOY_PIDS are killed: a reaped one's pid may belong to someone else now.
-deploy_cleanup() {
-  local pid
-  for pid in "${DEPLOY_PIDS[@]}"; do
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-  rm -rf "$DEPLOY_TMP"
-}
-
-# Waits for child $1, drops it from DEPLOY_PIDS and returns its exit status.
-reap() {
-  local rc=0 kept=() pid
-  wait "$1" || rc=$?
-  for pid in "${DEPLOY_PIDS[@]}"; do [[ "$pid" == "$1" ]] || kept+=("$pid"); done
-  DEPLOY_PIDS=("${kept[@]}")
-  return "$rc"
-}
-trap deploy_cleanup EXIT
+trap 'daemon_kill_all; rm -rf "$DEPLOY_TMP"' EXIT
 # A command that fails under `set -e` says where, instead of ending the test silently.
 trap 'echo "FAIL: ${BASH_SOURCE[0]##*/}:$LINENO: $BASH_COMMAND exited $?" >&2' ERR
 
@@ -67,17 +50,16 @@ start_verifyd() {
     VERIFYD_METRICS_ADDR=127.0.0.1:$(pick_port)
     VERIFYD_TARGET=unix://$DEPLOY_TMP/verifyd-$attempt.sock
     log=$DEPLOY_TMP/verifyd-$attempt.log
-    "$binary" --backend=cpu --listen="$VERIFYD_TARGET" --metrics="$VERIFYD_METRICS_ADDR" \
-      --layers=2 --heads=2 --max-tree-nodes=64 --kv-capacity-tokens=16384 --compute-threads=1 \
-      --drain-seconds=5 >"$log" 2>&1 &
-    VERIFYD_PID=$!
-    DEPLOY_PIDS+=("$VERIFYD_PID")
+    daemon_start "$binary" --backend=cpu --listen="$VERIFYD_TARGET" \
+      --metrics="$VERIFYD_METRICS_ADDR" --layers=2 --heads=2 --max-tree-nodes=64 \
+      --kv-capacity-tokens=16384 --compute-threads=1 --drain-seconds=5 >"$log" 2>&1
+    VERIFYD_PID=$DAEMON_PID
     if wait_http "http://$VERIFYD_METRICS_ADDR/metrics" 30 "$VERIFYD_PID"; then
       echo "verifyd pid $VERIFYD_PID: $VERIFYD_TARGET, metrics on $VERIFYD_METRICS_ADDR"
       return 0
     fi
     kill -KILL "$VERIFYD_PID" 2>/dev/null || true
-    reap "$VERIFYD_PID" || true
+    daemon_reap "$VERIFYD_PID" || true
     echo "verifyd attempt $attempt did not come up; its log:" >&2
     cat "$log" >&2
   done
@@ -87,8 +69,7 @@ start_verifyd() {
 # SIGTERM must drain and exit 0 (SPEC §3).
 stop_verifyd() {
   local rc=0
-  kill -TERM "$VERIFYD_PID"
-  reap "$VERIFYD_PID" || rc=$?
+  daemon_stop "$VERIFYD_PID" || rc=$?
   ((rc == 0)) || fail "verifyd exited $rc after SIGTERM (want 0)"
   echo "verifyd drained and exited 0 on SIGTERM"
 }

@@ -33,13 +33,13 @@ if command -v promtool >/dev/null; then promtool check config "$cfg/prometheus.y
 
 for attempt in 1 2 3; do
   prom=127.0.0.1:$(pick_port)
-  prometheus --config.file="$cfg/prometheus.yml" --storage.tsdb.path="$DEPLOY_TMP/tsdb-$attempt" \
-    --web.listen-address="$prom" --log.level=warn >"$DEPLOY_TMP/prometheus-$attempt.log" 2>&1 &
-  prom_pid=$!
-  DEPLOY_PIDS+=("$prom_pid")
+  daemon_start prometheus --config.file="$cfg/prometheus.yml" \
+    --storage.tsdb.path="$DEPLOY_TMP/tsdb-$attempt" --web.listen-address="$prom" --log.level=warn \
+    >"$DEPLOY_TMP/prometheus-$attempt.log" 2>&1
+  prom_pid=$DAEMON_PID
   wait_http "http://$prom/-/ready" 30 "$prom_pid" && break
   kill -KILL "$prom_pid" 2>/dev/null || true
-  reap "$prom_pid" || true
+  daemon_reap "$prom_pid" || true
   cat "$DEPLOY_TMP/prometheus-$attempt.log" >&2
   ((attempt < 3)) || fail "prometheus did not become ready"
 done
@@ -128,7 +128,6 @@ done < <(grep -oE '"expr": "([^"\\]|\\.)*"' "$root/deploy/grafana/verifyd-dashbo
 ((queries > 0)) || fail "no dashboard query found"
 echo "dashboard: $queries queries valid, $with_data with data"
 
-kill -TERM "$prom_pid"
-reap "$prom_pid" || fail "prometheus exited $? on SIGTERM"
+daemon_stop "$prom_pid" || fail "prometheus exited $? on SIGTERM"
 stop_verifyd
 echo "PASS"

@@ -6,8 +6,9 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "verify/mla_dims.h"
 #include "kvstore/kv_storage.h"
+#include "tests/executor/recording_metrics.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
@@ -61,7 +62,7 @@ class CompactionManagerTest : public ::testing::Test {
     }
   }
 
-  ServiceMetrics metrics_;
+  testing::RecordingMetrics metrics_;
   KvStore store_;
   std::map<SequenceId, std::map<int, std::vector<bf16_bits>>> written_;
 };
@@ -81,6 +82,11 @@ TEST_F(CompactionManagerTest, BudgetBoundsTheCopy) {
   // run by run); only convergence is promised, below.
   EXPECT_EQ(op.after.tokens, op.before.tokens);
   ExpectKvIntact();
+  // What the metrics heard: every byte moved, one finished operation.
+  EXPECT_EQ(metrics_.compaction_bytes, op.bytes_moved);
+  EXPECT_EQ(metrics_.compactions_done, 1);
+  EXPECT_EQ(metrics_.compactions_failed, 0);
+  EXPECT_EQ(metrics_.kernels(KernelKind::kCompact), op.chunks);
 }
 
 TEST_F(CompactionManagerTest, UntilConvergedRemovesFragmentation) {

@@ -2,19 +2,19 @@
 // up, the next plan is made in the same Step; traffic before the next Step can make it stale, and
 // then it must be re-planned, never failed, and no KV may be lost. (Here rather than in
 // tests/service because this session owns tests/kvstore; it needs only the manager and a store.)
-// VERIFYD_SEED reproduces a run.
+// VERIFYD_TEST_SEED reproduces a run.
 #include <map>
 #include <memory>
 #include <random>
 #include <vector>
 
+#include "executor/compaction_manager.h"
 #include "gtest/gtest.h"
-#include "verify/mla_dims.h"
 #include "kvstore/kv_storage.h"
 #include "kvstore/kv_store.h"
-#include "executor/compaction_manager.h"
-#include "service/service_metrics.h"
+#include "tests/executor/recording_metrics.h"
 #include "tests/kvstore/kv_test_util.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
@@ -62,7 +62,7 @@ class PlanAheadTest : public ::testing::Test {
     }
   }
 
-  ServiceMetrics metrics_;
+  testing::RecordingMetrics metrics_;
   std::unique_ptr<KvStore> store_;
   std::map<SequenceId, std::map<int, std::vector<bf16_bits>>> written_;
   uint64_t next_tag_ = 1;
@@ -102,7 +102,7 @@ TEST_F(PlanAheadTest, AStalePlanMadeAheadIsRePlanned) {
 // a walk, and no operation fails.
 TEST_F(PlanAheadTest, RandomTrafficBetweenStepsLosesNothing) {
   const uint64_t seed = testing_kv::TestSeed();
-  SCOPED_TRACE(::testing::Message() << "reproduce with VERIFYD_SEED=" << seed);
+  SCOPED_TRACE(::testing::Message() << "reproduce with VERIFYD_TEST_SEED=" << seed);
   std::mt19937_64 rng(seed);
   auto uniform = [&](int64_t n) { return static_cast<int64_t>(rng() % static_cast<uint64_t>(n)); };
   int64_t moved = 0, plans = 0, operations = 0;

@@ -1,14 +1,16 @@
 // DeviceOperations with a backend double: graph events reach the metrics, a failure after
 // PrepareVerify is INTERNAL and says the commits were applied, a backend that reads slot lists gets
 // the store's lists (and no concatenated copy), and released or expired sequences are forgotten.
+// Requests are made and results checked by the service's shadow model, through the service's
+// decoding and encoding; the executor itself sees plain calls and returns plain results.
 #include "executor/device_operations.h"
 
+#include "backend/cpu/cpu_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "verify/mla_dims.h"
-#include "prometheus/text_serializer.h"
-#include "backend/cpu/cpu_backend.h"
 #include "service/request_validation.h"
+#include "service/response_encoding.h"
+#include "tests/executor/recording_metrics.h"
 #include "tests/service/shadow_model.h"
 
 namespace verifyd {
@@ -73,38 +75,53 @@ class GraphReportingBackend : public ComputeBackend {
   int calls_ = 0;
 };
 
+// A device of `layers` layers and `capacity` slots, with a lease of `lease`.
+DeviceOptions SmallDevice(int layers, int64_t capacity, absl::Duration lease = absl::Seconds(300)) {
+  DeviceOptions options;
+  options.store.num_layers = layers;
+  options.store.lease = lease;
+  options.capacity_slots = capacity;
+  return options;
+}
+
+// The service's limits for a device of `layers` layers and `heads` heads.
+ValidationLimits Limits(int layers, int heads) {
+  ServiceOptions options;
+  options.layers = layers;
+  options.heads = heads;
+  return LimitsFromOptions(options);
+}
+
+constexpr float kScale = 0.07216878364870322f;
+
 class DeviceOperationsTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    options_.layers = 2;
-    options_.heads = 2;
-    options_.kv_capacity_tokens = 256;
     auto backend = std::make_unique<GraphReportingBackend>(/*host_lists=*/GetParam());
     backend_ = backend.get();
-    auto ops = DeviceOperations::Create(options_, std::move(backend), &metrics_);
+    auto ops = DeviceOperations::Create(SmallDevice(2, 256), std::move(backend), &metrics_);
     ASSERT_TRUE(ops.ok()) << ops.status();
     ops_ = *std::move(ops);
     const v1::AppendRequest append = model_.MakeAppend(7, 9);
-    auto call = ValidateAppend(append, LimitsFromOptions(options_));
+    auto call = ValidateAppend(append, limits_);
     ASSERT_TRUE(call.ok()) << call.status();
-    v1::AppendResponse response;
-    ASSERT_TRUE(ops_->Append(*call, &response).ok());
+    ASSERT_TRUE(ops_->Append(*call).ok());
     model_.AcceptAppend(append);
   }
 
+  // Decoded, run and encoded as the service does.
   absl::Status Verify(const v1::VerifyRequest& request, v1::VerifyResponse* response) {
-    auto call = ValidateVerify(request, LimitsFromOptions(options_));
+    auto call = ValidateVerify(request, limits_);
     if (!call.ok()) return call.status();
-    return ops_->Verify(*call, response);
+    absl::StatusOr<VerifyResult> result = ops_->Verify(*call);
+    if (!result.ok()) return result.status();
+    EncodeVerify(request, *call, *std::move(result), response);
+    return absl::OkStatus();
   }
 
-  std::string MetricsText() {
-    return prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
-  }
-
-  ServiceOptions options_;
-  ServiceMetrics metrics_;
-  testing::ShadowModel model_{2, 2, options_.softmax_scale, 11};
+  const ValidationLimits limits_ = Limits(2, 2);
+  testing::RecordingMetrics metrics_;
+  testing::ShadowModel model_{2, 2, kScale, 11};
   GraphReportingBackend* backend_ = nullptr;
   std::unique_ptr<DeviceOperations> ops_;
 };
@@ -118,10 +135,15 @@ TEST_P(DeviceOperationsTest, GraphEventsReachTheMetrics) {
     model_.AcceptVerify(request);
     EXPECT_EQ(model_.CheckVerify(request, response), "");
   }
-  const std::string text = MetricsText();
-  EXPECT_THAT(text, HasSubstr("verifyd_cuda_graph_captures_total 1\n"));
-  EXPECT_THAT(text, HasSubstr("verifyd_cuda_graph_replays_total 2\n"));
-  EXPECT_THAT(text, HasSubstr("verifyd_cuda_graph_fallbacks_total 0\n"));
+  EXPECT_EQ(metrics_.graph_captures, 1);
+  EXPECT_EQ(metrics_.graph_replays, 2);
+  EXPECT_EQ(metrics_.graph_fallbacks, 0);
+  // And what each Verify reported: one batch of one sequence of 3 nodes per layer.
+  EXPECT_EQ(metrics_.verify_batches, 2);
+  EXPECT_EQ(metrics_.batch_sequences, 2);
+  EXPECT_EQ(metrics_.tree_nodes, 6);
+  EXPECT_EQ(metrics_.kernels(KernelKind::kVerify), 2);
+  EXPECT_EQ(metrics_.kernels(KernelKind::kAppend), 1);
 }
 
 TEST_P(DeviceOperationsTest, FailureAfterPrepareIsInternalAndSaysCommitsApplied) {
@@ -141,10 +163,12 @@ TEST_P(DeviceOperationsTest, FailureAfterPrepareIsInternalAndSaysCommitsApplied)
 // the concatenated arrays only when it asks for them. Outputs are right either way.
 TEST_P(DeviceOperationsTest, SlotListsAreTheStoresAndConcatenatedOnlyOnRequest) {
   const v1::AppendRequest append = model_.MakeAppend(8, 5);
-  auto call = ValidateAppend(append, LimitsFromOptions(options_));
+  auto call = ValidateAppend(append, limits_);
   ASSERT_TRUE(call.ok()) << call.status();
-  v1::AppendResponse append_response;
-  ASSERT_TRUE(ops_->Append(*call, &append_response).ok());
+  const absl::StatusOr<AppendResult> appended = ops_->Append(*call);
+  ASSERT_TRUE(appended.ok()) << appended.status();
+  EXPECT_EQ(appended->committed_length, 5);
+  EXPECT_EQ(appended->layer_fill, (std::vector<int64_t>{5, 5}));
   model_.AcceptAppend(append);
   for (int layer = 0; layer < 2; ++layer) {
     const v1::VerifyRequest request =
@@ -178,90 +202,55 @@ TEST_P(DeviceOperationsTest, ReleasedAndExpiredSequencesAreForgotten) {
   release.set_sequence_id(7);
   auto call = ValidateRelease(release);
   ASSERT_TRUE(call.ok()) << call.status();
-  v1::ReleaseResponse response;
-  ASSERT_TRUE(ops_->Release(*call, &response).ok());
+  const absl::StatusOr<ReleaseResult> released = ops_->Release(*call);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->freed_slots, 9) << "the 9 appended tokens";
   EXPECT_EQ(backend_->forgotten, std::vector<SequenceId>{7});
   // A failed release forgets nothing.
-  EXPECT_FALSE(ops_->Release(*call, &response).ok());
+  EXPECT_FALSE(ops_->Release(*call).ok());
   EXPECT_EQ(backend_->forgotten, std::vector<SequenceId>{7});
 }
 
 TEST(DeviceOperationsLeases, ExpiredSequencesAreForgotten) {
-  ServiceOptions options;
-  options.layers = 1;
-  options.heads = 1;
-  options.kv_capacity_tokens = 64;
-  options.lease_seconds = 1e-9;  // expired by the time ExpireLeases looks
-  ServiceMetrics metrics;
+  testing::RecordingMetrics metrics;
   auto backend = std::make_unique<GraphReportingBackend>(false);
   GraphReportingBackend* seen = backend.get();
-  auto ops = DeviceOperations::Create(options, std::move(backend), &metrics);
+  // A lease so short that both are expired by the time ExpireLeases looks.
+  auto ops = DeviceOperations::Create(SmallDevice(1, 64, absl::Nanoseconds(1)), std::move(backend),
+                                      &metrics);
   ASSERT_TRUE(ops.ok()) << ops.status();
-  testing::ShadowModel model{1, 1, options.softmax_scale, 3};
+  testing::ShadowModel model{1, 1, kScale, 3};
   for (uint64_t id : {4, 9}) {
-    auto call = ValidateAppend(model.MakeAppend(id, 3), LimitsFromOptions(options));
+    auto call = ValidateAppend(model.MakeAppend(id, 3), Limits(1, 1));
     ASSERT_TRUE(call.ok()) << call.status();
-    v1::AppendResponse response;
-    ASSERT_TRUE((*ops)->Append(*call, &response).ok());
+    ASSERT_TRUE((*ops)->Append(*call).ok());
   }
   absl::SleepFor(absl::Milliseconds(2));
   EXPECT_EQ((*ops)->ExpireLeases(), 2);
   EXPECT_EQ(seen->forgotten, (std::vector<SequenceId>{4, 9}));
+  EXPECT_EQ(metrics.lease_expiries, 2);
 }
 
-// A CPU backend that reports a chosen amount of memory (or cannot tell).
-class MemoryReportingBackend : public CpuBackend {
- public:
-  explicit MemoryReportingBackend(absl::StatusOr<int64_t> memory)
-      : CpuBackend(1), memory_(std::move(memory)) {}
-  absl::StatusOr<int64_t> AvailableMemoryBytes() const override { return memory_; }
-
- private:
-  absl::StatusOr<int64_t> memory_;
-};
-
-TEST(PoolCapacity, FromTokensOrFromAFractionOfTheBackendsMemory) {
-  ServiceOptions options;
-  options.layers = 61;
-  options.kv_capacity_tokens = 777;
-  const int64_t slot_bytes = 61 * kKvRowBytes;  // 70272 B
-  const MemoryReportingBackend h200(int64_t{141} << 30);
-  EXPECT_EQ(*PoolCapacitySlots(options, h200), 777) << "fraction 0: the token flag";
-  options.kv_memory_fraction = 0.9;
-  EXPECT_EQ(*PoolCapacitySlots(options, h200),
-            static_cast<int64_t>(0.9 * static_cast<double>(int64_t{141} << 30) / slot_bytes));
-  // A tiny fraction of a small memory holds no slot: the flag and the sizes are named.
-  const MemoryReportingBackend small(100000);
-  options.kv_memory_fraction = 0.5;
-  const absl::Status none = PoolCapacitySlots(options, small).status();
-  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(none.message()),
-              HasSubstr("--kv-memory-fraction = 0.5 of 100000 bytes holds no slot of 61 layers"));
-  // Slots are int32: a pool of more slots than that is cut to 2^31 - 1.
-  options.layers = 1;
-  const MemoryReportingBackend huge(int64_t{1} << 50);
-  EXPECT_EQ(*PoolCapacitySlots(options, huge), (int64_t{1} << 31) - 1);
-  // A backend that cannot tell refuses the flag rather than guessing.
-  const MemoryReportingBackend unknown(absl::UnimplementedError("cannot tell"));
-  EXPECT_EQ(PoolCapacitySlots(options, unknown).status().code(), absl::StatusCode::kUnimplemented);
-}
-
-// The real CPU backend sizes the store from the host's physical memory.
-TEST(PoolCapacity, TheStoreGetsTheResolvedCapacity) {
-  ServiceOptions options;
-  options.layers = 2;
-  options.heads = 1;
-  options.kv_memory_fraction = 1e-6;
-  ServiceMetrics metrics;
-  CpuBackend reference(1);
-  const absl::StatusOr<int64_t> memory = reference.AvailableMemoryBytes();
-  ASSERT_TRUE(memory.ok()) << memory.status();
-  const int64_t expected =
-      static_cast<int64_t>(1e-6 * static_cast<double>(*memory) / (2 * kKvRowBytes));
-  ASSERT_GE(expected, 1);
+// The store gets the capacity and the lease it is given, and Stats reports the store as it is.
+TEST(DeviceOperationsStats, TheStoreIsBuiltFromTheOptions) {
+  testing::RecordingMetrics metrics;
+  DeviceOptions options = SmallDevice(3, 97);
+  options.store.max_tree_nodes = 40;
   auto ops = DeviceOperations::Create(options, std::make_unique<CpuBackend>(1), &metrics);
   ASSERT_TRUE(ops.ok()) << ops.status();
-  EXPECT_EQ((*ops)->store().allocator().capacity(), expected);
+  EXPECT_EQ((*ops)->store().allocator().capacity(), 97);
+  testing::ShadowModel model{3, 1, kScale, 5};
+  auto call = ValidateAppend(model.MakeAppend(2, 11), Limits(3, 1));
+  ASSERT_TRUE(call.ok()) << call.status();
+  ASSERT_TRUE((*ops)->Append(*call).ok());
+  const DeviceStats stats = (*ops)->Stats();
+  EXPECT_EQ(stats.backend, "cpu");
+  EXPECT_EQ(stats.layers, 3);
+  EXPECT_EQ(stats.max_tree_nodes, 40);
+  EXPECT_EQ(stats.store.capacity_slots, 97);
+  EXPECT_EQ(stats.store.used_slots, 11);
+  EXPECT_EQ(stats.store.free_slots, 86);
+  EXPECT_EQ(metrics.last_store().used_slots, 11) << "Stats publishes the gauges";
 }
 
 INSTANTIATE_TEST_SUITE_P(HostListsOrNot, DeviceOperationsTest, ::testing::Bool());

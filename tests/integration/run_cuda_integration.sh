@@ -6,35 +6,26 @@
 # usage: run_cuda_integration.sh VERIFYD FAKE_SCHEDULER VERIFYCTL
 set -euo pipefail
 VERIFYD=$1 SCHEDULER=$2 VERIFYCTL=$3
+source "$(dirname "$0")/../lib/daemon.sh"
 
 work=$(mktemp -d /tmp/verifyd-cuda-it.XXXXXX)
 target="unix://$work/verifyd.sock"
-daemon_pid=""
-cleanup() {
-  if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then kill -KILL "$daemon_pid"; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap 'daemon_kill_all; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; echo "--- daemon log"; cat "$work/daemon.log" || true; exit 1; }
 
 start_daemon() {
-  "$VERIFYD" --listen="$target" --metrics=127.0.0.1:0 --backend=cuda --layers=3 --heads=8 \
-    --max_tree_nodes=257 --kv_capacity_tokens=131072 --lease_seconds=120 "$@" \
-    >"$work/daemon.log" 2>&1 &
-  daemon_pid=$!
-  for _ in $(seq 1 300); do
-    if "$VERIFYCTL" --target="$target" --deadline-seconds=1 health >/dev/null 2>&1; then return; fi
-    if ! kill -0 "$daemon_pid" 2>/dev/null; then
-      if grep -q "is not visible" "$work/daemon.log"; then
-        echo "SKIP: no visible CUDA device"
-        daemon_pid=""
-        exit 77
-      fi
-      fail "verifyd exited during startup"
-    fi
-    sleep 0.2
-  done
-  fail "verifyd never became healthy"
+  daemon_start "$VERIFYD" --listen="$target" --metrics=127.0.0.1:0 --backend=cuda --layers=3 \
+    --heads=8 --max_tree_nodes=257 --kv_capacity_tokens=131072 --lease_seconds=120 "$@" \
+    >"$work/daemon.log" 2>&1
+  daemon_pid=$DAEMON_PID
+  local rc=0
+  daemon_wait_healthy "$VERIFYCTL" "$target" "$daemon_pid" 60 || rc=$?
+  ((rc != 1)) || ! grep -q "is not visible" "$work/daemon.log" || {
+    echo "SKIP: no visible CUDA device"
+    exit 77
+  }
+  ((rc != 1)) || fail "verifyd exited during startup"
+  ((rc != 2)) || fail "verifyd never became healthy"
 }
 
 scrape() {
@@ -47,12 +38,8 @@ scrape() {
 metric() { awk -v name="$1" '$1 == name {print $2}' "$work/metrics.txt"; }
 
 stop_daemon() {
-  kill -TERM "$daemon_pid"
-  set +e
-  wait "$daemon_pid"
-  local rc=$?
-  set -e
-  daemon_pid=""
+  local rc=0
+  daemon_stop "$daemon_pid" || rc=$?
   [[ $rc == 0 ]] || fail "verifyd exited $rc after SIGTERM, want 0"
 }
 

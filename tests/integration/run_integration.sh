@@ -6,18 +6,12 @@
 # usage: run_integration.sh VERIFYD FAKE_SCHEDULER VERIFYCTL
 set -euo pipefail
 VERIFYD=$1 SCHEDULER=$2 VERIFYCTL=$3
+source "$(dirname "$0")/../lib/daemon.sh"
 
 work=$(mktemp -d /tmp/verifyd-it.XXXXXX)
 target="unix://$work/verifyd.sock"
 target1="unix://$work/verifyd-1.sock"
-daemon_pid="" daemon1_pid=""
-cleanup() {
-  for pid in $daemon_pid $daemon1_pid; do
-    if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; fi
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap 'daemon_kill_all; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; echo "--- daemon log"; cat "$work/daemon.log" || true; exit 1; }
 ctl() { "$VERIFYCTL" --target="$target" "$@"; }
 
@@ -25,19 +19,18 @@ ctl() { "$VERIFYCTL" --target="$target" "$@"; }
 # 1 MiB make the longer prefills arrive in several chunks.
 daemon_flags=(--backend=cpu --layers=2 --heads=2 --max_tree_nodes=257 --kv_capacity_tokens=12288
   --max_message_bytes=1048576 --lease_seconds=120)
-"$VERIFYD" --listen="$target" --metrics=127.0.0.1:0 "${daemon_flags[@]}" >"$work/daemon.log" 2>&1 &
-daemon_pid=$!
+daemon_start "$VERIFYD" --listen="$target" --metrics=127.0.0.1:0 "${daemon_flags[@]}" \
+  >"$work/daemon.log" 2>&1
+daemon_pid=$DAEMON_PID
 # Rank 1 of the tensor-parallel run below.
-"$VERIFYD" --listen="$target1" --metrics= "${daemon_flags[@]}" >"$work/daemon1.log" 2>&1 &
-daemon1_pid=$!
+daemon_start "$VERIFYD" --listen="$target1" --metrics= "${daemon_flags[@]}" >"$work/daemon1.log" 2>&1
+daemon1_pid=$DAEMON_PID
 
-for t in "$target" "$target1"; do
-  for _ in $(seq 1 150); do
-    if "$VERIFYCTL" --target="$t" --deadline-seconds=1 health >/dev/null 2>&1; then break; fi
-    kill -0 "$daemon_pid" 2>/dev/null && kill -0 "$daemon1_pid" 2>/dev/null ||
-      fail "verifyd exited during startup: $(cat "$work/daemon1.log")"
-    sleep 0.2
-  done
+for rank in 0 1; do
+  t=$target pid=$daemon_pid
+  ((rank == 0)) || t=$target1 pid=$daemon1_pid
+  daemon_wait_healthy "$VERIFYCTL" "$t" "$pid" 30 ||
+    fail "verifyd $t exited or hung during startup: $(cat "$work/daemon1.log")"
   [[ "$("$VERIFYCTL" --target="$t" health)" == "SERVING" ]] || fail "$t never reached SERVING"
 done
 
@@ -109,11 +102,9 @@ else
   echo "metrics scrape skipped (no metrics address in the log or no curl)"
 fi
 
-kill -TERM "$daemon_pid" "$daemon1_pid"
-set +e
-wait "$daemon_pid"; rc=$?
-wait "$daemon1_pid"; rc1=$?
-set -e
-daemon_pid="" daemon1_pid=""
+rc=0 rc1=0
+kill -TERM "$daemon1_pid"  # both drain at once; daemon_stop signals the first and waits
+daemon_stop "$daemon_pid" || rc=$?
+daemon_reap "$daemon1_pid" || rc1=$?
 [[ $rc == 0 && $rc1 == 0 ]] || fail "verifyd exited $rc and $rc1 after SIGTERM, want 0"
 echo "integration: OK"

@@ -5,27 +5,20 @@
 # usage: run_shared_memory.sh VERIFYD FAKE_SCHEDULER VERIFYCTL
 set -euo pipefail
 VERIFYD=$1 SCHEDULER=$2 VERIFYCTL=$3
+source "$(dirname "$0")/../lib/daemon.sh"
 
 work=$(mktemp -d /tmp/verifyd-shm-it.XXXXXX)
 target="unix://$work/verifyd.sock"
 # A device number of its own: region names are /dev/shm/verifyd-<device>-<hex>.
 device=$((900 + $$ % 100))
-daemon_pid=""
-cleanup() {
-  if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then kill -KILL "$daemon_pid"; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap 'daemon_kill_all; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; echo "--- daemon log"; cat "$work/daemon.log" || true; exit 1; }
 
-"$VERIFYD" --listen="$target" --metrics= --backend=cpu --device="$device" --layers=2 --heads=2 \
-  --max_tree_nodes=257 --kv_capacity_tokens=12288 --compute_threads=2 >"$work/daemon.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 1 150); do
-  if "$VERIFYCTL" --target="$target" --deadline-seconds=1 health >/dev/null 2>&1; then break; fi
-  kill -0 "$daemon_pid" 2>/dev/null || fail "verifyd exited during startup"
-  sleep 0.2
-done
+daemon_start "$VERIFYD" --listen="$target" --metrics= --backend=cpu --device="$device" --layers=2 \
+  --heads=2 --max_tree_nodes=257 --kv_capacity_tokens=12288 --compute_threads=2 \
+  >"$work/daemon.log" 2>&1
+daemon_pid=$DAEMON_PID
+daemon_wait_healthy "$VERIFYCTL" "$target" "$daemon_pid" 30 || fail "verifyd exited or hung during startup"
 
 "$SCHEDULER" --target="$target" --sequences=6 --steps=20 --threads=3 --batch=2 --seed=21 \
   --prefill_tokens=64-400 --tree_sizes=8-64 --compact_at_step=10 --shared_memory \
@@ -40,9 +33,7 @@ if "$SCHEDULER" --target="$target" --sequences=2 --steps=3 --threads=1 --seed=22
 fi
 grep -q "MISMATCH" "$work/corrupt.log" || fail "no MISMATCH line for the corrupted reference"
 
-kill -TERM "$daemon_pid"
-wait "$daemon_pid" || fail "verifyd exited $? after SIGTERM"
-daemon_pid=""
+daemon_stop "$daemon_pid" || fail "verifyd exited $? after SIGTERM"
 left=$(find /dev/shm -maxdepth 1 -name "verifyd-$device-*" | wc -l)
 [[ "$left" == 0 ]] || fail "$left shared-memory regions left after shutdown"
 echo "OK: shared-memory integration"

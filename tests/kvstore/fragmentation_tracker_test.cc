@@ -2,7 +2,7 @@
 // from-scratch walk of every slot list: the tracker alone on random lists and rewrites, and the
 // store after every one of many random operations (appends, trees with scattered accepted paths,
 // releases, compaction plans executed whole, cut into chunks mid-run, or shuffled).
-// VERIFYD_SEED reproduces a run.
+// VERIFYD_TEST_SEED reproduces a run.
 #include "kvstore/fragmentation_tracker.h"
 
 #include <algorithm>
@@ -45,7 +45,7 @@ FragmentationStats Walk(const std::map<SequenceId, std::vector<int32_t>>& lists)
 // and disappear, and the first break moves both ways.
 TEST(FragmentationTrackerTest, RandomExtendsAndRewritesMatchAWalk) {
   const uint64_t seed = testing_kv::TestSeed();
-  SCOPED_TRACE(::testing::Message() << "reproduce with VERIFYD_SEED=" << seed);
+  SCOPED_TRACE(::testing::Message() << "reproduce with VERIFYD_TEST_SEED=" << seed);
   std::mt19937_64 rng(seed);
   auto uniform = [&](int64_t n) { return static_cast<int64_t>(rng() % static_cast<uint64_t>(n)); };
   FragmentationTracker tracker;
@@ -229,7 +229,7 @@ class StoreFragmentationCheck {
 
 TEST(FragmentationTrackerTest, StoreFiguresMatchAWalkAfterEveryOperation) {
   const uint64_t seed = testing_kv::TestSeed();
-  SCOPED_TRACE(::testing::Message() << "reproduce with VERIFYD_SEED=" << seed);
+  SCOPED_TRACE(::testing::Message() << "reproduce with VERIFYD_TEST_SEED=" << seed);
   StoreFragmentationCheck check(seed);
   for (int step = 0; step < 30000; ++step) {
     check.Step();

@@ -74,7 +74,7 @@ TEST(HostKvStorageTest, BoundsAreCheckedAndNamed) {
 // rows one slot at a time, and every other row must stay as it was.
 TEST(HostKvStorageTest, CopyRunsEqualsCopyingEachSlotOfEveryLayer) {
   const uint64_t seed = testing_kv::TestSeed();
-  SCOPED_TRACE(testing::Message() << "VERIFYD_SEED=" << seed);
+  SCOPED_TRACE(testing::Message() << "VERIFYD_TEST_SEED=" << seed);
   std::mt19937_64 rng(seed);
   const int layers = 3;
   const int64_t capacity = 400;

@@ -364,7 +364,7 @@ TEST_F(CompactionTest, AStaleOrMalformedPlanIsRejectedWithNoChange) {
 // ample), never exceed a budget and never lose a byte.
 TEST_F(CompactionTest, RepeatedCallsConvergeToZeroFragmentation) {
   const uint64_t seed = testing_kv::TestSeed();
-  SCOPED_TRACE(testing::Message() << "VERIFYD_SEED=" << seed);
+  SCOPED_TRACE(testing::Message() << "VERIFYD_TEST_SEED=" << seed);
   std::mt19937_64 rng(seed);
   for (int round = 0; round < 5; ++round) {
     Reset(2048);

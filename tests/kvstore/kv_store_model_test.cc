@@ -2,7 +2,7 @@
 // deliberately invalid, against a trivially correct model (sequence -> per-layer list of token
 // rows, pending tree contents). The model predicts every status code; after EVERY operation every
 // sequence read back through its slot table equals the model byte for byte, no slot is owned twice,
-// free + used = capacity, and a rejected call changed nothing. VERIFYD_SEED reproduces a run.
+// free + used = capacity, and a rejected call changed nothing. VERIFYD_TEST_SEED reproduces a run.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -611,7 +611,7 @@ class KvStoreModelCheck {
 
 TEST(KvStoreModelTest, HundredThousandRandomOperationsMatchTheModel) {
   const uint64_t seed = testing_kv::TestSeed();
-  SCOPED_TRACE(::testing::Message() << "reproduce with VERIFYD_SEED=" << seed);
+  SCOPED_TRACE(::testing::Message() << "reproduce with VERIFYD_TEST_SEED=" << seed);
   KvStoreModelCheck check(seed);
   for (int step = 0; step < kOperations; ++step) {
     check.Step();

@@ -39,8 +39,9 @@ class KvStoreTest : public ::testing::Test {
  protected:
   KvStoreTest() { Reset(kCapacity); }
 
-  void Reset(int capacity) {
+  void Reset(int capacity, KvFieldNames names = {}) {
     KvStoreOptions options;
+    options.field_names = std::move(names);
     options.num_layers = kLayers;
     options.max_tree_nodes = 16;
     options.lease = absl::Seconds(10);
@@ -266,6 +267,38 @@ TEST_F(KvStoreTest, PrepareVerifyRejectsEachBadInputAndChangesNothing) {
   EXPECT_TRUE(Contains(s, "need 15 free KV slots, only 14 of 20")) << s;
   EXPECT_EQ(store_->Stats().pending_slots, 0);
   EXPECT_EQ(store_->GetVerifyView(1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A caller's field names replace the store's own in every message that names a parameter.
+TEST_F(KvStoreTest, MessagesNameTheCallersFields) {
+  KvFieldNames names;
+  names.sequence = "sid";
+  names.num_tokens = "kv.T";
+  names.items = "batch";
+  names.item_sequence = "id";
+  names.item_commit = "previous";
+  Reset(8, names);
+  ASSERT_TRUE(AppendAll(1, 3, 1).ok());
+  const std::vector<bf16_bits> kv = HashedRows(4, 9);
+  absl::Status s = store_->Append(2, 0, 1, 0, kv.data());
+  EXPECT_TRUE(Contains(s, "kv.T = 0 must be >= 1")) << s;
+  s = store_->Append(2, 0, 1, 9, kv.data());
+  EXPECT_TRUE(Contains(s, "kv.T: need 9 free KV slots")) << s;
+  EXPECT_TRUE(Contains(store_->Release(5), "sid = 5 is not a live sequence"));
+  EXPECT_TRUE(Contains(store_->Commit(5, CommitPath{}), "sid = 5 is not a live sequence"));
+  EXPECT_TRUE(Contains(store_->CommittedLength(5).status(), "sid = 5 is not a live sequence"));
+  s = store_->PrepareVerify(0, {VerifyItem{1, {-1}, std::nullopt}, VerifyItem{9, {-1}, {}}});
+  EXPECT_TRUE(Contains(s, "batch[1].id = 9 is not a live sequence")) << s;
+  s = store_->PrepareVerify(0, {VerifyItem{1, {-1}, {}}, VerifyItem{1, {-1}, {}}});
+  EXPECT_TRUE(Contains(s, "batch[1].id = 1 repeats batch[0]")) << s;
+  s = store_->PrepareVerify(0, {VerifyItem{1, {-1, 0, 5}, {}}});
+  EXPECT_TRUE(Contains(s, "batch[0].parents[2] = 5 must be < 2")) << s;
+  s = store_->PrepareVerify(0, {VerifyItem{1, {-1}, CommitPath{}}});
+  EXPECT_TRUE(Contains(s, "batch[0].previous: sequence 1 has no pending tree")) << s;
+  s = store_->PrepareVerify(0, {VerifyItem{1, std::vector<int32_t>(6, -1), {}}});
+  EXPECT_TRUE(Contains(s, "batch: the new trees need 6 free KV slots, only 5 of 8")) << s;
+  s = store_->PrepareVerify(0, {});
+  EXPECT_TRUE(Contains(s, "batch must not be empty")) << s;
 }
 
 TEST_F(KvStoreTest, APendingTreeMustBeVerifiedWithTheSameParents) {

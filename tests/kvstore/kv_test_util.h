@@ -12,6 +12,7 @@
 #include "verify/bf16.h"
 #include "verify/mla_dims.h"
 #include "kvstore/kv_store.h"
+#include "tests/testing/test_seed.h"
 #include "verify/slot_copy_check.h"
 
 namespace verifyd {
@@ -26,11 +27,7 @@ inline void PrintTo(const FragmentationStats& s, std::ostream* os) {
 
 namespace verifyd::testing_kv {
 
-// VERIFYD_SEED reproduces a run; otherwise a fresh seed each run (tests print it on failure).
-inline uint64_t TestSeed() {
-  if (const char* env = std::getenv("VERIFYD_SEED")) return std::strtoull(env, nullptr, 10);
-  return (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
-}
+using ::verifyd::test::TestSeed;  // VERIFYD_TEST_SEED reproduces a run
 
 inline uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;

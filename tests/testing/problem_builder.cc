@@ -29,14 +29,6 @@ void FillUniform(std::vector<bf16_bits>* v, float amplitude, std::mt19937_64& rn
 
 }  // namespace
 
-uint64_t TestSeed() {
-  if (const char* env = std::getenv("VERIFYD_TEST_SEED"); env != nullptr && *env != '\0') {
-    return std::strtoull(env, nullptr, 0);
-  }
-  std::random_device device;
-  return (static_cast<uint64_t>(device()) << 32) ^ device();
-}
-
 std::vector<int32_t> MakeParents(TreeShape shape, int num_nodes, std::mt19937_64& rng) {
   if (num_nodes < 1) Die("MakeParents needs num_nodes >= 1");
   std::vector<int32_t> parents(num_nodes, -1);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "tests/testing/test_seed.h"
 #include "verify/bf16.h"
 #include "verify/verify_problem.h"
 
@@ -25,9 +26,7 @@ struct SequenceSpec {
   TreeShape shape;
 };
 
-// A fresh seed per run (std::random_device), or VERIFYD_TEST_SEED from the environment to replay a
-// failure; tests print it with SCOPED_TRACE.
-uint64_t TestSeed();
+// TestSeed: tests/testing/test_seed.h.
 
 std::vector<int32_t> MakeParents(TreeShape shape, int num_nodes, std::mt19937_64& rng);
 

@@ -33,15 +33,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "verify/bf16.h"
-#include "verify/mla_dims.h"
 #include "backend/cuda/cuda_device_memory.h"
-#include "kernels/kv_copy_kernels.h"
 #include "backend/cuda/cuda_kv_storage.h"
+#include "executor/compaction_manager.h"
+#include "executor/executor_metrics.h"
+#include "kernels/kv_copy_kernels.h"
 #include "kvstore/kv_storage.h"
 #include "kvstore/kv_store.h"
-#include "executor/compaction_manager.h"
-#include "service/service_metrics.h"
+#include "verify/bf16.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
@@ -365,7 +365,7 @@ int RunLayers(const Options& o, int layers, double d2d) {
 
   const int64_t chunk_bytes =
       o.chunk_bytes > 0 ? o.chunk_bytes : CompactionManager::ChunkBytesFor(o.host ? "cpu" : "cuda");
-  ServiceMetrics metrics;
+  NoExecutorMetrics metrics;
   CompactionManager manager(16, chunk_bytes, &metrics);
   int64_t bytes = 0, slots = 0, steps = 0, operations = 0;
   double copy_seconds = 0;

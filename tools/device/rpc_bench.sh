@@ -12,6 +12,7 @@
 # Writes CSV and logs under $OUT; prints a short summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source tests/lib/daemon.sh
 B=${BUNDLE:-bundle}
 OUT=${OUT:-/tmp/verifyd-gpu-out}
 mkdir -p "$OUT"
@@ -21,23 +22,25 @@ sock="unix://$work/verifyd.sock"
 pid=""
 stop() {
   if [ -n "$pid" ]; then
-    kill -TERM "$pid" 2>/dev/null
-    wait "$pid"
-    echo "daemon exit $?" >>"$OUT/rpc_daemon.log"
+    local rc=0
+    daemon_stop "$pid" || rc=$?
+    echo "daemon exit $rc" >>"$OUT/rpc_daemon.log"
     pid=""
   fi
 }
 trap 'stop; rm -rf "$work"' EXIT
 start() {
-  "$bin/verifyd" --listen="$sock" --metrics= --backend="${BACKEND:-cuda}" --layers="$LAYERS" --heads=8 \
-    --max_tree_nodes=257 --kv_capacity_tokens=1048576 --lease_seconds=600 "$@" >>"$OUT/rpc_daemon.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 200); do
-    "$bin/verifyctl" --target="$sock" --deadline-seconds=1 health >/dev/null 2>&1 && return 0
-    kill -0 "$pid" 2>/dev/null || { echo "verifyd died"; tail -5 "$OUT/rpc_daemon.log"; return 1; }
-    sleep 0.1
-  done
-  echo "verifyd not healthy"
+  daemon_start "$bin/verifyd" --listen="$sock" --metrics= --backend="${BACKEND:-cuda}" \
+    --layers="$LAYERS" --heads=8 --max_tree_nodes=257 --kv_capacity_tokens=1048576 \
+    --lease_seconds=600 "$@" >>"$OUT/rpc_daemon.log" 2>&1
+  pid=$DAEMON_PID
+  local rc=0
+  daemon_wait_healthy "$bin/verifyctl" "$sock" "$pid" 20 || rc=$?
+  case $rc in
+    0) return 0 ;;
+    1) echo "verifyd died"; tail -5 "$OUT/rpc_daemon.log"; pid="" ;;
+    *) echo "verifyd not healthy" ;;
+  esac
   return 1
 }
 load() {  # name, then verifyd_load flags

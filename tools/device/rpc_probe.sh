@@ -9,6 +9,7 @@
 # (gRPC's synchronous server) and an immediate NOT_FOUND from a callback handler.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source tests/lib/daemon.sh
 B=${BUNDLE:-bundle}
 OUT=${OUT:-/tmp/verifyd-gpu-out}
 mkdir -p "$OUT"
@@ -16,6 +17,7 @@ bin=$B/bin
 export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 work=$(mktemp -d /tmp/verifyd-probe.XXXXXX)
 sock="unix://$work/verifyd.sock"
+trap 'daemon_kill_all; rm -rf "$work"' EXIT
 port=${PROBE_METRICS_PORT:-19464}
 scrape() {
   python3 - "$port" "$1" <<'PY'
@@ -37,16 +39,17 @@ PY
 run_case() {  # name, daemon flags (one word), then verifyd_load flags
   local name=$1 daemon_flags=$2
   shift 2
-  "$bin/verifyd" --listen="$sock" --metrics=127.0.0.1:$port --backend=cuda --layers=1 --heads=8 \
-    --max_tree_nodes=257 --kv_capacity_tokens=1048576 --lease_seconds=600 ${daemon_flags//,/ } \
-    >"$OUT/probe_daemon.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 200); do "$bin/verifyctl" --target="$sock" health >/dev/null 2>&1 && break; sleep 0.1; done
+  # shellcheck disable=SC2086  # daemon_flags: words separated by commas, split on purpose
+  daemon_start "$bin/verifyd" --listen="$sock" --metrics=127.0.0.1:$port --backend=cuda --layers=1 \
+    --heads=8 --max_tree_nodes=257 --kv_capacity_tokens=1048576 --lease_seconds=600 \
+    ${daemon_flags//,/ } >"$OUT/probe_daemon.log" 2>&1
+  pid=$DAEMON_PID
+  daemon_wait_healthy "$bin/verifyctl" "$sock" "$pid" 20
   "$bin/verifyd_load" --target="$sock" --concurrency=1 --warmup_seconds=1 --measure_seconds=3 "$@" \
     2>"$OUT/probe_load_$name.log" | tail -1 | sed "s/^/$name client (c,rps,p50,p90,p99): /"
   grep -E "# ping|tail:" "$OUT/probe_load_$name.log" | sed "s/^/$name /"
   scrape "$name daemon"
-  kill -TERM $pid; wait $pid
+  daemon_stop "$pid"
 }
 tiny="--tree_nodes=1 --prefix_tokens=1 --batch=1 --shared_memory"
 s1="--tree_nodes=16 --prefix_tokens=65536 --batch=1 --shared_memory"
@@ -61,4 +64,3 @@ run_case S1-callback --verify_handler=callback $s1 --spin_wait
 run_case S1-polled-inline --run_idle_inline=true $s1 --spin_wait
 run_case S1-default-again "" $s1 --spin_wait
 run_case S5-default "" --tree_nodes=8 --prefix_tokens=4096 --batch=32 --shared_memory --spin_wait
-rm -rf "$work"

@@ -39,16 +39,7 @@ std::vector<SequenceSpec> RandomSpecs(std::mt19937_64& rng, int batch, int max_p
   return specs;
 }
 
-class CudaBackendTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!test::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
-    seed_ = test::TestSeed();
-    rng_.seed(seed_);
-  }
-  uint64_t seed_ = 0;
-  std::mt19937_64 rng_;
-};
+using CudaBackendTest = test::SeededCudaTest;
 
 TEST_F(CudaBackendTest, RandomBatchesMatchTheFloat64Oracle) {
   SCOPED_TRACE("VERIFYD_TEST_SEED=" + std::to_string(seed_));

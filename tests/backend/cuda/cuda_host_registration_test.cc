@@ -56,14 +56,8 @@ struct Placement {
   bool q, out, lse;
 };
 
-class CudaHostRegistrationTest : public ::testing::Test {
+class CudaHostRegistrationTest : public test::SeededCudaTest {
  protected:
-  void SetUp() override {
-    if (!test::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
-    seed_ = test::TestSeed();
-    rng_.seed(seed_);
-  }
-
   // Runs `host` with the tensors `where` says in `region` at `layout` (poisoned outputs there
   // first), returns the outputs wherever they were written.
   Outputs RunPlaced(CudaBackend& backend, int layer, HostProblem& host, uint8_t* region,
@@ -101,9 +95,6 @@ class CudaHostRegistrationTest : public ::testing::Test {
     const absl::Status s = backend.ComputeVerify(layer, p);
     EXPECT_TRUE(s.ok()) << s;
   }
-
-  uint64_t seed_ = 0;
-  std::mt19937_64 rng_;
 };
 
 void ExpectSameBytes(const Outputs& a, const Outputs& b, bool with_lse) {

@@ -16,7 +16,6 @@
 namespace verifyd {
 namespace {
 
-using test::HaveCudaDevice;
 using test::Iota;
 using testing_kv::HashedRows;
 
@@ -38,19 +37,10 @@ void ExpectSamePools(const HostKvStorage& host, const CudaKvStorage& cuda) {
   }
 }
 
-class CudaKvStorageTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
-    seed_ = testing_kv::TestSeed();
-    rng_.seed(seed_);
-  }
-  uint64_t seed_ = 0;
-  std::mt19937_64 rng_;
-};
+using CudaKvStorageTest = test::SeededCudaTest;
 
 TEST_F(CudaKvStorageTest, RandomWritesCopiesAndReadsMatchHostStorage) {
-  SCOPED_TRACE("VERIFYD_SEED=" + std::to_string(seed_));
+  SCOPED_TRACE("VERIFYD_TEST_SEED=" + std::to_string(seed_));
   const int layers = 3;
   const int64_t capacity = 3000;
   auto made = test::MakeBackend(/*cuda_graphs=*/true, layers, capacity);
@@ -105,7 +95,7 @@ TEST_F(CudaKvStorageTest, RandomWritesCopiesAndReadsMatchHostStorage) {
 // waits in between but what the storage itself does. Runs span up to 1000 slots (many 4 KB
 // segments, lengths that end mid-segment) on 5 layers; whole pools are compared at the end.
 TEST_F(CudaKvStorageTest, ChainedRunCopiesAndRewrittenSourcesKeepStreamOrder) {
-  SCOPED_TRACE("VERIFYD_SEED=" + std::to_string(seed_));
+  SCOPED_TRACE("VERIFYD_TEST_SEED=" + std::to_string(seed_));
   const int layers = 5;
   const int64_t capacity = 12000;
   auto made = test::MakeBackend(true, layers, capacity);
@@ -147,7 +137,7 @@ TEST_F(CudaKvStorageTest, ChainedRunCopiesAndRewrittenSourcesKeepStreamOrder) {
 }
 
 TEST_F(CudaKvStorageTest, LargeWritesGrowTheBatchFlushEarlyAndLandIntact) {
-  SCOPED_TRACE("VERIFYD_SEED=" + std::to_string(seed_));
+  SCOPED_TRACE("VERIFYD_TEST_SEED=" + std::to_string(seed_));
   const int layers = 2;
   const int64_t capacity = 40000;  // 46 MB per layer write: past the 32 MB flush threshold
   auto made = test::MakeBackend(true, layers, capacity);
@@ -168,7 +158,7 @@ TEST_F(CudaKvStorageTest, LargeWritesGrowTheBatchFlushEarlyAndLandIntact) {
 // A slot freed and reused before anything reads the pool is written twice in one write batch;
 // the later bytes must win, as they do on the host.
 TEST_F(CudaKvStorageTest, RewritesBeforeAFlushKeepTheLastBytes) {
-  SCOPED_TRACE("VERIFYD_SEED=" + std::to_string(seed_));
+  SCOPED_TRACE("VERIFYD_TEST_SEED=" + std::to_string(seed_));
   const int layers = 4;
   const int64_t capacity = 700;
   auto made = test::MakeBackend(true, layers, capacity);
@@ -192,7 +182,7 @@ TEST_F(CudaKvStorageTest, RewritesBeforeAFlushKeepTheLastBytes) {
 }
 
 TEST_F(CudaKvStorageTest, BadInputIsRefusedAndChangesNothing) {
-  SCOPED_TRACE("VERIFYD_SEED=" + std::to_string(seed_));
+  SCOPED_TRACE("VERIFYD_TEST_SEED=" + std::to_string(seed_));
   const int layers = 2;
   const int64_t capacity = 500;
   auto made = test::MakeBackend(true, layers, capacity);

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "gtest/gtest.h"
+#include "tests/testing/test_seed.h"
 #include "verify/verify_problem.h"
 #include "backend/cuda/cuda_kv_storage.h"
 #include "backend/cuda/cuda_backend.h"
@@ -17,6 +19,19 @@ namespace verifyd::test {
 
 // True when a CUDA device is visible; GPU tests GTEST_SKIP() otherwise.
 bool HaveCudaDevice();
+
+// The fixture of the randomized GPU tests: skipped without a device, rng_ seeded with TestSeed()
+// (tests put seed_ in a SCOPED_TRACE, so VERIFYD_TEST_SEED replays a failure).
+class SeededCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+    seed_ = TestSeed();
+    rng_.seed(seed_);
+  }
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
 
 struct BackendWithStorage {
   std::unique_ptr<CudaBackend> backend;

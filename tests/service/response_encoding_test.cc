@@ -1,0 +1,190 @@
+// The executor's plain results become the protobuf responses (service/response_encoding.h): every
+// field from its source (random values, so a swapped pair shows), out and lse bytes unchanged, and
+// outputs written to shared memory named by the request's range instead.
+#include "service/response_encoding.h"
+
+#include <random>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "verify/mla_dims.h"
+
+namespace verifyd {
+namespace {
+
+std::string RandomBytes(std::mt19937& rng, size_t n) {
+  std::string bytes(n, '\0');
+  for (char& c : bytes) c = static_cast<char>(rng());
+  return bytes;
+}
+
+TEST(ResponseEncoding, VerifyInlineOrSharedMemory) {
+  std::mt19937 rng(11);
+  for (int round = 0; round < 16; ++round) {
+    VerifyCall call;
+    call.total_q = 1 + static_cast<int>(rng() % 40);
+    call.num_heads = 1 + static_cast<int>(rng() % 8);
+    call.return_lse = rng() % 2 == 0;
+    const bool out_shared = rng() % 2 == 0;
+    const bool lse_shared = call.return_lse && rng() % 2 == 0;
+    v1::VerifyRequest request;
+    bf16_bits out_place = 0;
+    float lse_place = 0;
+    if (out_shared) {
+      call.out_destination = &out_place;  // only its being set matters here
+      request.mutable_out_shared_memory()->set_region("r" + std::to_string(rng() % 100));
+      request.mutable_out_shared_memory()->set_offset(64 * (rng() % 100));
+    }
+    if (lse_shared) {
+      call.lse_destination = &lse_place;
+      request.mutable_lse_shared_memory()->set_region("l" + std::to_string(rng() % 100));
+      request.mutable_lse_shared_memory()->set_length(rng() % 10000);
+    }
+    const size_t rows = static_cast<size_t>(call.total_q) * call.num_heads;
+    VerifyResult result;
+    for (int b = 0; b < 1 + static_cast<int>(rng() % 5); ++b) {
+      result.committed_length.push_back(rng() % 5000);
+    }
+    if (!out_shared) result.out_bytes = RandomBytes(rng, rows * kVDim * 2);
+    if (call.return_lse && !lse_shared) result.lse_bytes = RandomBytes(rng, rows * 4);
+    const VerifyResult expected = result;
+
+    v1::VerifyResponse response;
+    EncodeVerify(request, call, std::move(result), &response);
+    ASSERT_EQ(response.committed_length_size(), static_cast<int>(expected.committed_length.size()));
+    for (size_t b = 0; b < expected.committed_length.size(); ++b) {
+      EXPECT_EQ(response.committed_length(static_cast<int>(b)),
+                static_cast<uint64_t>(expected.committed_length[b]));
+    }
+    EXPECT_EQ(response.out().dtype(), v1::DTYPE_BF16);
+    ASSERT_EQ(response.out().shape_size(), 3);
+    EXPECT_EQ(response.out().shape(0), call.total_q);
+    EXPECT_EQ(response.out().shape(1), call.num_heads);
+    EXPECT_EQ(response.out().shape(2), kVDim);
+    if (out_shared) {
+      EXPECT_FALSE(response.out().has_inline_data());
+      EXPECT_EQ(response.out().shared_memory().SerializeAsString(),
+                request.out_shared_memory().SerializeAsString());
+    } else {
+      EXPECT_EQ(response.out().inline_data(), expected.out_bytes);
+    }
+    EXPECT_EQ(response.has_lse(), call.return_lse);
+    if (!call.return_lse) continue;
+    EXPECT_EQ(response.lse().dtype(), v1::DTYPE_FP32);
+    ASSERT_EQ(response.lse().shape_size(), 2);
+    EXPECT_EQ(response.lse().shape(0), call.total_q);
+    EXPECT_EQ(response.lse().shape(1), call.num_heads);
+    if (lse_shared) {
+      EXPECT_FALSE(response.lse().has_inline_data());
+      EXPECT_EQ(response.lse().shared_memory().SerializeAsString(),
+                request.lse_shared_memory().SerializeAsString());
+    } else {
+      EXPECT_EQ(response.lse().inline_data(), expected.lse_bytes);
+    }
+  }
+}
+
+FragmentationStats RandomFragmentation(std::mt19937& rng) {
+  FragmentationStats f;
+  f.sequences = 1 + rng() % 100;
+  f.tokens = 1000 + rng() % 100000;
+  f.runs = f.sequences + rng() % 1000;
+  f.tokens_outside_first_run = rng() % f.tokens;
+  return f;
+}
+
+void ExpectFragmentation(const v1::Fragmentation& got, const FragmentationStats& want) {
+  EXPECT_EQ(got.sequences(), static_cast<uint64_t>(want.sequences));
+  EXPECT_EQ(got.tokens(), static_cast<uint64_t>(want.tokens));
+  EXPECT_EQ(got.runs(), static_cast<uint64_t>(want.runs));
+  EXPECT_EQ(got.tokens_outside_first_run(), static_cast<uint64_t>(want.tokens_outside_first_run));
+  EXPECT_DOUBLE_EQ(got.fragmented_ratio(), want.fragmented_ratio());
+}
+
+TEST(ResponseEncoding, StatsAndTheOtherResults) {
+  std::mt19937 rng(13);
+  DeviceStats stats;
+  stats.backend = rng() % 2 ? "cpu" : "cuda";
+  stats.mps_active = rng() % 2 == 0;
+  stats.layers = 1 + rng() % 100;
+  stats.max_tree_nodes = 1 + rng() % 1024;
+  stats.store.capacity_slots = 100000 + rng() % 100000;
+  stats.store.used_slots = rng() % 50000;
+  stats.store.free_slots = stats.store.capacity_slots - stats.store.used_slots;
+  stats.store.pending_slots = rng() % 500;
+  stats.store.largest_free_run = rng() % 40000;
+  stats.store.fragmentation = RandomFragmentation(rng);
+  const int heads = 1 + static_cast<int>(rng() % 128);
+  const float scale = 0.01f * static_cast<float>(1 + rng() % 100);
+  v1::StatsResponse response;
+  EncodeStats(stats, heads, scale, &response);
+  EXPECT_EQ(response.backend(), stats.backend);
+  EXPECT_EQ(response.mps_active(), stats.mps_active);
+  EXPECT_EQ(response.layers(), static_cast<uint32_t>(stats.layers));
+  EXPECT_EQ(response.heads(), static_cast<uint32_t>(heads));
+  EXPECT_EQ(response.max_tree_nodes(), static_cast<uint32_t>(stats.max_tree_nodes));
+  EXPECT_EQ(response.capacity_tokens(), static_cast<uint64_t>(stats.store.capacity_slots));
+  EXPECT_EQ(response.used_tokens(), static_cast<uint64_t>(stats.store.used_slots));
+  EXPECT_EQ(response.free_tokens(), static_cast<uint64_t>(stats.store.free_slots));
+  EXPECT_EQ(response.pending_tokens(), static_cast<uint64_t>(stats.store.pending_slots));
+  EXPECT_EQ(response.largest_free_run(), static_cast<uint64_t>(stats.store.largest_free_run));
+  ExpectFragmentation(response.fragmentation(), stats.store.fragmentation);
+  EXPECT_EQ(response.softmax_scale(), scale);
+
+  AppendResult appended{static_cast<int64_t>(rng() % 1000), {}};
+  for (int l = 0; l < 5; ++l) appended.layer_fill.push_back(appended.committed_length + rng() % 9);
+  v1::AppendResponse append;
+  EncodeAppend(appended, &append);
+  EXPECT_EQ(append.committed_length(), static_cast<uint64_t>(appended.committed_length));
+  ASSERT_EQ(append.layer_fill_size(), 5);
+  for (int l = 0; l < 5; ++l) {
+    EXPECT_EQ(append.layer_fill(l), static_cast<uint64_t>(appended.layer_fill[l]));
+  }
+  v1::CommitResponse commit;
+  const CommitResult committed{static_cast<int64_t>(rng() % 100000)};
+  EncodeCommit(committed, &commit);
+  EXPECT_EQ(commit.committed_length(), static_cast<uint64_t>(committed.committed_length));
+  v1::ReleaseResponse release;
+  const ReleaseResult released{static_cast<int64_t>(rng() % 100000)};
+  EncodeRelease(released, &release);
+  EXPECT_EQ(release.freed_slots(), static_cast<uint64_t>(released.freed_slots));
+}
+
+// Fragmentation before is reported once an operation started, after once it ended.
+TEST(ResponseEncoding, CompactionStatusByState) {
+  std::mt19937 rng(17);
+  using State = CompactionOperation::State;
+  for (State state : {State::kPending, State::kRunning, State::kDone, State::kFailed}) {
+    CompactionOperation op;
+    op.id = "compact-" + std::to_string(rng() % 100);
+    op.state = state;
+    op.bytes_planned = rng() % 100000;
+    op.bytes_moved = rng() % 100000;
+    op.tokens_moved = rng() % 1000;
+    op.before = RandomFragmentation(rng);
+    op.after = RandomFragmentation(rng);
+    op.copy_time = absl::Microseconds(1 + rng() % 100000);
+    op.error = state == State::kFailed ? "stale plan" : "";
+    v1::CompactionStatus status;
+    EncodeCompactionStatus(op, &status);
+    EXPECT_EQ(status.operation_id(), op.id);
+    EXPECT_EQ(status.state(), state == State::kPending   ? v1::CompactionStatus::PENDING
+                              : state == State::kRunning ? v1::CompactionStatus::RUNNING
+                              : state == State::kDone    ? v1::CompactionStatus::DONE
+                                                         : v1::CompactionStatus::FAILED);
+    EXPECT_EQ(status.bytes_planned(), static_cast<uint64_t>(op.bytes_planned));
+    EXPECT_EQ(status.bytes_moved(), static_cast<uint64_t>(op.bytes_moved));
+    EXPECT_EQ(status.tokens_moved(), static_cast<uint64_t>(op.tokens_moved));
+    EXPECT_EQ(status.has_before(), state != State::kPending);
+    if (status.has_before()) ExpectFragmentation(status.before(), op.before);
+    const bool ended = state == State::kDone || state == State::kFailed;
+    EXPECT_EQ(status.has_after(), ended);
+    if (ended) ExpectFragmentation(status.after(), op.after);
+    EXPECT_DOUBLE_EQ(status.seconds(), absl::ToDoubleSeconds(op.copy_time));
+    EXPECT_DOUBLE_EQ(status.bytes_per_second(), op.bytes_per_second());
+    EXPECT_EQ(status.error(), op.error);
+  }
+}
+
+}  // namespace
+}  // namespace verifyd
