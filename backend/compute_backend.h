@@ -126,6 +126,10 @@ class ComputeBackend {
     (void)ready;
     return absl::OkStatus();
   }
+  // Whether an opened region's data() is host memory the daemon may read (cpu: a mapped file) or
+  // a device pointer (cuda). Append from a region needs host memory today: the store's writes
+  // stage rows through the host, and SPEC §1's value check reads them there.
+  virtual bool external_memory_is_host() const { return false; }
   // Whether this process's work on the device shares it through MPS (cuda: the device's
   // CU_DEVICE_ATTRIBUTE_MPS_ENABLED, read at creation); false for a backend without a device.
   virtual bool mps_active() const { return false; }

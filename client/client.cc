@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <future>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -19,6 +20,19 @@ namespace verifyd {
 namespace {
 
 constexpr char kAdminTokenKey[] = "x-verifyd-admin-token";
+constexpr char kClientKey[] = "x-verifyd-client";
+
+// 128 random bits, hex: a client id no other process picks by accident.
+std::string RandomClientId() {
+  std::random_device random;
+  std::string id;
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t word = random();
+    for (int k = 0; k < 4; ++k) id.push_back(kHex[(word >> (4 * k)) & 15]);
+  }
+  return id;
+}
 constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
 
 // gRPC and Abseil share the canonical code numbering, so the code carries over unchanged.
@@ -89,7 +103,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::FromChannel(std::shared_ptr<grpc
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
     : options_(std::move(options)),
       channel_(std::move(channel)),
-      stub_(v1::Verifyd::NewStub(channel_)) {}
+      stub_(v1::Verifyd::NewStub(channel_)) {
+  if (options_.client_id.empty()) options_.client_id = RandomClientId();
+}
 
 Client::~Client() = default;
 
@@ -108,6 +124,7 @@ absl::Status Client::Call(const char* method, bool idempotent, const CallOptions
     }
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
+    context.AddMetadata(kClientKey, options_.client_id);
     // Over TCP the daemon gates every call that changes state on the token (plans/0015).
     if (!options_.admin_token.empty()) context.AddMetadata(kAdminTokenKey, options_.admin_token);
     status = attempt(context);

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/append_chunking.h"
+#include "client/channel.h"
 #include "client/shared_memory_region.h"
 #include "verifyd/v1/verifyd.grpc.pb.h"
 
@@ -40,6 +41,9 @@ struct ClientOptions {
   // it arrives instead of after a thread wake-up (tens of µs on a VM, plans/0012). The calling
   // thread keeps a core busy for the call's duration.
   bool spin_wait = false;
+  // Sent as metadata "x-verifyd-client" with every call: external regions and channels belong to
+  // the client that made them (plans/0017). Empty: a random id per Client.
+  std::string client_id;
 };
 
 struct CallOptions {
@@ -151,6 +155,23 @@ class Client {
                                                          const SharedVerifyLayout& layout,
                                                          SharedMemoryRegion& region,
                                                          const CallOptions& call = {});
+  // The co-located data plane (client/channel.h, plans/0017). Registers memory of this process
+  // with the daemon: `handle` is what the caller exported (the 64 bytes of a cudaIpcMemHandle_t
+  // from cudaIpcGetMemHandle on the cuda backend; on the cpu backend the path of a file in
+  // /dev/shm), `bytes` its size, `device` the CUDA device it is on (the daemon's). The region
+  // belongs to this Client (its client_id) until ReleaseExternalMemory, or until no call named it
+  // for the daemon's lease.
+  absl::StatusOr<v1::RegisterExternalMemoryResponse> RegisterExternalMemory(
+      std::string handle, uint64_t bytes, uint32_t device = 0, const CallOptions& call = {});
+  absl::StatusOr<v1::ReleaseExternalMemoryResponse> ReleaseExternalMemory(
+      uint64_t region, const CallOptions& call = {});
+  // A channel of `entries` descriptors in flight (a power of two in [2, 4096]); the Channel must
+  // not outlive this Client.
+  absl::StatusOr<std::unique_ptr<Channel>> OpenChannel(uint32_t entries = 64,
+                                                      const CallOptions& call = {});
+  // What Channel::Close calls.
+  absl::Status CloseChannel(uint64_t channel, const CallOptions& call = {});
+
   // grpc.health.v1.Health/Check; service "" is the whole daemon.
   absl::StatusOr<HealthStatus> Health(const std::string& service = "",
                                       const CallOptions& call = {});

@@ -6,7 +6,9 @@
 #include <string_view>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "executor/channel_table.h"
 
 namespace verifyd {
 
@@ -42,15 +44,38 @@ Device::Device(const DeviceOptions& options, std::unique_ptr<DeviceOperations> o
   capacity_slots_ = ops_->store().allocator().capacity();
   ExecutorHooks hooks;
   hooks.background_step = [this] { return compactions_.Step(ops_->store()); };
-  hooks.tick = [this] {
+  hooks.tick = [this, metrics] {
     ops_->ExpireLeases();
     ops_->RefreshGauges();
+    metrics->RecordDataPlane(external_regions_->regions(), external_regions_->total_bytes(),
+                             channels_->channels());
   };
   // Expiry lags a lease by at most a quarter of it; gauges refresh at least 4 times a second.
   hooks.tick_period =
       std::clamp(options.store.lease / 4, absl::Milliseconds(20), absl::Milliseconds(250));
   hooks.max_queued = options.max_queued_requests;
   hooks.spin = absl::Microseconds(ExecutorSpinMicros(options.executor_spin_us));
+  ExternalRegionLimits region_limits;
+  region_limits.device = options.device;
+  region_limits.lease = options.store.lease;
+  external_regions_ =
+      std::make_unique<ExternalRegionTable>(&ops_->mutable_backend(), region_limits);
+  ChannelTableOptions channel_options;
+  channel_options.limits = options.request_limits;
+  channel_options.lease = options.store.lease;
+  // A channel thread polls as long as the executor does after its last piece of work (2 ms on
+  // hosts with >= 8 cores, plans/0012), at least 50 µs: a scheduler's next layer usually comes
+  // within that, and a futex wake-up costs tens of µs on a VM.
+  channel_options.spin =
+      absl::Microseconds(std::max<int64_t>(50, ExecutorSpinMicros(options.executor_spin_us)));
+  channel_options.name_prefix = absl::StrCat("verifyd-", options.device, "-channel-");
+  channel_options.on_completion = [metrics](bool ok) { metrics->RecordChannelDescriptor(ok); };
+  // Off the executor (a channel's close): the backend's own thread-safety covers it (plans/0018).
+  channel_options.release_wait = [ops = ops_.get()](const ExternalFlag& ready) {
+    (void)ops->mutable_backend().ReleaseExternalWait(ready);
+  };
+  channels_ = std::make_unique<ChannelTable>(channel_options, this, external_regions_.get());
+  // Started last: its tick reads the tables.
   executor_ = std::make_unique<DeviceExecutor>(std::move(hooks));
   executor_->Start();
 }
@@ -76,7 +101,9 @@ std::optional<CompactionOperation> Device::GetCompaction(const std::string& id) 
 }
 
 void Device::Drain() {
+  if (channels_ != nullptr) channels_->CloseAll(absl::StatusCode::kUnavailable);
   executor_->Drain();
+  if (external_regions_ != nullptr) external_regions_->ReleaseAll();
   compactions_.AbandonAll("verifyd shut down before the operation finished");
 }
 

@@ -12,8 +12,11 @@
 #include "executor/device_operations.h"
 #include "executor/device_options.h"
 #include "executor/executor_metrics.h"
+#include "executor/external_regions.h"
 
 namespace verifyd {
+
+class ChannelTable;
 
 // DeviceOptions::executor_spin_us resolved: `requested` when >= 0, else 2000 µs when the process
 // may run on >= 8 CPUs (its affinity mask: a container's cpuset, not the host's core count), 0 on
@@ -35,11 +38,17 @@ class Device {
   // Queues a Compact operation and returns its id at once.
   std::string StartCompaction(int64_t budget_bytes);
   std::optional<CompactionOperation> GetCompaction(const std::string& id) const;
-  // Finishes every queued task, abandons unfinished compactions, stops the thread.
+  // Closes every channel (their published descriptors complete ABORTED), finishes every queued
+  // task, abandons unfinished compactions, stops the thread, drops the external regions.
   void Drain();
 
   // Requests waiting for the executor thread now.
   int queued() const { return executor_->queued(); }
+
+  // The data plane (plans/0017): memory clients registered, and their channels.
+  ExternalRegionTable& external_regions() { return *external_regions_; }
+  ChannelTable& channels() { return *channels_; }
+
   const char* backend_name() const { return ops_->backend().name(); }
   // The pool's slots (DeviceOptions::capacity_slots); fixed.
   int64_t capacity_slots() const { return capacity_slots_; }
@@ -52,6 +61,8 @@ class Device {
   int64_t capacity_slots_ = 0;
   CompactionManager compactions_;
   std::unique_ptr<DeviceExecutor> executor_;
+  std::unique_ptr<ExternalRegionTable> external_regions_;
+  std::unique_ptr<ChannelTable> channels_;
 };
 
 }  // namespace verifyd

@@ -135,6 +135,93 @@ absl::StatusOr<CommitResult> DeviceOperations::Commit(const CommitCall& call) {
   return result;
 }
 
+absl::Status DeviceOperations::FailExternal(const ExternalFailure& failure,
+                                            const absl::Status& reason) {
+  const absl::Status failed = backend_->FailVerifyExternal(failure);
+  if (!failed.ok()) {
+    return absl::Status(reason.code(), absl::StrCat(reason.message(), " (and the outputs and done "
+                                                    "flag could not be written: ",
+                                                    failed.ToString(), ")"));
+  }
+  return reason;
+}
+
+absl::StatusOr<VerifyResult> DeviceOperations::VerifyExternal(const VerifyCall& call,
+                                                              const ExternalOrder& order) {
+  const int64_t rows = int64_t{call.total_q} * call.num_heads;
+  const ExternalFailure failure{call.out_destination, rows * kVDim, call.lse_destination,
+                                call.lse_destination != nullptr ? rows : 0, order};
+  const absl::Status prepared = store_->PrepareVerify(call.layer, call.items);
+  if (!prepared.ok()) return FailExternal(failure, prepared);
+  VerifyResult result;
+  const int batch = static_cast<int>(call.items.size());
+  prefix_len_.assign(batch, 0);
+  slot_indptr_.assign(1, 0);
+  mask_indptr_.assign(1, 0);
+  slots_.clear();
+  slot_lists_.clear();
+  mask_bits_.clear();
+  tree_slots_.clear();
+  const bool host_lists = backend_->needs_host_slot_lists();
+  for (int b = 0; b < batch; ++b) {
+    absl::StatusOr<VerifyView> view = store_->GetVerifyView(call.items[b].sequence);
+    if (!view.ok()) {
+      return FailExternal(failure, AfterPrepare(view.status(), absl::StrCat(Item(b), " view")));
+    }
+    prefix_len_[b] = view->prefix_len;
+    slot_lists_.push_back(VerifySlotList{call.items[b].sequence, view->slot_generation,
+                                         view->prefix_slots, view->tree_slots});
+    tree_slots_.insert(tree_slots_.end(), view->tree_slots.begin(), view->tree_slots.end());
+    if (host_lists) {
+      slots_.insert(slots_.end(), view->prefix_slots.begin(), view->prefix_slots.end());
+      slots_.insert(slots_.end(), view->tree_slots.begin(), view->tree_slots.end());
+      slot_indptr_.push_back(static_cast<int32_t>(slots_.size()));
+    }
+    mask_bits_.insert(mask_bits_.end(), view->mask->bits().begin(), view->mask->bits().end());
+    mask_indptr_.push_back(static_cast<int32_t>(mask_bits_.size()));
+    result.committed_length.push_back(view->prefix_len);
+    metrics_->RecordTreeNodes(call.qo_indptr[b + 1] - call.qo_indptr[b]);
+  }
+  metrics_->RecordVerifyBatch(batch);
+
+  ExternalVerify external;
+  external.layer = call.layer;
+  VerifyProblem& problem = external.problem;
+  problem.q = call.q;
+  problem.out = call.out_destination;
+  problem.lse = call.lse_destination;
+  problem.num_heads = call.num_heads;
+  problem.scale = call.scale;
+  problem.batch = batch;
+  problem.total_q = call.total_q;
+  problem.qo_indptr = call.qo_indptr.data();
+  problem.prefix_len = prefix_len_.data();
+  problem.slot_indptr = host_lists ? slot_indptr_.data() : nullptr;
+  problem.slots = host_lists ? slots_.data() : nullptr;
+  problem.mask_indptr = mask_indptr_.data();
+  problem.mask_bits = mask_bits_.data();
+  external.tree_kv = call.tree_kv;
+  external.tree_slots = tree_slots_;
+  external.order = order;
+  const absl::Time start = absl::Now();
+  const absl::Status computed = backend_->ComputeVerifyExternal(external, slot_lists_);
+  metrics_->RecordKernel(KernelKind::kVerify, absl::Now() - start);
+  // A ready flag that never came is the scheduler's doing, not a defect: its own code. The layer
+  // stays unwritten in the store, so a Commit of the tree is refused until it is verified again.
+  if (computed.code() == absl::StatusCode::kDeadlineExceeded ||
+      computed.code() == absl::StatusCode::kAborted) {
+    return computed;
+  }
+  if (!computed.ok()) return AfterPrepare(computed, "compute");
+  // The backend wrote the rows inside the call's order; the store records that this layer of
+  // each pending tree is written (so a later Commit accepts it).
+  for (int b = 0; b < batch; ++b) {
+    const absl::Status marked = store_->MarkTreeLayerWritten(call.items[b].sequence, call.layer);
+    if (!marked.ok()) return AfterPrepare(marked, absl::StrCat(Item(b), " tree"));
+  }
+  return result;
+}
+
 absl::StatusOr<ReleaseResult> DeviceOperations::Release(const ReleaseCall& call) {
   const int64_t free_before = store_->Stats().free_slots;
   VERIFYD_RETURN_IF_ERROR(store_->Release(call.sequence));

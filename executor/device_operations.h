@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "backend/compute_backend.h"
+#include "backend/external_tensors.h"
 #include "executor/device_options.h"
 #include "executor/executor_metrics.h"
 #include "executor/request_types.h"
@@ -27,6 +28,14 @@ class DeviceOperations {
   // PrepareVerify (riding commits, pending trees), tree KV write, one batched compute. out and
   // lse go to the call's destinations, or else into the result's buffers.
   absl::StatusOr<VerifyResult> Verify(const VerifyCall& call);
+  // The data plane's Verify (plans/0017): call.q / tree_kv / out_destination / lse_destination
+  // point into opened external regions; the backend writes the tree KV and computes inside
+  // `order`. Every outcome writes the done flag: a call refused here (by the store) has its
+  // outputs NaN-filled through FailExternal first. The result carries each sequence's committed
+  // length on success (out and lse went to the destinations: its byte buffers stay empty).
+  absl::StatusOr<VerifyResult> VerifyExternal(const VerifyCall& call, const ExternalOrder& order);
+  // NaN outputs and the done flag of a call that will not run; returns `reason`.
+  absl::Status FailExternal(const ExternalFailure& failure, const absl::Status& reason);
   absl::StatusOr<CommitResult> Commit(const CommitCall& call);
   absl::StatusOr<ReleaseResult> Release(const ReleaseCall& call);
   // The new sequence shares the source's first call.length slots (KvStore::Fork).
@@ -42,6 +51,8 @@ class DeviceOperations {
 
   KvStore& store() { return *store_; }
   const ComputeBackend& backend() const { return *backend_; }
+  // For the external-region table, which opens regions on gRPC threads (compute_backend.h).
+  ComputeBackend& mutable_backend() { return *backend_; }
 
  private:
   DeviceOperations(std::unique_ptr<ComputeBackend> backend, ExecutorMetrics* metrics)
@@ -57,6 +68,7 @@ class DeviceOperations {
   std::vector<int32_t> prefix_len_, slot_indptr_, slots_, mask_indptr_;
   std::vector<VerifySlotList> slot_lists_;
   std::vector<uint64_t> mask_bits_;
+  std::vector<int32_t> tree_slots_;
 };
 
 }  // namespace verifyd

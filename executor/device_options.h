@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "executor/verify_validation.h"
 #include "kvstore/kv_store.h"
 
 namespace verifyd {
@@ -21,6 +22,11 @@ struct DeviceOptions {
   int64_t compaction_chunk_bytes = 0;
   // Compact operations GetCompaction remembers.
   int compaction_history = 64;
+  // The data plane (plans/0017): the device a registration must name (also in the ring files'
+  // names), and the bounds a channel's descriptors are validated against: the gRPC path's, so
+  // both answer the same (layers and max_tree_nodes equal the store's).
+  int device = 0;
+  ValidationLimits request_limits;
 };
 
 }  // namespace verifyd

@@ -1,6 +1,7 @@
 // ExecutorMetrics: what the executor reports while it works (kernel times, batch shapes, store
-// occupancy, compaction, lease expiries, CUDA graph events). The executor owns the interface; the
-// service implements it with Prometheus (service/service_metrics.h), tests with a recording fake.
+// occupancy, compaction, lease expiries, CUDA graph events, the data plane's regions and
+// channels). The executor owns the interface; the service implements it with Prometheus
+// (service/service_metrics.h), tests with a recording fake.
 // Implementations are called from the executor thread and from gRPC threads that run a task
 // inline, so they must be thread-safe.
 #pragma once
@@ -31,6 +32,10 @@ class ExecutorMetrics {
   virtual void RecordGraphCapture() = 0;
   virtual void RecordGraphReplay() = 0;
   virtual void RecordGraphFallback() = 0;
+  // The data plane (plans/0017), at every executor tick: registered external regions, their
+  // bytes, open channels. And each channel descriptor completed, by result.
+  virtual void RecordDataPlane(int regions, uint64_t bytes, int channels) = 0;
+  virtual void RecordChannelDescriptor(bool ok) = 0;
 };
 
 // Records nothing: for tools that drive the executor's parts without a daemon around them.
@@ -46,6 +51,8 @@ class NoExecutorMetrics final : public ExecutorMetrics {
   void RecordGraphCapture() override {}
   void RecordGraphReplay() override {}
   void RecordGraphFallback() override {}
+  void RecordDataPlane(int, uint64_t, int) override {}
+  void RecordChannelDescriptor(bool) override {}
 };
 
 }  // namespace verifyd

@@ -332,6 +332,22 @@ absl::Status KvStore::WriteTreeLayer(SequenceId seq, int layer, const bf16_bits*
   return absl::OkStatus();
 }
 
+absl::Status KvStore::MarkTreeLayerWritten(SequenceId seq, int layer) {
+  VERIFYD_RETURN_IF_ERROR(CheckLayer(layer, "layer"));
+  VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, names().sequence));
+  if (!sequence->pending) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", seq, " has no pending tree; PrepareVerify begins one"));
+  }
+  PendingTree& tree = *sequence->pending;
+  if (!tree.layer_written[layer]) {
+    tree.layer_written[layer] = true;
+    ++tree.layers_written;
+  }
+  Renew(*sequence);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<VerifyView> KvStore::GetVerifyView(SequenceId seq) const {
   VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, names().sequence));
   if (!sequence->pending) {

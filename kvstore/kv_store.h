@@ -173,6 +173,9 @@ class KvStore {
   absl::Status PrepareVerify(int layer, absl::Span<const VerifyItem> items);
   // Writes the tree's own KV for `layer` into the pending slots (tree_kv: host [Q][576]).
   absl::Status WriteTreeLayer(SequenceId seq, int layer, const bf16_bits* tree_kv);
+  // The same bookkeeping as WriteTreeLayer when the backend itself writes the rows (the data
+  // plane: tree KV in the scheduler's memory, written inside the call's stream order).
+  absl::Status MarkTreeLayerWritten(SequenceId seq, int layer);
   absl::StatusOr<VerifyView> GetVerifyView(SequenceId seq) const;
 
   // Commits the pending tree (see CommitPath). FAILED_PRECONDITION when no tree is pending or a

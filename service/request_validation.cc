@@ -4,7 +4,6 @@
 #include <limits>
 #include <string>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "verify/mla_dims.h"
@@ -137,7 +136,28 @@ class SharedMemoryResolver {
 // The bf16 payload, inline or in shared memory. Dimensions are already bounded, so the product
 // cannot overflow.
 absl::StatusOr<const bf16_bits*> CheckPayload(const Tensor& t, const std::string& field,
-                                              SharedMemoryResolver& shm) {
+                                              SharedMemoryResolver& shm,
+                                              const ExternalAccess* external = nullptr) {
+  if (t.data_case() == Tensor::kExternalMemory) {
+    if (external == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, ".external_memory: external memory reaches Verify through a channel "
+                 "(OpenChannel); send inline_data or shared_memory"));
+    }
+    if (!external->table->host_memory()) {
+      return absl::UnimplementedError(absl::StrCat(
+          field, ".external_memory: this backend's regions are device memory, which Append does "
+                 "not read yet (plans/0017); send inline_data or shared_memory"));
+    }
+    int64_t bytes = 2;
+    for (int64_t d : t.shape()) bytes *= d;  // dimensions are bounded: no overflow
+    VERIFYD_ASSIGN_OR_RETURN(
+        uint8_t * data,
+        external->table->Resolve(external->owner, t.external_memory().region(),
+                                 t.external_memory().offset(), static_cast<uint64_t>(bytes), 64,
+                                 absl::StrCat(field, ".external_memory"), external->pins));
+    return reinterpret_cast<const bf16_bits*>(data);
+  }
   if (t.data_case() == Tensor::kSharedMemory) {
     VERIFYD_ASSIGN_OR_RETURN(
         uint8_t * data,
@@ -179,45 +199,9 @@ absl::Status CheckValues(const Tensor& t, const std::string& field, const bf16_b
                    "values beyond 2^16 could overflow the scores); nothing was kept"));
 }
 
-absl::Status CheckParents(const google::protobuf::RepeatedField<int32_t>& parents,
-                          const std::string& field, int max_tree_nodes) {
-  if (parents.empty() || parents.size() > max_tree_nodes) {
-    return Invalid(absl::StrCat(field, " has ", parents.size(),
-                                " nodes, must be in [1, --max-tree-nodes = ", max_tree_nodes, "]"));
-  }
-  for (int i = 0; i < parents.size(); ++i) {
-    const int32_t p = parents[i];
-    if (p == -1) continue;
-    if (p < -1) {
-      return Invalid(
-          absl::StrCat(field, "[", i, "] = ", p, " must be -1 (a root) or an index >= 0"));
-    }
-    if (p >= i) {
-      return Invalid(
-          absl::StrCat(field, "[", i, "] = ", p, " must be < ", i, " (or -1 for a root)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<CommitPath> DecodeCommit(const v1::CommitSpec& spec, const std::string& field,
-                                        int max_tree_nodes) {
-  if (static_cast<int64_t>(spec.commit_length()) != spec.accepted_path_size()) {
-    return Invalid(absl::StrCat(field, ".commit_length = ", spec.commit_length(),
-                                " must equal the size of ", field,
-                                ".accepted_path = ", spec.accepted_path_size()));
-  }
-  CommitPath path;
-  path.accepted_path.reserve(spec.accepted_path_size());
-  for (int k = 0; k < spec.accepted_path_size(); ++k) {
-    const int32_t node = spec.accepted_path(k);
-    if (node < 0 || node >= max_tree_nodes) {
-      return Invalid(absl::StrCat(field, ".accepted_path[", k, "] = ", node,
-                                  " must be in [0, --max-tree-nodes = ", max_tree_nodes, ")"));
-    }
-    path.accepted_path.push_back(node);
-  }
-  return path;
+CommitSpecView CommitView(const v1::CommitSpec& spec) {
+  return CommitSpecView{spec.commit_length(), absl::MakeConstSpan(spec.accepted_path().data(),
+                                                                  spec.accepted_path_size())};
 }
 
 }  // namespace
@@ -241,7 +225,8 @@ KvFieldNames RequestFieldNames() {
 
 absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
                                           const ValidationLimits& limits,
-                                          SharedMemoryRegistry* regions, RegionPins* pins) {
+                                          SharedMemoryRegistry* regions, RegionPins* pins,
+                                          const ExternalAccess* external) {
   if (request.layer_begin() >= static_cast<uint32_t>(limits.layers)) {
     return Invalid(absl::StrCat("layer_begin = ", request.layer_begin(),
                                 " must be < --layers = ", limits.layers));
@@ -256,7 +241,7 @@ absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
   VERIFYD_RETURN_IF_ERROR(CheckDimEquals(kv, "kv", 2, kKvDim, "the KV row width"));
   AppendCall call;
   SharedMemoryResolver shm(regions, pins);
-  VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckPayload(kv, "kv", shm));
+  VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckPayload(kv, "kv", shm, external));
   VERIFYD_RETURN_IF_ERROR(CheckValues(kv, "kv", call.kv));
   switch (request.expected_position_case()) {
     case v1::AppendRequest::kCreate:
@@ -288,53 +273,20 @@ absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
 absl::StatusOr<VerifyCall> ValidateVerify(const v1::VerifyRequest& request,
                                           const ValidationLimits& limits,
                                           SharedMemoryRegistry* regions, RegionPins* pins) {
-  if (request.layer() >= static_cast<uint32_t>(limits.layers)) {
-    return Invalid(
-        absl::StrCat("layer = ", request.layer(), " must be < --layers = ", limits.layers));
+  // The header's rules are the channel's too (executor/verify_validation.h).
+  VerifyHeaderView view;
+  view.layer = request.layer();
+  view.return_lse = request.return_lse();
+  if (request.has_softmax_scale()) view.softmax_scale = request.softmax_scale();
+  view.sequences.reserve(request.sequences_size());
+  for (const v1::VerifySequence& seq : request.sequences()) {
+    VerifySequenceView& v = view.sequences.emplace_back();
+    v.sequence_id = seq.sequence_id();
+    v.parents = absl::MakeConstSpan(seq.parents().data(), seq.parents_size());
+    if (seq.has_commit_previous()) v.commit_previous = CommitView(seq.commit_previous());
   }
-  if (request.sequences().empty()) return Invalid("sequences must not be empty");
-  VerifyCall call;
-  call.layer = static_cast<int>(request.layer());
-  call.num_heads = limits.heads;
-  call.return_lse = request.return_lse();
-  call.scale = limits.default_scale;
-  if (request.has_softmax_scale()) {
-    const float s = request.softmax_scale();
-    if (!std::isfinite(s) || s <= 0.f || s > kMaxSoftmaxScale) {
-      return Invalid(absl::StrCat("softmax_scale = ", s, " must be finite and > 0, and <= ",
-                                  kMaxSoftmaxScale, " (SPEC §1: scores stay finite)"));
-    }
-    call.scale = s;
-  }
-  call.items.reserve(request.sequences_size());
-  call.qo_indptr.reserve(request.sequences_size() + 1);
-  call.qo_indptr.push_back(0);
-  absl::flat_hash_map<SequenceId, int> first_index;
-  int64_t total_q = 0;
-  for (int b = 0; b < request.sequences_size(); ++b) {
-    const v1::VerifySequence& seq = request.sequences(b);
-    const std::string field = absl::StrCat("sequences[", b, "]");
-    auto [it, inserted] = first_index.emplace(seq.sequence_id(), b);
-    if (!inserted) {
-      return Invalid(absl::StrCat(field, ".sequence_id = ", seq.sequence_id(),
-                                  " repeats sequences[", it->second,
-                                  "]; a sequence may appear once per Verify"));
-    }
-    VERIFYD_RETURN_IF_ERROR(
-        CheckParents(seq.parents(), absl::StrCat(field, ".parents"), limits.max_tree_nodes));
-    VerifyItem item;
-    item.sequence = seq.sequence_id();
-    item.parents.assign(seq.parents().begin(), seq.parents().end());
-    if (seq.has_commit_previous()) {
-      VERIFYD_ASSIGN_OR_RETURN(
-          item.commit, DecodeCommit(seq.commit_previous(), absl::StrCat(field, ".commit_previous"),
-                                    limits.max_tree_nodes));
-    }
-    total_q += seq.parents_size();
-    call.qo_indptr.push_back(static_cast<int32_t>(total_q));
-    call.items.push_back(std::move(item));
-  }
-  call.total_q = static_cast<int>(total_q);
+  VERIFYD_ASSIGN_OR_RETURN(VerifyCall call, ValidateVerifyHeader(view, limits));
+  const int64_t total_q = call.total_q;
   const std::string sum_q = "the total number of parents over sequences";
 
   if (!request.has_q()) return Invalid("q is missing");
@@ -398,7 +350,7 @@ absl::StatusOr<CommitCall> ValidateCommit(const v1::CommitRequest& request,
   CommitCall call;
   call.sequence = request.sequence_id();
   VERIFYD_ASSIGN_OR_RETURN(call.path,
-                           DecodeCommit(request.commit(), "commit", limits.max_tree_nodes));
+                           DecodeCommit(CommitView(request.commit()), "commit", limits.max_tree_nodes));
   return call;
 }
 

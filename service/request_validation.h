@@ -8,19 +8,13 @@
 
 #include "absl/status/statusor.h"
 #include "executor/request_types.h"
+#include "executor/external_regions.h"
+#include "executor/verify_validation.h"
 #include "service/service_options.h"
 #include "service/shared_memory_registry.h"
 #include "verifyd/v1/verifyd.pb.h"
 
 namespace verifyd {
-
-struct ValidationLimits {
-  int layers = 0;
-  int heads = 0;
-  int max_tree_nodes = 0;
-  float default_scale = 0.f;
-  int64_t max_message_bytes = 0;  // bounds the response too
-};
 
 ValidationLimits LimitsFromOptions(const ServiceOptions& options);
 
@@ -37,10 +31,22 @@ using RegionPins = std::vector<std::shared_ptr<MappedSharedMemory>>;
 // (NOT_FOUND otherwise), the offset a multiple of 64, the range inside the region and its length
 // exactly what the shape needs. Without `regions`, shared-memory tensors are FAILED_PRECONDITION.
 // The regions named are looked up (which renews their leases) and appended to `pins`.
+// Registered external memory a request may name (Append.kv.external_memory, plans/0017): the
+// client's regions only; the regions named are appended to `pins`.
+struct ExternalAccess {
+  ExternalRegionTable* table = nullptr;
+  std::string owner;
+  ExternalPins* pins = nullptr;
+};
+
+// Append.kv may also name external memory (`external`; without it FAILED_PRECONDITION): the
+// region must be the client's (NOT_FOUND / PERMISSION_DENIED), the offset a multiple of 64, the
+// shape's bytes inside the region.
 absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
                                           const ValidationLimits& limits,
                                           SharedMemoryRegistry* regions = nullptr,
-                                          RegionPins* pins = nullptr);
+                                          RegionPins* pins = nullptr,
+                                          const ExternalAccess* external = nullptr);
 // Also out_shared_memory / lse_shared_memory (lse only with return_lse): the same checks, and no
 // output range may overlap the other output nor q or tree_kv. They set the call's destinations.
 absl::StatusOr<VerifyCall> ValidateVerify(const v1::VerifyRequest& request,

@@ -152,7 +152,28 @@ ServiceMetrics::ServiceMetrics()
                           .Name("verifyd_lease_expiries_total")
                           .Help("Sequences released by lease expiry.")
                           .Register(*registry_)
-                          .Add({})) {
+                          .Add({})),
+      external_regions_(BuildGauge()
+                            .Name("verifyd_external_regions")
+                            .Help("Memory regions clients registered (the data plane).")
+                            .Register(*registry_)
+                            .Add({})),
+      external_region_bytes_(BuildGauge()
+                                 .Name("verifyd_external_region_bytes")
+                                 .Help("Bytes of the registered external regions.")
+                                 .Register(*registry_)
+                                 .Add({})),
+      channels_(BuildGauge()
+                    .Name("verifyd_channels")
+                    .Help("Open data-plane channels.")
+                    .Register(*registry_)
+                    .Add({})),
+      channel_descriptors_(BuildCounter()
+                               .Name("verifyd_channel_descriptors_total")
+                               .Help("Channel descriptors completed, by result.")
+                               .Register(*registry_)) {
+  channel_descriptors_.Add({{"result", "ok"}});
+  channel_descriptors_.Add({{"result", "failed"}});
   // Both results exist from the start so that rate() sees the first operation.
   compaction_operations_.Add({{"result", "done"}});
   compaction_operations_.Add({{"result", "failed"}});
@@ -204,6 +225,16 @@ void ServiceMetrics::RecordCompactionChunk(int64_t bytes, absl::Duration took) {
 
 void ServiceMetrics::RecordCompactionFinished(bool done) {
   compaction_operations_.Add({{"result", done ? "done" : "failed"}}).Increment();
+}
+
+void ServiceMetrics::RecordDataPlane(int regions, uint64_t bytes, int channels) {
+  external_regions_.Set(regions);
+  external_region_bytes_.Set(static_cast<double>(bytes));
+  channels_.Set(channels);
+}
+
+void ServiceMetrics::RecordChannelDescriptor(bool ok) {
+  channel_descriptors_.Add({{"result", ok ? "ok" : "failed"}}).Increment();
 }
 
 void ServiceMetrics::RecordLeaseExpiries(int64_t count) {

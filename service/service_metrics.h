@@ -40,6 +40,10 @@ class ServiceMetrics final : public ExecutorMetrics {
   void RecordCompactionChunk(int64_t bytes, absl::Duration took) override;
   void RecordCompactionFinished(bool done) override;
   void RecordLeaseExpiries(int64_t count) override;
+  // The data plane (plans/0017): registered regions, their bytes, open channels; descriptors
+  // completed by result.
+  void RecordDataPlane(int regions, uint64_t bytes, int channels) override;
+  void RecordChannelDescriptor(bool ok) override;
   void RecordGraphCapture() override { graph_captures_.Increment(); }
   void RecordGraphReplay() override { graph_replays_.Increment(); }
   void RecordGraphFallback() override { graph_fallbacks_.Increment(); }
@@ -70,6 +74,10 @@ class ServiceMetrics final : public ExecutorMetrics {
   prometheus::Counter& graph_replays_;
   prometheus::Counter& graph_fallbacks_;
   prometheus::Counter& lease_expiries_;
+  prometheus::Gauge& external_regions_;
+  prometheus::Gauge& external_region_bytes_;
+  prometheus::Gauge& channels_;
+  prometheus::Family<prometheus::Counter>& channel_descriptors_;
 };
 
 }  // namespace verifyd

@@ -186,6 +186,8 @@ absl::StatusOr<DeviceOptions> BuildDeviceOptions(const ServiceOptions& options,
   device.executor_spin_us = options.executor_spin_us;
   device.compaction_chunk_bytes = options.compaction_chunk_bytes;
   device.compaction_history = options.compaction_history;
+  device.device = options.device;
+  device.request_limits = LimitsFromOptions(options);
   return device;
 }
 

@@ -1,10 +1,13 @@
 #include "service/verifyd_service.h"
 
 #include <chrono>
+#include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "executor/channel_table.h"
 #include "service/grpc_status.h"
 #include "service/response_encoding.h"
 
@@ -12,6 +15,23 @@ namespace verifyd {
 namespace {
 
 absl::Status NotReady() { return absl::UnavailableError("verifyd is starting; retry"); }
+
+// The client named by metadata "x-verifyd-client": the owner of external regions and channels.
+absl::StatusOr<std::string> ClientOf(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kClientMetadata);
+  if (it == metadata.end() || it->second.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metadata \"", kClientMetadata,
+                     "\" is missing; external memory and channels belong to a named client"));
+  }
+  if (it->second.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata \"", kClientMetadata, "\" has ",
+                                                   it->second.size(),
+                                                   " characters, must be <= 128"));
+  }
+  return std::string(it->second.data(), it->second.size());
+}
 
 // Verify's work on the device.
 absl::Status RunVerify(DeviceOperations& ops, const VerifyCall& call,
@@ -118,14 +138,29 @@ grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* co
                                                  const v1::AppendRequest* request,
                                                  v1::AppendResponse* response) {
   const absl::Time start = absl::Now();
-  const absl::Status gate = gate_.CheckGated("Append", *context);
+  absl::Status gate = gate_.CheckGated("Append", *context);
   RegionPins pins;
+  // KV from a registered external region: the region must be this client's.
+  ExternalPins external_pins;
+  std::optional<ExternalAccess> external;
+  if (gate.ok() && request->kv().has_external_memory()) {
+    Device* device = ReadyDevice();
+    absl::StatusOr<std::string> owner = ClientOf(*context);
+    if (device == nullptr) {
+      gate = NotReady();
+    } else if (!owner.ok()) {
+      gate = owner.status();
+    } else {
+      external = ExternalAccess{&device->external_regions(), *std::move(owner), &external_pins};
+    }
+  }
   absl::StatusOr<AppendCall> call =
-      gate.ok() ? ValidateAppend(*request, limits_, regions_, &pins) : absl::StatusOr<AppendCall>();
+      gate.ok() ? ValidateAppend(*request, limits_, regions_, &pins, external ? &*external : nullptr)
+                : absl::StatusOr<AppendCall>();
   // The pins ride with the task: the kv pointer stays mapped until the executor is done with it.
   return Serve("Append", context, start, Prepared(gate, call), Where::kQueue,
                [call = call.ok() ? *std::move(call) : AppendCall(), pins = std::move(pins),
-                response](DeviceOperations& ops) {
+                external_pins = std::move(external_pins), response](DeviceOperations& ops) {
                  return EncodeResult(ops.Append(call), response, EncodeAppend);
                });
 }
@@ -175,6 +210,13 @@ grpc::ServerUnaryReactor* VerifydService::Stats(grpc::CallbackServerContext* con
   return Serve("Stats", context, absl::Now(), absl::OkStatus(), Where::kFirstInQueue,
                [this, response](DeviceOperations& ops) {
                  EncodeStats(ops.Stats(), limits_.heads, limits_.default_scale, response);
+                 // The data plane's tables are the device's, not the store's (plans/0017); the
+                 // task runs only on a ready device.
+                 Device* device = ReadyDevice();
+                 response->set_external_regions(
+                     static_cast<uint32_t>(device->external_regions().regions()));
+                 response->set_external_region_bytes(device->external_regions().total_bytes());
+                 response->set_channels(static_cast<uint32_t>(device->channels().channels()));
                  return absl::OkStatus();
                });
 }
@@ -204,6 +246,84 @@ grpc::ServerUnaryReactor* VerifydService::ReleaseSharedMemory(
                      response->set_bytes(bytes);
                      return absl::OkStatus();
                    });
+}
+
+// The data plane (plans/0017): answered on the handler thread (the tables are thread-safe), gated
+// like every call that changes state, owned by the client named in metadata.
+absl::Status VerifydService::DataPlaneOwner(const char* method,
+                                            const grpc::CallbackServerContext& context,
+                                            Device** device, std::string* owner) const {
+  VERIFYD_RETURN_IF_ERROR(gate_.CheckGated(method, context));
+  *device = ReadyDevice();
+  if (*device == nullptr) return NotReady();
+  VERIFYD_ASSIGN_OR_RETURN(*owner, ClientOf(context));
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* VerifydService::RegisterExternalMemory(
+    grpc::CallbackServerContext* context, const v1::RegisterExternalMemoryRequest* request,
+    v1::RegisterExternalMemoryResponse* response) {
+  const char* method = "RegisterExternalMemory";
+  Device* device = nullptr;
+  std::string owner;
+  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
+                   [&]() -> absl::Status {
+                     if (request->device() > static_cast<uint32_t>(std::numeric_limits<int>::max())) {
+                       return absl::InvalidArgumentError(absl::StrCat(
+                           "device = ", request->device(), " must be this daemon's device"));
+                     }
+                     const ExternalMemoryHandle handle{request->handle(), request->bytes(),
+                                                       static_cast<int>(request->device())};
+                     VERIFYD_ASSIGN_OR_RETURN(uint64_t region,
+                                              device->external_regions().Register(owner, handle));
+                     response->set_region(region);
+                     response->set_bytes(request->bytes());
+                     return absl::OkStatus();
+                   });
+}
+
+grpc::ServerUnaryReactor* VerifydService::ReleaseExternalMemory(
+    grpc::CallbackServerContext* context, const v1::ReleaseExternalMemoryRequest* request,
+    v1::ReleaseExternalMemoryResponse* response) {
+  const char* method = "ReleaseExternalMemory";
+  Device* device = nullptr;
+  std::string owner;
+  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
+                   [&]() -> absl::Status {
+                     VERIFYD_ASSIGN_OR_RETURN(
+                         uint64_t bytes, device->external_regions().Release(owner, request->region()));
+                     response->set_bytes(bytes);
+                     return absl::OkStatus();
+                   });
+}
+
+grpc::ServerUnaryReactor* VerifydService::OpenChannel(grpc::CallbackServerContext* context,
+                                                      const v1::OpenChannelRequest* request,
+                                                      v1::OpenChannelResponse* response) {
+  const char* method = "OpenChannel";
+  Device* device = nullptr;
+  std::string owner;
+  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
+                   [&]() -> absl::Status {
+                     const uint32_t entries = request->entries() == 0 ? 64 : request->entries();
+                     VERIFYD_ASSIGN_OR_RETURN(ChannelInfo info,
+                                              device->channels().Open(owner, entries));
+                     response->set_channel(info.id);
+                     response->set_path(info.path);
+                     response->set_entries(info.entries);
+                     response->set_bytes(info.bytes);
+                     return absl::OkStatus();
+                   });
+}
+
+grpc::ServerUnaryReactor* VerifydService::CloseChannel(grpc::CallbackServerContext* context,
+                                                       const v1::CloseChannelRequest* request,
+                                                       v1::CloseChannelResponse* /*response*/) {
+  const char* method = "CloseChannel";
+  Device* device = nullptr;
+  std::string owner;
+  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
+                   [&]() { return device->channels().Close(owner, request->channel()); });
 }
 
 grpc::ServerUnaryReactor* VerifydService::Compact(grpc::CallbackServerContext* context,

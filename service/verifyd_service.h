@@ -26,6 +26,9 @@
 
 namespace verifyd {
 
+// Who owns external regions and channels (plans/0017): 1-128 characters chosen by the client.
+inline constexpr char kClientMetadata[] = "x-verifyd-client";
+
 using VerifydServiceBase =
     v1::Verifyd::WithCallbackMethod_Append<v1::Verifyd::WithRawMethod_Verify<
         v1::Verifyd::WithCallbackMethod_Commit<v1::Verifyd::WithCallbackMethod_Release<
@@ -34,7 +37,11 @@ using VerifydServiceBase =
                     v1::Verifyd::WithCallbackMethod_CreateSharedMemory<
                         v1::Verifyd::WithCallbackMethod_ReleaseSharedMemory<
                             v1::Verifyd::WithCallbackMethod_Fork<
-                                v1::Verifyd::Service>>>>>>>>>>;
+                                v1::Verifyd::WithCallbackMethod_RegisterExternalMemory<
+                                    v1::Verifyd::WithCallbackMethod_ReleaseExternalMemory<
+                                        v1::Verifyd::WithCallbackMethod_OpenChannel<
+                                            v1::Verifyd::WithCallbackMethod_CloseChannel<
+                                                v1::Verifyd::Service>>>>>>>>>>>>>>;
 
 class VerifydService final : public VerifydServiceBase {
  public:
@@ -88,6 +95,19 @@ class VerifydService final : public VerifydServiceBase {
   grpc::ServerUnaryReactor* Fork(grpc::CallbackServerContext* context,
                                  const v1::ForkRequest* request,
                                  v1::ForkResponse* response) override;
+  // The data plane (plans/0017), answered on the handler thread: the tables are thread-safe.
+  grpc::ServerUnaryReactor* RegisterExternalMemory(
+      grpc::CallbackServerContext* context, const v1::RegisterExternalMemoryRequest* request,
+      v1::RegisterExternalMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseExternalMemory(
+      grpc::CallbackServerContext* context, const v1::ReleaseExternalMemoryRequest* request,
+      v1::ReleaseExternalMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* OpenChannel(grpc::CallbackServerContext* context,
+                                        const v1::OpenChannelRequest* request,
+                                        v1::OpenChannelResponse* response) override;
+  grpc::ServerUnaryReactor* CloseChannel(grpc::CallbackServerContext* context,
+                                         const v1::CloseChannelRequest* request,
+                                         v1::CloseChannelResponse* response) override;
 
  private:
   using Finish = std::function<void(const grpc::Status&)>;
@@ -113,6 +133,9 @@ class VerifydService final : public VerifydServiceBase {
   // Records the call's metrics and maps its status: the end of every call.
   void End(const char* method, absl::Time start, const Finish& finish, const absl::Status& status);
   Device* ReadyDevice() const { return device_.load(); }
+  // A data-plane call's preconditions: the gate, a ready device, the owner named in metadata.
+  absl::Status DataPlaneOwner(const char* method, const grpc::CallbackServerContext& context,
+                              Device** device, std::string* owner) const;
 
   const ValidationLimits limits_;
   const CallGate gate_;

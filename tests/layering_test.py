@@ -16,13 +16,17 @@ import tempfile
 # room -> the rooms its files may include (its own room is always allowed).
 ALLOWED = {
     "base": set(),
+    # The data plane's shared-memory wire format (ring, descriptors): header-only, std + absl,
+    # used by the client library and the executor alike (plans/0017-data-plane.md).
+    "channel": set(),
     "verify": {"base"},
     "kernels": {"base", "verify"},
     "kvstore": {"base", "verify"},
     "backend": {"base", "verify", "kernels", "kvstore"},
-    "executor": {"base", "verify", "kvstore", "backend"},
-    "service": {"base", "verify", "kvstore", "backend", "executor", "proto", "grpc", "prometheus"},
-    "client": {"proto", "grpc"},
+    "executor": {"base", "verify", "kvstore", "backend", "channel"},
+    "service": {"base", "verify", "kvstore", "backend", "executor", "channel", "proto", "grpc",
+                "prometheus"},
+    "client": {"proto", "grpc", "channel"},
 }
 # Include prefixes that name a room (first path component, or a third-party library's).
 ROOM_OF_PREFIX = {

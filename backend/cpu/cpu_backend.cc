@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "backend/cpu/cpu_external.h"
+#include "verify/mla_dims.h"
 #include "verify/verify_reference.h"
 #include "kvstore/kv_storage.h"
 
@@ -27,6 +29,45 @@ absl::Status CpuBackend::ComputeVerify(int layer, VerifyProblem problem,
   problem.kv = storage_->layer_data(layer);
   problem.num_slots = storage_->capacity_slots();
   return ComputeVerifyReference(problem, num_threads_);
+}
+
+absl::StatusOr<std::unique_ptr<ExternalRegion>> CpuBackend::OpenExternalRegion(
+    const ExternalMemoryHandle& handle) {
+  return OpenCpuExternalRegion(handle);
+}
+
+absl::Status CpuBackend::ComputeVerifyExternal(const ExternalVerify& call,
+                                               absl::Span<const VerifySlotList> slot_lists) {
+  const VerifyProblem& p = call.problem;
+  const int64_t rows = int64_t{p.total_q} * p.num_heads;
+  ExternalFailure failure{p.out, p.out != nullptr ? rows * kVDim : 0, p.lse,
+                          p.lse != nullptr ? rows : 0, ExternalOrder{}};
+  absl::Status status = WaitReadyFlag(call.order.ready, ready_timeout_, call.order.cancelled);
+  if (status.ok() && storage_ == nullptr) {
+    status = absl::FailedPreconditionError("CpuBackend has no storage");
+  }
+  if (status.ok() && call.tree_kv == nullptr) {
+    status = absl::InvalidArgumentError("tree_kv must not be null");
+  }
+  if (status.ok() && static_cast<int64_t>(call.tree_slots.size()) != p.total_q) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "tree_slots has ", call.tree_slots.size(), " slots, must equal total_q = ", p.total_q));
+  }
+  if (status.ok()) status = storage_->WriteRows(call.layer, call.tree_slots, call.tree_kv);
+  if (status.ok()) status = ComputeVerify(call.layer, p, slot_lists);
+  if (!status.ok()) FillOutputsWithNan(failure);
+  WriteDoneFlag(call.order.done);
+  return status;
+}
+
+absl::Status CpuBackend::FailVerifyExternal(const ExternalFailure& failure) {
+  // The outputs are the scheduler's until its ready flag: a NaN written earlier could land under
+  // a kernel of its own still reading the previous layer's out. A ready flag that never comes
+  // still ends (the bounded wait), and the fill and the flag happen anyway.
+  const absl::Status waited = WaitReadyFlag(failure.order.ready, ready_timeout_, failure.order.cancelled);
+  FillOutputsWithNan(failure);
+  WriteDoneFlag(failure.order.done);
+  return waited;
 }
 
 absl::StatusOr<int64_t> CpuBackend::AvailableMemoryBytes() const {

@@ -1,6 +1,7 @@
 // The CPU backend: the reference arithmetic (fp32 accumulation) directly on host KV rows.
 #pragma once
 
+#include "absl/time/time.h"
 #include "backend/compute_backend.h"
 
 namespace verifyd {
@@ -9,8 +10,10 @@ class HostKvStorage;
 
 class CpuBackend : public ComputeBackend {
  public:
-  // num_threads <= 0: every core.
-  explicit CpuBackend(int num_threads) : num_threads_(num_threads) {}
+  // num_threads <= 0: every core. ready_timeout bounds the wait for an external call's ready flag
+  // (cpu_external.h): the wait holds the executor, so it must end.
+  explicit CpuBackend(int num_threads, absl::Duration ready_timeout = absl::Seconds(10))
+      : num_threads_(num_threads), ready_timeout_(ready_timeout) {}
   const char* name() const override { return "cpu"; }
   absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers,
                                                            int64_t capacity_slots) override;
@@ -21,8 +24,18 @@ class CpuBackend : public ComputeBackend {
   // Physical memory of the host.
   absl::StatusOr<int64_t> AvailableMemoryBytes() const override;
 
+  // The data plane on host memory (cpu_external.h): a region is a mapped file; the ready wait is
+  // bounded by ready_timeout (DEADLINE_EXCEEDED, outputs NaN, done written).
+  absl::StatusOr<std::unique_ptr<ExternalRegion>> OpenExternalRegion(
+      const ExternalMemoryHandle& handle) override;
+  absl::Status ComputeVerifyExternal(const ExternalVerify& call,
+                                     absl::Span<const VerifySlotList> slot_lists) override;
+  absl::Status FailVerifyExternal(const ExternalFailure& failure) override;
+  bool external_memory_is_host() const override { return true; }
+
  private:
   int num_threads_;
+  absl::Duration ready_timeout_;
   // Owned by the KvStore, which outlives the executor's use of this backend.
   HostKvStorage* storage_ = nullptr;
 };

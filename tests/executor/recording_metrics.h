@@ -37,6 +37,14 @@ class RecordingMetrics final : public ExecutorMetrics {
   void RecordGraphCapture() override { ++graph_captures; }
   void RecordGraphReplay() override { ++graph_replays; }
   void RecordGraphFallback() override { ++graph_fallbacks; }
+  void RecordDataPlane(int regions, uint64_t bytes, int channels) override {
+    data_plane_regions = regions;
+    data_plane_bytes = bytes;
+    data_plane_channels = channels;
+  }
+  void RecordChannelDescriptor(bool ok) override {
+    ++(ok ? channel_descriptors_ok : channel_descriptors_failed);
+  }
 
   int64_t kernels(KernelKind kernel) const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -52,6 +60,10 @@ class RecordingMetrics final : public ExecutorMetrics {
   std::atomic<int64_t> compaction_chunks{0}, compaction_bytes{0};
   std::atomic<int64_t> compactions_done{0}, compactions_failed{0}, lease_expiries{0};
   std::atomic<int64_t> graph_captures{0}, graph_replays{0}, graph_fallbacks{0};
+  // The latest RecordDataPlane, and the descriptors completed.
+  std::atomic<int64_t> data_plane_regions{0}, data_plane_channels{0};
+  std::atomic<uint64_t> data_plane_bytes{0};
+  std::atomic<int64_t> channel_descriptors_ok{0}, channel_descriptors_failed{0};
 
  private:
   mutable std::mutex mu_;

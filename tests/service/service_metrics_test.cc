@@ -48,6 +48,12 @@ TEST(ServiceMetrics, EveryExecutorCallReachesItsSeries) {
   stats.fragmentation.sequences = count();
   stats.fragmentation.runs = count();
   metrics.RecordStore(stats);
+  const int regions = count(), channels = count();
+  const uint64_t region_bytes = uint64_t{4096} * count();
+  metrics.RecordDataPlane(regions, region_bytes, channels);
+  const int descriptors_ok = count(), descriptors_failed = count();
+  for (int i = 0; i < descriptors_ok; ++i) metrics.RecordChannelDescriptor(true);
+  for (int i = 0; i < descriptors_failed; ++i) metrics.RecordChannelDescriptor(false);
 
   const std::string text = prometheus::TextSerializer().Serialize(service.registry()->Collect());
   EXPECT_THAT(text, HasSubstr(absl::StrCat("verifyd_cuda_graph_captures_total ", captures, "\n")));
@@ -76,6 +82,13 @@ TEST(ServiceMetrics, EveryExecutorCallReachesItsSeries) {
               HasSubstr(absl::StrCat("verifyd_sequences ", stats.fragmentation.sequences, "\n")));
   EXPECT_THAT(text,
               HasSubstr(absl::StrCat("verifyd_kv_fragment_runs ", stats.fragmentation.runs, "\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("verifyd_external_regions ", regions, "\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("verifyd_external_region_bytes ", region_bytes, "\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("verifyd_channels ", channels, "\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("verifyd_channel_descriptors_total{result=\"ok\"} ",
+                                           descriptors_ok, "\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("verifyd_channel_descriptors_total{result=\"failed\"} ",
+                                           descriptors_failed, "\n")));
 }
 
 }  // namespace

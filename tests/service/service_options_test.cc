@@ -90,6 +90,10 @@ TEST(DeviceOptionsFromFlags, EveryFieldFromItsFlag) {
     options.executor_spin_us = static_cast<int64_t>(rng() % 3000) - 1;
     options.compaction_chunk_bytes = static_cast<int64_t>(rng() % (int64_t{1} << 30));
     options.compaction_history = 1 + static_cast<int>(rng() % 500);
+    options.device = static_cast<int>(rng() % 1024);
+    options.heads = 1 + static_cast<int>(rng() % 1024);
+    options.softmax_scale = 0.01f + static_cast<float>(rng() % 1000) / 1000.f;
+    options.max_message_bytes = (int64_t{64} << 10) + static_cast<int64_t>(rng() % (1 << 30));
     const absl::StatusOr<DeviceOptions> device = BuildDeviceOptions(options, CpuBackend(1));
     ASSERT_TRUE(device.ok()) << device.status();
     EXPECT_EQ(device->store.num_layers, options.layers);
@@ -100,6 +104,13 @@ TEST(DeviceOptionsFromFlags, EveryFieldFromItsFlag) {
     EXPECT_EQ(device->executor_spin_us, options.executor_spin_us);
     EXPECT_EQ(device->compaction_chunk_bytes, options.compaction_chunk_bytes);
     EXPECT_EQ(device->compaction_history, options.compaction_history);
+    // The data plane's: a registration's device, a channel descriptor's bounds (the gRPC path's).
+    EXPECT_EQ(device->device, options.device);
+    EXPECT_EQ(device->request_limits.layers, options.layers);
+    EXPECT_EQ(device->request_limits.heads, options.heads);
+    EXPECT_EQ(device->request_limits.max_tree_nodes, options.max_tree_nodes);
+    EXPECT_EQ(device->request_limits.default_scale, options.softmax_scale);
+    EXPECT_EQ(device->request_limits.max_message_bytes, options.max_message_bytes);
     EXPECT_EQ(device->store.field_names.sequence, RequestFieldNames().sequence);
     EXPECT_EQ(device->store.field_names.items, "sequences");
     EXPECT_EQ(device->store.field_names.item_sequence, "sequence_id");

@@ -34,6 +34,10 @@ ABSL_FLAG(int, corrupt_reference_at_step, -1,
 ABSL_FLAG(bool, shared_memory, false,
           "send Append kv and Verify q/tree_kv, and receive out/lse, through shared-memory "
           "regions the daemon creates (one per thread and rank) instead of inline bytes");
+ABSL_FLAG(bool, channel, false,
+          "Verify through a channel with tensors in registered memory (the co-located data "
+          "plane, plans/0017; the daemon must be on this host, as this user)");
+ABSL_FLAG(uint32_t, device, 0, "with --channel: the daemon's --device (registrations name it)");
 ABSL_FLAG(bool, release, true, "release every sequence at the end (false: leave them live)");
 
 namespace {
@@ -63,6 +67,8 @@ int main(int argc, char** argv) {
   c.deadline_seconds = absl::GetFlag(FLAGS_deadline_seconds);
   c.release_at_end = absl::GetFlag(FLAGS_release);
   c.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  c.channel = absl::GetFlag(FLAGS_channel);
+  c.device = absl::GetFlag(FLAGS_device);
   c.corrupt_reference_at_step = absl::GetFlag(FLAGS_corrupt_reference_at_step);
   if (!ParseRange(absl::GetFlag(FLAGS_prefill_tokens), &c.prefill_min, &c.prefill_max) ||
       !ParseRange(absl::GetFlag(FLAGS_tree_sizes), &c.tree_min, &c.tree_max)) {
@@ -80,7 +86,9 @@ int main(int argc, char** argv) {
   const auto& lat = r.verify_latency;
   std::printf("fake_scheduler: %d sequences x %d steps against %s (tensors %s)\n", c.sequences,
               c.steps, absl::GetFlag(FLAGS_target).c_str(),
-              c.shared_memory ? "in shared memory" : "inline");
+              c.channel         ? "through a channel, in registered memory"
+              : c.shared_memory ? "in shared memory"
+                                : "inline");
   std::printf("  prefill tokens      %lld\n", static_cast<long long>(r.prefill_tokens));
   std::printf("  sequence-steps      %lld in %.2f s: %.1f steps/s\n",
               static_cast<long long>(r.sequence_steps), r.wall_seconds,

@@ -16,6 +16,7 @@
 #include "client/tensor.h"
 #include "verify/mla_dims.h"
 #include "base/status_macros.h"
+#include "tools/fake_scheduler/channel_lane.h"
 #include "tools/fake_scheduler/draft_tree.h"
 #include "tools/fake_scheduler/input_generator.h"
 #include "tools/fake_scheduler/sequence_model.h"
@@ -49,6 +50,7 @@ using Group = std::vector<SequenceState*>;
 
 // A worker's shared-memory regions, one per rank; empty when tensors travel inline.
 using RankRegions = std::vector<SharedMemoryRegion>;
+using RankLanes = std::vector<std::unique_ptr<ChannelLane>>;
 
 class Run {
  public:
@@ -62,7 +64,8 @@ class Run {
   // One region per rank, large enough for any Append or Verify of this worker.
   bool CreateRegions(const std::vector<Group>& groups, RankRegions& regions);
   bool Prefill(SequenceState& s, RankRegions& regions);
-  bool Step(const Group& group, int step, RankRegions& regions);
+  bool Step(const Group& group, int step, RankRegions& regions, RankLanes& lanes);
+  bool OpenLanes(const std::vector<Group>& groups, RankLanes& lanes);
   // Checks one rank's answer to a layer's Verify against the models; q is that rank's queries,
   // region the rank's shared memory when the outputs are there.
   bool CheckVerify(const Group& group, const std::vector<int>& offsets, int step, int layer,
@@ -112,6 +115,22 @@ bool Run::CreateRegions(const std::vector<Group>& groups, RankRegions& regions) 
                                "): ", created.status().ToString()));
     }
     regions.push_back(*std::move(created));
+  }
+  return true;
+}
+
+bool Run::OpenLanes(const std::vector<Group>& groups, RankLanes& lanes) {
+  size_t largest_batch = 1;
+  for (const Group& g : groups) largest_batch = std::max(largest_batch, g.size());
+  const int64_t nodes =
+      static_cast<int64_t>(largest_batch) * std::min(config_.tree_max, g_.max_tree_nodes);
+  const uint64_t bytes = SharedVerifyBytes(nodes, g_.heads, /*return_lse=*/true);
+  for (int r = 0; r < ranks_.size(); ++r) {
+    auto lane = ChannelLane::Open(ranks_.rank(r), bytes, config_.device);
+    if (!lane.ok()) {
+      return Fail(absl::StrCat(RankPrefix(r), "opening a channel: ", lane.status().ToString()));
+    }
+    lanes.push_back(*std::move(lane));
   }
   return true;
 }
@@ -184,7 +203,7 @@ bool Run::Prefill(SequenceState& s, RankRegions& regions) {
   return true;
 }
 
-bool Run::Step(const Group& group, int step, RankRegions& regions) {
+bool Run::Step(const Group& group, int step, RankRegions& regions, RankLanes& lanes) {
   // The model applies last step's commit now: the daemon applies it before this step's Verify.
   std::vector<int> offsets = {0};  // node offsets of each sequence in the batch
   for (SequenceState* s : group) {
@@ -248,7 +267,16 @@ bool Run::Step(const Group& group, int step, RankRegions& regions) {
     const int64_t kv_shape[] = {total_q, kKvDim};
     std::vector<absl::StatusOr<v1::VerifyResponse>> responses;
     absl::Time start;
-    if (regions.empty()) {
+    if (!lanes.empty()) {
+      // The data plane: descriptors on a channel, tensors in registered memory (plans/0017).
+      std::vector<int64_t> committed;
+      for (SequenceState* s : group) committed.push_back(s->model.committed());
+      start = absl::Now();
+      responses = ranks_.ForEachRank<v1::VerifyResponse>(
+          [&](int r, Client&) -> absl::StatusOr<v1::VerifyResponse> {
+            return lanes[r]->Verify(request, q[r], tree_kv, H, committed);
+          });
+    } else if (regions.empty()) {
       *request.mutable_tree_kv() = *tensor::MakeBf16(kv_shape, tree_kv);
       std::vector<v1::VerifyRequest> requests(ranks_.size(), request);
       for (int r = 0; r < ranks_.size(); ++r)
@@ -412,12 +440,14 @@ void Run::Worker(int thread, const std::vector<Group>& groups) {
   // (and fragment it) as a real batch does.
   RankRegions regions;  // released (ReleaseSharedMemory) when the worker ends
   if (config_.shared_memory && !CreateRegions(groups, regions)) return;
+  RankLanes lanes;  // channels closed and memory released when the worker ends
+  if (config_.channel && !OpenLanes(groups, lanes)) return;
   for (const Group& g : groups)
     for (SequenceState* s : g)
       if (Aborted() || !Prefill(*s, regions)) return;
   for (int step = 0; step < config_.steps; ++step) {
     for (const Group& g : groups)
-      if (Aborted() || !Step(g, step, regions)) return;
+      if (Aborted() || !Step(g, step, regions, lanes)) return;
     progress_[thread].store(step + 1);
   }
   for (const Group& g : groups)

@@ -35,6 +35,12 @@ struct SchedulerConfig {
   // Tensors through shared memory (plans/0010): every worker thread creates one region per rank
   // and sends Append kv, Verify q/tree_kv and receives out/lse through it; false: inline bytes.
   bool shared_memory = false;
+  // Verify through the co-located data plane (plans/0017): every worker thread registers a file
+  // in /dev/shm per rank as external memory and opens a channel; q / tree_kv / out / lse live
+  // there and the descriptors carry the riding commits (the cpu backend; Append stays as set by
+  // shared_memory).
+  bool channel = false;
+  uint32_t device = 0;  // the daemon's --device, which a registration names
   // Test of the checker itself: at this step (layer 0), the reference sees one query element
   // changed, so a correct daemon must be reported as a mismatch (-1: never).
   int corrupt_reference_at_step = -1;

@@ -1,0 +1,157 @@
+#include "executor/channel_table.h"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace verifyd {
+namespace {
+
+// 128 random bits: the ring's name cannot be guessed by another local user (mode 0600 already
+// keeps them out) nor reopened by a stale client after the daemon reused an id.
+std::string RandomHex() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out.push_back(kHex[b >> 4]);
+    out.push_back(kHex[b & 15]);
+  }
+  return out;
+}
+
+uint64_t RandomId() {
+  for (;;) {
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof(id), 0) == sizeof(id) && id != 0) return id;
+  }
+}
+
+}  // namespace
+
+ChannelTable::ChannelTable(ChannelTableOptions options, Device* device,
+                           ExternalRegionTable* regions)
+    : options_(std::move(options)), device_(device), regions_(regions) {
+  sweeper_ = std::thread([this] { Sweep(); });
+}
+
+ChannelTable::~ChannelTable() { CloseAll(absl::StatusCode::kUnavailable); }
+
+absl::StatusOr<ChannelInfo> ChannelTable::Open(const std::string& owner, uint32_t entries) {
+  if (!channel::ValidEntries(entries)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("entries = ", entries, " must be a power of two in [", channel::kMinEntries,
+                     ", ", channel::kMaxEntries, "]"));
+  }
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) return absl::UnavailableError("verifyd is shutting down");
+    int mine = 0;
+    for (const auto& [_, c] : channels_) mine += c->owner() == owner;
+    if (mine >= options_.max_channels_per_client) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("this client has ", mine, " open channels, the most allowed (",
+                       options_.max_channels_per_client, "); close one first"));
+    }
+    id = RandomId();
+    while (channels_.contains(id)) id = RandomId();
+  }
+  ChannelOptions channel;
+  channel.owner = owner;
+  channel.entries = entries;
+  channel.limits = options_.limits;
+  channel.lease = options_.lease;
+  channel.spin = options_.spin;
+  channel.on_completion = options_.on_completion;
+  channel.release_wait = options_.release_wait;
+  channel.sleep_slice = std::min(absl::Milliseconds(100), options_.lease / 4);
+  const std::string name = absl::StrCat("/", options_.name_prefix, RandomHex());
+  absl::StatusOr<std::unique_ptr<ChannelServer>> server =
+      ChannelServer::Open(id, name, std::move(channel), device_, regions_);
+  if (!server.ok()) return server.status();
+  ChannelInfo info{id, name, entries, channel::RingFileBytes(entries)};
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closing_) return absl::UnavailableError("verifyd is shutting down");  // closes `server`
+  channels_[id] = *std::move(server);
+  return info;
+}
+
+absl::Status ChannelTable::Close(const std::string& owner, uint64_t id) {
+  std::unique_ptr<ChannelServer> server;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = channels_.find(id);
+    if (it == channels_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("channel = ", id, " is not open (closed, expired, or never opened)"));
+    }
+    if (it->second->owner() != owner) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("channel = ", id, " belongs to another client"));
+    }
+    server = std::move(it->second);
+    channels_.erase(it);
+  }
+  server->Close(absl::StatusCode::kCancelled);  // outside the lock: it joins a thread
+  return absl::OkStatus();
+}
+
+void ChannelTable::CloseAll(absl::StatusCode reason) {
+  absl::flat_hash_map<uint64_t, std::unique_ptr<ChannelServer>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_ = true;
+    all.swap(channels_);
+  }
+  sweeper_cv_.notify_all();
+  if (sweeper_.joinable()) sweeper_.join();
+  for (auto& [_, server] : all) server->Close(reason);
+}
+
+int ChannelTable::ReapFinished() {
+  std::vector<std::unique_ptr<ChannelServer>> done;
+  const auto now = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = channels_.begin(); it != channels_.end();) {
+      if (it->second->ExpireIfIdle(now)) {
+        done.push_back(std::move(it->second));
+        channels_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& server : done) server->Close(absl::StatusCode::kDeadlineExceeded);
+  return static_cast<int>(done.size());
+}
+
+int ChannelTable::channels() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(channels_.size());
+}
+
+void ChannelTable::Sweep() {
+  const auto period = absl::ToChronoNanoseconds(
+      std::clamp(options_.lease / 4, absl::Milliseconds(20), absl::Milliseconds(250)));
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!closing_) {
+    sweeper_cv_.wait_for(lock, period, [this] { return closing_; });
+    if (closing_) break;
+    lock.unlock();
+    ReapFinished();
+    regions_->ExpireIdle();
+    lock.lock();
+  }
+}
+
+}  // namespace verifyd

@@ -1,0 +1,71 @@
+// ChannelTable: a device's open channels (OpenChannel / CloseChannel, plans/0017). Each belongs
+// to the client that opened it. A sweeper thread closes channels whose own thread stopped (lease
+// passed, corrupt ring) and expires idle external regions; it never runs on the executor, because
+// closing a channel queues its last failures there. Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "executor/channel_server.h"
+
+namespace verifyd {
+
+struct ChannelTableOptions {
+  ValidationLimits limits;
+  absl::Duration lease = absl::Seconds(300);
+  absl::Duration spin = absl::Microseconds(50);
+  int max_channels_per_client = 64;
+  // Ring names are "/<name_prefix><32 random hex digits>".
+  std::string name_prefix = "verifyd-channel-";
+  std::function<void(bool ok)> on_completion;  // ChannelOptions::on_completion of every channel
+  std::function<void(const ExternalFlag& ready)> release_wait;  // ChannelOptions::release_wait
+};
+
+struct ChannelInfo {
+  uint64_t id = 0;
+  std::string path;  // what the client shm_opens
+  uint32_t entries = 0;
+  uint64_t bytes = 0;
+};
+
+class ChannelTable {
+ public:
+  ChannelTable(ChannelTableOptions options, Device* device, ExternalRegionTable* regions);
+  ~ChannelTable();  // CloseAll(kUnavailable)
+
+  // INVALID_ARGUMENT for entries that are not a power of two in [2, 4096]; RESOURCE_EXHAUSTED
+  // past max_channels_per_client.
+  absl::StatusOr<ChannelInfo> Open(const std::string& owner, uint32_t entries);
+  // NOT_FOUND when unknown (closed already, expired), PERMISSION_DENIED when another client's.
+  absl::Status Close(const std::string& owner, uint64_t id);
+  // Shutdown: closes every channel (their published descriptors complete ABORTED) and stops the
+  // sweeper. Call before the executor drains.
+  void CloseAll(absl::StatusCode reason);
+  // Closes channels whose lease passed or whose ring was corrupt; returns how many. The sweeper
+  // calls it (and only it: ChannelServer::ExpireIfIdle is single-threaded).
+  int ReapFinished();
+  int channels() const;
+
+ private:
+  void Sweep();
+
+  const ChannelTableOptions options_;
+  Device* device_;
+  ExternalRegionTable* regions_;
+  mutable std::mutex mu_;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<ChannelServer>> channels_;
+  bool closing_ = false;
+  std::condition_variable sweeper_cv_;
+  std::thread sweeper_;
+};
+
+}  // namespace verifyd

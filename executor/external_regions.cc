@@ -1,0 +1,161 @@
+#include "executor/external_regions.h"
+
+#include <sys/random.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace verifyd {
+namespace {
+
+// Ids are random and never 0 (0 means "no region" in a descriptor): a stale id from another
+// client or an earlier daemon does not name someone else's region by accident.
+uint64_t RandomId() {
+  for (;;) {
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof(id), 0) == sizeof(id) && id != 0) return id;
+  }
+}
+
+}  // namespace
+
+ExternalRegionTable::ExternalRegionTable(ComputeBackend* backend, ExternalRegionLimits limits,
+                                         Clock clock)
+    : backend_(backend), limits_(limits), clock_(std::move(clock)) {}
+
+absl::StatusOr<uint64_t> ExternalRegionTable::Register(const std::string& owner,
+                                                       const ExternalMemoryHandle& handle) {
+  if (handle.device != limits_.device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device = ", handle.device,
+                     " must be this daemon's device (--device = ", limits_.device, ")"));
+  }
+  if (handle.bytes == 0 || handle.bytes > limits_.max_region_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bytes = ", handle.bytes, " must be in [1, ", limits_.max_region_bytes, "]"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = per_owner_.find(owner);
+    if (it != per_owner_.end() && it->second >= limits_.max_regions_per_client) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("this client has ", it->second, " external regions, the most allowed (",
+                       limits_.max_regions_per_client, "); release one first"));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<ExternalRegion>> opened = backend_->OpenExternalRegion(handle);
+  if (!opened.ok()) return opened.status();
+  if (reinterpret_cast<uintptr_t>((*opened)->data()) % 256 != 0) {
+    return absl::InvalidArgumentError(
+        "handle: the memory does not start at a 256-byte boundary; register the allocation's "
+        "base");
+  }
+  const uint64_t bytes = (*opened)->bytes();
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t id = RandomId();
+  while (entries_.contains(id)) id = RandomId();
+  entries_[id] =
+      Entry{std::make_shared<const OpenExternalRegion>(id, owner, *std::move(opened)), clock_()};
+  ++per_owner_[owner];
+  total_bytes_ += bytes;
+  return id;
+}
+
+absl::StatusOr<uint64_t> ExternalRegionTable::Release(const std::string& owner, uint64_t region) {
+  std::shared_ptr<const OpenExternalRegion> dropped;  // closed after the lock is released
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(region);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("region = ", region, " is not registered"));
+  }
+  if (it->second.region->owner() != owner) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("region = ", region, " belongs to another client"));
+  }
+  dropped = std::move(it->second.region);
+  entries_.erase(it);
+  if (--per_owner_[owner] == 0) per_owner_.erase(owner);
+  total_bytes_ -= dropped->bytes();
+  return dropped->bytes();
+}
+
+absl::StatusOr<std::shared_ptr<const OpenExternalRegion>> ExternalRegionTable::Find(
+    const std::string& owner, uint64_t region, const std::string& field) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(region);
+  const absl::Time now = clock_();
+  if (it == entries_.end() || now - it->second.last_used > limits_.lease) {
+    return absl::NotFoundError(absl::StrCat(field, " = ", region,
+                                            " is not a registered external region (released, "
+                                            "expired, or never registered)"));
+  }
+  if (it->second.region->owner() != owner) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(field, " = ", region, " belongs to another client"));
+  }
+  it->second.last_used = now;
+  return it->second.region;
+}
+
+absl::StatusOr<uint8_t*> ExternalRegionTable::Resolve(const std::string& owner, uint64_t region,
+                                                      uint64_t offset, uint64_t length,
+                                                      uint64_t align, const std::string& field,
+                                                      ExternalPins* pins) {
+  const std::string prefix = field.empty() ? "" : absl::StrCat(field, ".");
+  if (region == 0) return absl::InvalidArgumentError(absl::StrCat(prefix, "region must be set"));
+  absl::StatusOr<std::shared_ptr<const OpenExternalRegion>> found =
+      Find(owner, region, absl::StrCat(prefix, "region"));
+  if (!found.ok()) return found.status();
+  const OpenExternalRegion& r = **found;
+  if (offset % align != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "offset = ", offset, " must be a multiple of ", align));
+  }
+  if (offset > r.bytes() || length > r.bytes() - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "offset = ", offset, " + ", length,
+                                                   " bytes must be <= the ", r.bytes(),
+                                                   " bytes of region ", region));
+  }
+  uint8_t* data = r.data() + offset;
+  if (pins != nullptr) pins->push_back(*std::move(found));
+  return data;
+}
+
+int ExternalRegionTable::ExpireIdle() {
+  std::vector<std::shared_ptr<const OpenExternalRegion>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const absl::Time now = clock_();
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      if (now - it->second.last_used > limits_.lease) {
+        const std::string& owner = it->second.region->owner();
+        if (--per_owner_[owner] == 0) per_owner_.erase(owner);
+        total_bytes_ -= it->second.region->bytes();
+        dropped.push_back(std::move(it->second.region));
+        entries_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  return static_cast<int>(dropped.size());
+}
+
+void ExternalRegionTable::ReleaseAll() {
+  absl::flat_hash_map<uint64_t, Entry> dropped;
+  std::lock_guard<std::mutex> lock(mu_);
+  dropped.swap(entries_);
+  per_owner_.clear();
+  total_bytes_ = 0;
+}
+
+int ExternalRegionTable::regions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(entries_.size());
+}
+
+uint64_t ExternalRegionTable::total_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return total_bytes_;
+}
+
+}  // namespace verifyd

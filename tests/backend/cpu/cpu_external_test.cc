@@ -1,0 +1,257 @@
+// The CPU backend's data plane (backend/cpu/cpu_external.h): regions are mapped files; a Verify on
+// external tensors writes the tree KV and computes the same bytes as ComputeVerify, within bf16
+// rounding of the float64 reference; the ready wait is bounded and cancellable; every failure
+// NaN-fills the outputs and still writes the done flag.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_external.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kvstore/kv_storage.h"
+#include "tests/testing/problem_builder.h"
+#include "verify/mla_dims.h"
+
+namespace verifyd {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr double kBf16HalfUlp = 1.0 / 256;
+
+// A file in /dev/shm of `bytes`, removed at the end.
+class ShmFile {
+ public:
+  explicit ShmFile(uint64_t bytes) {
+    static std::atomic<int> n{0};
+    path_ = absl::StrCat("/dev/shm/verifyd-cpu-external-test-", getpid(), "-", n++);
+    const int fd = open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    close(fd);
+  }
+  ~ShmFile() { unlink(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(CpuExternalRegionTest, OpenRefusesWhatItCannotMap) {
+  ShmFile file(4096);
+  struct Case {
+    ExternalMemoryHandle handle;
+    absl::StatusCode code;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {{"", 4096, 0}, absl::StatusCode::kInvalidArgument, "handle is empty"},
+      {{file.path(), 0, 0}, absl::StatusCode::kInvalidArgument, "bytes = 0 must be > 0"},
+      {{"/dev/shm/verifyd-no-such-file", 64, 0}, absl::StatusCode::kNotFound, "cannot open"},
+      {{"/dev/shm", 64, 0}, absl::StatusCode::kNotFound, "cannot open"},
+      {{file.path(), 8192, 0},
+       absl::StatusCode::kInvalidArgument,
+       "bytes = 8192 must be <= the 4096 bytes of"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<std::unique_ptr<ExternalRegion>> r = OpenCpuExternalRegion(c.handle);
+    EXPECT_EQ(r.status().code(), c.code) << c.expect << ": " << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr(c.expect));
+  }
+}
+
+TEST(CpuExternalRegionTest, TheMappingIsTheFile) {
+  ShmFile file(8192);
+  absl::StatusOr<std::unique_ptr<ExternalRegion>> r = OpenCpuExternalRegion({file.path(), 8192, 0});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->bytes(), 8192u);
+  const int fd = open(file.path().c_str(), O_RDWR);
+  auto* mine =
+      static_cast<uint8_t*>(mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  std::mt19937 rng(test::TestSeed());
+  for (int i = 0; i < 8192; ++i) mine[i] = static_cast<uint8_t>(rng());
+  EXPECT_EQ(std::memcmp(mine, (*r)->data(), 8192), 0);
+  static_cast<uint8_t*>((*r)->data())[100] ^= 0xFF;
+  EXPECT_EQ(std::memcmp(mine, (*r)->data(), 8192), 0);
+  munmap(mine, 8192);
+}
+
+// One random problem laid out as the data plane sees it: the pool holds every prefix row, the
+// tree rows are garbage until the call writes tree_kv; q, tree_kv, out, lse and two flags live in
+// one mapped region.
+struct ExternalCase {
+  test::HostProblem hp;
+  std::vector<int32_t> tree_slots;
+  std::unique_ptr<ShmFile> file;
+  std::unique_ptr<ExternalRegion> region;
+  CpuBackend backend{2, absl::Milliseconds(300)};
+  std::unique_ptr<KvStorage> storage;
+  ExternalVerify call;
+  uint32_t* ready = nullptr;
+  uint32_t* done = nullptr;
+};
+
+std::unique_ptr<ExternalCase> MakeCase(uint64_t seed) {
+  auto c = std::make_unique<ExternalCase>();
+  std::mt19937_64 rng(seed);
+  std::vector<test::SequenceSpec> specs;
+  const int batch = 1 + static_cast<int>(rng() % 3);
+  for (int b = 0; b < batch; ++b) {
+    specs.push_back({static_cast<int>(rng() % 200), 1 + static_cast<int>(rng() % 12),
+                     static_cast<test::TreeShape>(rng() % 4)});
+  }
+  c->hp = test::MakeRandomProblem(specs, 4, seed, /*scattered=*/true, 16);
+  test::HostProblem& hp = c->hp;
+  for (int b = 0; b < hp.batch(); ++b) {
+    for (int32_t i = hp.slot_indptr[b] + hp.prefix_len[b]; i < hp.slot_indptr[b + 1]; ++i) {
+      c->tree_slots.push_back(hp.slots[i]);
+    }
+  }
+  const int64_t tq = hp.total_q(), rows = tq * hp.num_heads;
+  const uint64_t q_at = 0, kv_at = q_at + rows * kKvDim * 2, out_at = kv_at + tq * kKvDim * 2,
+                 lse_at = out_at + rows * kVDim * 2, flags_at = lse_at + rows * 4,
+                 bytes = flags_at + 64;
+  c->file = std::make_unique<ShmFile>(bytes);
+  c->region = *OpenCpuExternalRegion({c->file->path(), bytes, 0});
+  auto* base = static_cast<uint8_t*>(c->region->data());
+  std::memcpy(base + q_at, hp.q.data(), hp.q.size() * 2);
+  for (int64_t r = 0; r < tq; ++r) {
+    std::memcpy(base + kv_at + r * kKvDim * 2, hp.kv.data() + int64_t{c->tree_slots[r]} * kKvDim,
+                kKvDim * 2);
+  }
+  std::memset(base + out_at, 0xFF, rows * kVDim * 2);
+  c->storage = *c->backend.CreateStorage(1, hp.num_slots);
+  std::vector<int32_t> all(hp.num_slots);
+  for (int32_t s = 0; s < hp.num_slots; ++s) all[s] = s;
+  EXPECT_TRUE(c->storage->WriteRows(0, all, hp.kv.data()).ok());
+  std::vector<bf16_bits> junk(kKvDim, 0x3F80);  // 1.0: wrong unless the call writes tree_kv
+  for (int32_t s : c->tree_slots) EXPECT_TRUE(c->storage->WriteRows(0, {&s, 1}, junk.data()).ok());
+  c->call.layer = 0;
+  c->call.problem = hp.problem();
+  c->call.problem.q = reinterpret_cast<const bf16_bits*>(base + q_at);
+  c->call.problem.out = reinterpret_cast<bf16_bits*>(base + out_at);
+  c->call.problem.lse = reinterpret_cast<float*>(base + lse_at);
+  c->call.tree_kv = reinterpret_cast<const bf16_bits*>(base + kv_at);
+  c->call.tree_slots = c->tree_slots;
+  c->ready = reinterpret_cast<uint32_t*>(base + flags_at);
+  c->done = reinterpret_cast<uint32_t*>(base + flags_at + 4);
+  c->call.order.ready = {c->ready, 7};
+  c->call.order.done = {c->done, 9};
+  return c;
+}
+
+bool AllNan(const bf16_bits* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if ((out[i] & 0x7F80) != 0x7F80 || (out[i] & 0x7F) == 0) return false;
+  }
+  return true;
+}
+
+// The ready flag arrives from another thread after the call started; the result equals
+// ComputeVerify on the original problem byte for byte and the float64 reference within bf16.
+TEST(CpuExternalVerifyTest, MatchesComputeVerifyAndTheFloat64Reference) {
+  const uint64_t seed = test::TestSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  for (int i = 0; i < 4; ++i) {
+    std::unique_ptr<ExternalCase> c = MakeCase(seed + i);
+    std::thread scheduler([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::atomic_ref<uint32_t>(*c->ready).store(7, std::memory_order_release);
+    });
+    const absl::Status s = c->backend.ComputeVerifyExternal(c->call, {});
+    scheduler.join();
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(std::atomic_ref<uint32_t>(*c->done).load(), 9u);
+
+    CpuBackend plain(2);
+    std::unique_ptr<KvStorage> storage = *plain.CreateStorage(1, c->hp.num_slots);
+    std::vector<int32_t> all(c->hp.num_slots);
+    for (int32_t k = 0; k < c->hp.num_slots; ++k) all[k] = k;
+    ASSERT_TRUE(storage->WriteRows(0, all, c->hp.kv.data()).ok());
+    c->hp.Poison();
+    ASSERT_TRUE(plain.ComputeVerify(0, c->hp.problem()).ok());
+    const int64_t rows = int64_t{c->hp.total_q()} * c->hp.num_heads;
+    EXPECT_EQ(std::memcmp(c->hp.out.data(), c->call.problem.out, rows * kVDim * 2), 0);
+    EXPECT_EQ(std::memcmp(c->hp.lse.data(), c->call.problem.lse, rows * 4), 0);
+
+    std::vector<double> ref_out, ref_lse;
+    test::ComputeVerifyF64(c->hp.problem(), &ref_out, &ref_lse);
+    EXPECT_LE(
+        test::RelativeError({c->call.problem.out, static_cast<size_t>(rows * kVDim)}, ref_out),
+        kBf16HalfUlp);
+    EXPECT_LE(test::RelativeError({c->call.problem.lse, static_cast<size_t>(rows)}, ref_lse), 1e-5);
+  }
+}
+
+TEST(CpuExternalVerifyTest, ReadyThatNeverComesFailsBoundedWithNanAndDone) {
+  std::unique_ptr<ExternalCase> c = MakeCase(test::TestSeed());
+  std::atomic_ref<uint32_t>(*c->ready).store(6);  // one short
+  const auto t0 = std::chrono::steady_clock::now();
+  const absl::Status s = c->backend.ComputeVerifyExternal(c->call, {});
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(s.message(), HasSubstr("the ready flag stayed 6 < 7 for 300ms"));
+  EXPECT_GE(waited, std::chrono::milliseconds(290));
+  EXPECT_LT(waited, std::chrono::seconds(5));
+  const int64_t rows = int64_t{c->hp.total_q()} * c->hp.num_heads;
+  EXPECT_TRUE(AllNan(c->call.problem.out, rows * kVDim));
+  for (int64_t r = 0; r < rows; ++r) EXPECT_TRUE(std::isnan(c->call.problem.lse[r]));
+  EXPECT_EQ(std::atomic_ref<uint32_t>(*c->done).load(), 9u);
+}
+
+TEST(CpuExternalVerifyTest, CancelEndsTheReadyWaitWithAborted) {
+  std::unique_ptr<ExternalCase> c = MakeCase(test::TestSeed());
+  std::atomic<bool> cancelled{false};
+  c->call.order.cancelled = &cancelled;
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    cancelled = true;
+  });
+  const absl::Status s = c->backend.ComputeVerifyExternal(c->call, {});
+  closer.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(AllNan(c->call.problem.out, int64_t{c->hp.total_q()} * c->hp.num_heads * kVDim));
+  EXPECT_EQ(std::atomic_ref<uint32_t>(*c->done).load(), 9u);
+}
+
+TEST(CpuExternalVerifyTest, ComputeErrorsStillNanAndDone) {
+  std::unique_ptr<ExternalCase> c = MakeCase(test::TestSeed());
+  std::atomic_ref<uint32_t>(*c->ready).store(100);  // >= 7: ready
+  c->call.layer = 3;                                // the pool has one layer
+  const absl::Status s = c->backend.ComputeVerifyExternal(c->call, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(AllNan(c->call.problem.out, int64_t{c->hp.total_q()} * c->hp.num_heads * kVDim));
+  EXPECT_EQ(std::atomic_ref<uint32_t>(*c->done).load(), 9u);
+}
+
+TEST(CpuExternalVerifyTest, FailVerifyExternalWaitsForReadyThenNansAndWritesDone) {
+  std::unique_ptr<ExternalCase> c = MakeCase(test::TestSeed());
+  const int64_t rows = int64_t{c->hp.total_q()} * c->hp.num_heads;
+  ExternalFailure f{c->call.problem.out, rows * kVDim, c->call.problem.lse, rows, c->call.order};
+  std::thread scheduler([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    // The outputs are still the scheduler's before ready: nothing NaN yet.
+    EXPECT_FALSE(AllNan(c->call.problem.out, 1) && std::isnan(c->call.problem.lse[0]));
+    EXPECT_EQ(std::atomic_ref<uint32_t>(*c->done).load(), 0u);
+    std::atomic_ref<uint32_t>(*c->ready).store(7, std::memory_order_release);
+  });
+  c->call.problem.lse[0] = 1.f;
+  EXPECT_TRUE(c->backend.FailVerifyExternal(f).ok());
+  scheduler.join();
+  EXPECT_TRUE(AllNan(c->call.problem.out, rows * kVDim));
+  EXPECT_TRUE(std::isnan(c->call.problem.lse[0]));
+  EXPECT_EQ(std::atomic_ref<uint32_t>(*c->done).load(), 9u);
+}
+
+}  // namespace
+}  // namespace verifyd
