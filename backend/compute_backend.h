@@ -127,8 +127,8 @@ class ComputeBackend {
     return absl::OkStatus();
   }
   // Whether an opened region's data() is host memory the daemon may read (cpu: a mapped file) or
-  // a device pointer (cuda). Append from a region needs host memory today: the store's writes
-  // stage rows through the host, and SPEC §1's value check reads them there.
+  // a device pointer (cuda): Append from a device region is checked and written by the storage on
+  // the device (KvStorage::WriteDeviceRows), from a host one by the service and the host path.
   virtual bool external_memory_is_host() const { return false; }
   // Whether this process's work on the device shares it through MPS (cuda: the device's
   // CU_DEVICE_ATTRIBUTE_MPS_ENABLED, read at creation); false for a backend without a device.

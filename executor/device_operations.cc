@@ -51,7 +51,7 @@ absl::StatusOr<AppendResult> DeviceOperations::Append(const AppendCall& call) {
   const absl::Time start = absl::Now();
   VERIFYD_RETURN_IF_ERROR(
       store_->Append(call.sequence, call.layer_begin, call.layer_count, call.num_tokens, call.kv,
-                     call.expect));
+                     call.expect, call.kv_memory));
   metrics_->RecordKernel(KernelKind::kAppend, absl::Now() - start);
   AppendResult result;
   VERIFYD_ASSIGN_OR_RETURN(result.committed_length, store_->CommittedLength(call.sequence));

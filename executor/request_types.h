@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "verify/bf16.h"
 #include "kvstore/kv_store.h"
+#include "verify/bf16.h"
 
 namespace verifyd {
 
@@ -18,8 +18,9 @@ struct AppendCall {
   int layer_begin = 0;
   int layer_count = 0;
   int num_tokens = 0;
-  const bf16_bits* kv = nullptr;  // [layer_count][num_tokens][576]
-  AppendExpectation expect;       // expected_position (SPEC §2); kAny when unset
+  const bf16_bits* kv = nullptr;           // [layer_count][num_tokens][576]
+  AppendExpectation expect;                // expected_position (SPEC §2); kAny when unset
+  RowMemory kv_memory = RowMemory::kHost;  // kDevice: kv lies in a registered device region
 };
 
 struct VerifyCall {
@@ -90,7 +91,7 @@ struct ReleaseResult {
 };
 
 struct DeviceStats {
-  std::string backend;  // "cpu" | "cuda"
+  std::string backend;      // "cpu" | "cuda"
   bool mps_active = false;  // the backend's device is shared through CUDA MPS
   int layers = 0;
   int max_tree_nodes = 0;

@@ -12,6 +12,10 @@
 
 namespace verifyd {
 
+// Where rows handed to the storage live: the daemon's host memory, or device memory a scheduler
+// registered (the co-located data plane, plans/0017).
+enum class RowMemory { kHost, kDevice };
+
 class KvStorage {
  public:
   virtual ~KvStorage() = default;
@@ -21,6 +25,17 @@ class KvStorage {
   // rows: host [slots.size()][576]; row k goes to slot slots[k] of `layer`.
   virtual absl::Status WriteRows(int layer, absl::Span<const int32_t> slots,
                                  const bf16_bits* rows) = 0;
+  // rows: [slots.size()][576] in device memory the storage's device can read (a scheduler's
+  // registered region, plans/0017): checked against SPEC §1's bound first (INVALID_ARGUMENT naming
+  // the first bad row and element, nothing written), then written; `rows` may be reused once it
+  // returns. Storage without device memory: UNIMPLEMENTED.
+  virtual absl::Status WriteDeviceRows(int layer, absl::Span<const int32_t> slots,
+                                       const bf16_bits* rows) {
+    (void)layer;
+    (void)slots;
+    (void)rows;
+    return absl::UnimplementedError("this KV storage has no device memory to read rows from");
+  }
   // out: host [slots.size()][576].
   virtual absl::Status ReadRows(int layer, absl::Span<const int32_t> slots,
                                 bf16_bits* out) const = 0;

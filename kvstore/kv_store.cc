@@ -95,7 +95,7 @@ absl::Status KvStore::CheckExpectation(SequenceId seq, const Sequence* existing,
 }
 
 absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, int num_tokens,
-                             const bf16_bits* kv, AppendExpectation expect) {
+                             const bf16_bits* kv, AppendExpectation expect, RowMemory memory) {
   const int layers = options_.num_layers;
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer_begin, "layer_begin"));
   if (layer_count < 1 || layer_count > layers - layer_begin) {
@@ -146,10 +146,16 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
   }
   for (int l = layer_begin; l < layer_begin + layer_count; ++l) {
     const absl::Span<const int32_t> target(sequence->slots.data() + sequence->fill[l], num_tokens);
-    absl::Status written = storage_->WriteRows(
-        l, target, kv + static_cast<size_t>(l - layer_begin) * num_tokens * kKvDim);
+    const bf16_bits* rows = kv + static_cast<size_t>(l - layer_begin) * num_tokens * kKvDim;
+    absl::Status written = memory == RowMemory::kDevice ? storage_->WriteDeviceRows(l, target, rows)
+                                                        : storage_->WriteRows(l, target, rows);
+    if (written.code() == absl::StatusCode::kInvalidArgument && memory == RowMemory::kDevice) {
+      written =
+          absl::InvalidArgumentError(absl::StrCat("kv[", l - layer_begin, "] ", written.message()));
+    }
     if (!written.ok()) {
-      // Only a broken storage gets here (slots are in range); undo so the call keeps nothing.
+      // A device row out of SPEC §1's bound, or a broken storage (slots are in range); undo so
+      // the call keeps nothing. Rows already written went to slots that return to the free list.
       sequence->slots.resize(length);
       (void)allocator_.Free(SlotsOf(runs));
       if (existing == nullptr) sequences_.erase(seq);

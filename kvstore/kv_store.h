@@ -160,9 +160,12 @@ class KvStore {
   // extending the last run in place when possible, else one run, else the lowest free slots.
   // INVALID_ARGUMENT (layer range, T >= 1, kv), FAILED_PRECONDITION while a tree is pending or
   // when `expect` does not hold (naming the expected and the actual fill), RESOURCE_EXHAUSTED;
-  // every failure keeps nothing (not even a new sequence).
+  // every failure keeps nothing (not even a new sequence). kv in device memory (`memory`
+  // kDevice): the storage checks its values (INVALID_ARGUMENT "kv[layer] row r element c = ...")
+  // and reads it there (KvStorage::WriteDeviceRows).
   absl::Status Append(SequenceId seq, int layer_begin, int layer_count, int num_tokens,
-                      const bf16_bits* kv, AppendExpectation expect = AppendExpectation::Any());
+                      const bf16_bits* kv, AppendExpectation expect = AppendExpectation::Any(),
+                      RowMemory memory = RowMemory::kHost);
 
   // For a batch of sequences on one layer, atomically: applies each item's commit, begins a pending
   // tree where none is pending (allocating Q slots, preferably right after the prefix), or checks

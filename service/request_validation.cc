@@ -27,8 +27,7 @@ std::string DTypeName(int dtype) {
 absl::Status CheckTensorForm(const Tensor& t, const std::string& field, int rank,
                              const char* layout) {
   if (t.dtype() != v1::DTYPE_BF16) {
-    return Invalid(
-        absl::StrCat(field, ".dtype = ", DTypeName(t.dtype()), " must be DTYPE_BF16"));
+    return Invalid(absl::StrCat(field, ".dtype = ", DTypeName(t.dtype()), " must be DTYPE_BF16"));
   }
   if (t.shape_size() != rank) {
     return Invalid(
@@ -140,14 +139,10 @@ absl::StatusOr<const bf16_bits*> CheckPayload(const Tensor& t, const std::string
                                               const ExternalAccess* external = nullptr) {
   if (t.data_case() == Tensor::kExternalMemory) {
     if (external == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          field, ".external_memory: external memory reaches Verify through a channel "
-                 "(OpenChannel); send inline_data or shared_memory"));
-    }
-    if (!external->table->host_memory()) {
-      return absl::UnimplementedError(absl::StrCat(
-          field, ".external_memory: this backend's regions are device memory, which Append does "
-                 "not read yet (plans/0017); send inline_data or shared_memory"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(field,
+                       ".external_memory: external memory reaches Verify through a channel "
+                       "(OpenChannel); send inline_data or shared_memory"));
     }
     int64_t bytes = 2;
     for (int64_t d : t.shape()) bytes *= d;  // dimensions are bounded: no overflow
@@ -242,7 +237,12 @@ absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
   AppendCall call;
   SharedMemoryResolver shm(regions, pins);
   VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckPayload(kv, "kv", shm, external));
-  VERIFYD_RETURN_IF_ERROR(CheckValues(kv, "kv", call.kv));
+  if (kv.data_case() == Tensor::kExternalMemory && !external->table->host_memory()) {
+    // Device memory: the storage checks the values where they are (KvStorage::WriteDeviceRows).
+    call.kv_memory = RowMemory::kDevice;
+  } else {
+    VERIFYD_RETURN_IF_ERROR(CheckValues(kv, "kv", call.kv));
+  }
   switch (request.expected_position_case()) {
     case v1::AppendRequest::kCreate:
       if (!request.create()) {
@@ -349,8 +349,8 @@ absl::StatusOr<CommitCall> ValidateCommit(const v1::CommitRequest& request,
   }
   CommitCall call;
   call.sequence = request.sequence_id();
-  VERIFYD_ASSIGN_OR_RETURN(call.path,
-                           DecodeCommit(CommitView(request.commit()), "commit", limits.max_tree_nodes));
+  VERIFYD_ASSIGN_OR_RETURN(
+      call.path, DecodeCommit(CommitView(request.commit()), "commit", limits.max_tree_nodes));
   return call;
 }
 

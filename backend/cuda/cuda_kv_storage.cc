@@ -1,15 +1,17 @@
 #include "backend/cuda/cuda_kv_storage.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/cuda_check.h"
-#include "verify/mla_dims.h"
-#include "kernels/mla_verify_launch.h"
 #include "base/status_macros.h"
 #include "kernels/kv_copy_kernels.h"
+#include "kernels/mla_verify_launch.h"
+#include "kernels/value_bound_check.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
@@ -135,6 +137,56 @@ absl::Status CudaKvStorage::FlushWrites() const {
   VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
   return writes_->Flush(pool_.as<bf16_bits>(), int64_t{num_layers_} * capacity_, scratch_,
                         *stream_);
+}
+
+absl::Status CudaKvStorage::WriteDeviceRows(int layer, absl::Span<const int32_t> slots,
+                                            const bf16_bits* rows) {
+  VERIFYD_RETURN_IF_ERROR(CheckLayer(layer));
+  VERIFYD_RETURN_IF_ERROR(CheckSlots(slots, "slots"));
+  if (slots.empty()) return absl::OkStatus();
+  if (rows == nullptr) return absl::InvalidArgumentError("rows must not be null");
+  if (reinterpret_cast<uintptr_t>(rows) % 16 != 0) {
+    return absl::InvalidArgumentError("rows must be 16-byte aligned");
+  }
+  // Earlier host rows land first, so a later device row for the same slot wins (call order).
+  VERIFYD_RETURN_IF_ERROR(FlushWrites());
+  VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
+  const int64_t elements = static_cast<int64_t>(slots.size()) * kKvDim;
+  // Scratch: [slots | first bad index]; sized before the upload so that growing it cannot
+  // discard the slots.
+  const size_t first_offset = AlignTo256(slots.size() * sizeof(int32_t));
+  VERIFYD_RETURN_IF_ERROR(scratch_.Reserve(first_offset + sizeof(uint64_t), *stream_).status());
+  void* slots_dev = nullptr;
+  void* unused = nullptr;
+  VERIFYD_RETURN_IF_ERROR(
+      UploadScratch(slots.data(), slots.size() * sizeof(int32_t), nullptr, 0, &slots_dev, &unused));
+  auto* first = scratch_.as<unsigned long long>(first_offset);
+  VERIFYD_CUDA_CHECK(cudaMemsetAsync(first, 0xff, sizeof(uint64_t), stream_->get()));
+  VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBound(rows, elements, first, stream_->get()));
+  VERIFYD_RETURN_IF_ERROR(
+      read_back_.Reserve(sizeof(uint64_t) + sizeof(bf16_bits), *stream_).status());
+  auto* found = static_cast<unsigned long long*>(read_back_.get());
+  VERIFYD_CUDA_CHECK(
+      cudaMemcpyAsync(found, first, sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_->get()));
+  VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
+  ring_used_ = 0;  // the stream is idle: every copy out of the ring has happened
+  if (*found != ~0ull) {
+    const int64_t bad = static_cast<int64_t>(*found);
+    auto* value = reinterpret_cast<bf16_bits*>(found + 1);
+    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(value, rows + bad, sizeof(bf16_bits), cudaMemcpyDeviceToHost,
+                                       stream_->get()));
+    VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
+    const float v = Bf16ToFloat(*value);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row ", bad / kKvDim, " element ", bad % kKvDim, " = ", v,
+        std::isfinite(v) ? " is outside" : " is not finite; values must lie in",
+        " [-65536, 65536] (SPEC §1: NaN and Inf are rejected, and finite values beyond 2^16 "
+        "could overflow the scores); nothing was kept"));
+  }
+  VERIFYD_RETURN_IF_ERROR(LaunchKvSlotWrite(const_cast<bf16_bits*>(layer_device_data(layer)),
+                                            capacity_, rows, static_cast<const int32_t*>(slots_dev),
+                                            static_cast<int>(slots.size()), stream_->get()));
+  return stream_->Synchronize();
 }
 
 absl::Status CudaKvStorage::ReadRows(int layer, absl::Span<const int32_t> slots,

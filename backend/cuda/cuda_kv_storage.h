@@ -44,6 +44,10 @@ class CudaKvStorage : public KvStorage {
   // them after the next FlushWrites.
   absl::Status WriteRows(int layer, absl::Span<const int32_t> slots,
                          const bf16_bits* rows) override;
+  // Flushes the write batch, checks the rows' values on the device (one read of their bytes, then
+  // a wait), writes them with one kernel and waits again: the caller's buffer is free on return.
+  absl::Status WriteDeviceRows(int layer, absl::Span<const int32_t> slots,
+                               const bf16_bits* rows) override;
   // Gather kernel → D2H → waits for the stream.
   absl::Status ReadRows(int layer, absl::Span<const int32_t> slots, bf16_bits* out) const override;
   // One kernel copies every layer's rows, then waits for the stream.

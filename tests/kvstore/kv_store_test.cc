@@ -147,6 +147,21 @@ TEST_F(KvStoreTest, AppendExhaustionKeepsNothingNotEvenANewSequence) {
   EXPECT_EQ(store_->Stats().free_slots, 0);
 }
 
+// Device rows need a storage with device memory; the host pool refuses them and keeps nothing
+// (the cuda storage's path: tests/backend/cuda, CudaKvStore.AppendFromDeviceRows...).
+TEST_F(KvStoreTest, DeviceRowsOnAHostPoolAreRefusedAndKeepNothing) {
+  ASSERT_TRUE(AppendAll(1, 7, 1).ok());
+  const std::vector<bf16_bits> kv = HashedRows(9, 3);
+  absl::Status s =
+      store_->Append(1, 0, 1, 3, kv.data(), AppendExpectation::Any(), RowMemory::kDevice);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  s = store_->Append(2, 0, 1, 3, kv.data(), AppendExpectation::Any(), RowMemory::kDevice);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_FALSE(store_->Contains(2));
+  EXPECT_EQ(*store_->LayerFill(1), (std::vector<int64_t>(kLayers, 7)));
+  EXPECT_EQ(store_->Stats().used_slots, 7);
+}
+
 TEST_F(KvStoreTest, TreeSlotsFollowThePrefixAndCommitRewritesTheSlotTable) {
   ASSERT_TRUE(AppendAll(1, 6, 100).ok());
   const std::vector<int32_t> parents = {-1, 0, 0, 1, 2, 3};

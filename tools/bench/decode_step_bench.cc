@@ -42,7 +42,9 @@
 #include "backend/cuda/cuda_kv_storage.h"
 #include "base/cuda_check.h"
 #include "base/status_macros.h"
+#include "tools/bench/decode_step_daemon.h"
 #include "tools/bench/decode_step_fill.h"
+#include "tools/bench/decode_step_model.h"
 #include "verify/mla_dims.h"
 #include "verify/tree_mask.h"
 
@@ -54,7 +56,10 @@ ABSL_FLAG(int, accept, 4, "tree nodes accepted per step (join the prefix at the 
 ABSL_FLAG(int, steps, 40, "timed decode steps per way");
 ABSL_FLAG(int, warmup, 5, "untimed steps first (graph warm-up and capture)");
 ABSL_FLAG(int, gemm_n, 1024, "the model GEMM is 4096 x gemm_n x 4096 bf16 (1024: ~50 us)");
-ABSL_FLAG(std::string, ways, "model,inproc,flags,twoproc", "ways to run, comma-separated");
+ABSL_FLAG(std::string, ways, "model,inproc,flags,twoproc,grpc,channel,stream",
+          "ways to run, comma-separated (grpc, channel, stream: through a verifyd daemon)");
+ABSL_FLAG(std::string, verifyd, "",
+          "the verifyd binary for the daemon ways (default: verifyd next to this binary)");
 ABSL_FLAG(std::string, role, "model", "model | server (internal: the two-process way's server)");
 ABSL_FLAG(std::string, handle, "", "server: the region's IPC handle, hex");
 ABSL_FLAG(bool, graphs, true, "server: CUDA graphs");
@@ -62,86 +67,13 @@ ABSL_FLAG(bool, graphs, true, "server: CUDA graphs");
 namespace verifyd {
 namespace {
 
-#define BENCH_CHECK(expr)                                                        \
-  do {                                                                           \
-    const absl::Status bench_status_ = (expr);                                   \
-    if (!bench_status_.ok()) {                                                   \
-      std::fprintf(stderr, "%s: %s\n", #expr, bench_status_.ToString().c_str()); \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
-
-absl::Status CublasStatus(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, " failed: cublasStatus ", static_cast<int>(s)));
-}
-
-struct Dims {
-  int layers, prefix, nodes, heads, accept, steps, warmup;
-  int total_steps() const { return steps + warmup; }
-  int64_t capacity() const { return prefix + int64_t{total_steps() + 1} * nodes + 64; }
-};
+using namespace decode_step;  // NOLINT: the bench's own model pieces
 
 Dims ReadDims() {
   return Dims{absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_prefix), absl::GetFlag(FLAGS_nodes),
               absl::GetFlag(FLAGS_heads),  absl::GetFlag(FLAGS_accept), absl::GetFlag(FLAGS_steps),
               absl::GetFlag(FLAGS_warmup)};
 }
-
-// The model's tensors of one layer in its region, and the two flag words after them.
-struct Region {
-  std::vector<size_t> q, kv, out, lse;
-  size_t ready = 0, done = 0, bytes = 0;
-};
-size_t Align256(size_t b) { return (b + 255) & ~size_t{255}; }
-Region LayOut(const Dims& d) {
-  Region r;
-  size_t at = 0;
-  const size_t rows = static_cast<size_t>(d.nodes) * d.heads;
-  for (int l = 0; l < d.layers; ++l) {
-    r.q.push_back(at);
-    r.kv.push_back(at = Align256(at + rows * kKvDim * 2));
-    r.out.push_back(at = Align256(at + size_t(d.nodes) * kKvDim * 2));
-    r.lse.push_back(at = Align256(at + rows * kVDim * 2));
-    at = Align256(at + rows * 4);
-  }
-  r.ready = at;
-  r.done = at + 256;
-  r.bytes = at + 512;
-  return r;
-}
-
-// The model's own GPU work per layer.
-class Gemm {
- public:
-  absl::Status Init(int n, cudaStream_t stream) {
-    n_ = n;
-    VERIFYD_RETURN_IF_ERROR(CublasStatus(cublasCreate(&handle_), "cublasCreate"));
-    VERIFYD_CUDA_CHECK(cudaMalloc(&a_, size_t{4096} * 4096 * 2));
-    VERIFYD_CUDA_CHECK(cudaMalloc(&b_, size_t{4096} * n * 2));
-    VERIFYD_CUDA_CHECK(cudaMalloc(&c_, size_t{4096} * n * 2));
-    VERIFYD_RETURN_IF_ERROR(FillRandom(a_, int64_t{4096} * 4096, 1, 1.f, stream));
-    VERIFYD_RETURN_IF_ERROR(FillRandom(b_, int64_t{4096} * n, 2, 1.f, stream));
-    return absl::OkStatus();
-  }
-  absl::Status Run(cudaStream_t stream) {
-    const float one = 1.f, zero = 0.f;
-    VERIFYD_RETURN_IF_ERROR(CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"));
-    return CublasStatus(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, 4096, n_, 4096, &one, a_,
-                                     CUDA_R_16BF, 4096, b_, CUDA_R_16BF, 4096, &zero, c_,
-                                     CUDA_R_16BF, 4096, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                        "cublasGemmEx");
-  }
-  ~Gemm() {
-    if (handle_ != nullptr) cublasDestroy(handle_);
-    cudaFree(a_), cudaFree(b_), cudaFree(c_);
-  }
-
- private:
-  int n_ = 0;
-  cublasHandle_t handle_ = nullptr;
-  void *a_ = nullptr, *b_ = nullptr, *c_ = nullptr;
-};
 
 // verifyd's side: the backend, its pool (prefilled on the device), one sequence's slot lists and
 // tree, and the per-layer call.
@@ -229,63 +161,6 @@ class VerifySide {
   int32_t prefix_len_ = 0;
   int32_t next_slot_ = 0;
 };
-
-// Per-layer and per-step times from events recorded on the model's stream after every layer.
-struct Timing {
-  double ms_per_step = 0, p50_us = 0, p99_us = 0;
-};
-class LayerClock {
- public:
-  absl::Status Init(const Dims& d) {
-    events_.resize(static_cast<size_t>(d.steps) * d.layers + 1);
-    for (cudaEvent_t& e : events_) VERIFYD_CUDA_CHECK(cudaEventCreate(&e));
-    return absl::OkStatus();
-  }
-  ~LayerClock() {
-    for (cudaEvent_t e : events_) cudaEventDestroy(e);
-  }
-  // Event n of the timed part (0: before the first timed layer).
-  absl::Status Mark(size_t n, cudaStream_t stream) {
-    VERIFYD_CUDA_CHECK(cudaEventRecord(events_[n], stream));
-    return absl::OkStatus();
-  }
-  absl::StatusOr<Timing> Read(const Dims& d) {
-    VERIFYD_CUDA_CHECK(cudaEventSynchronize(events_.back()));
-    std::vector<double> layer_us;
-    for (size_t i = 1; i < events_.size(); ++i) {
-      float ms = 0;
-      VERIFYD_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
-      layer_us.push_back(ms * 1e3);
-    }
-    float total = 0;
-    VERIFYD_CUDA_CHECK(cudaEventElapsedTime(&total, events_.front(), events_.back()));
-    std::sort(layer_us.begin(), layer_us.end());
-    Timing t;
-    t.ms_per_step = total / d.steps;
-    t.p50_us = layer_us[layer_us.size() / 2];
-    t.p99_us = layer_us[std::min(layer_us.size() - 1, layer_us.size() * 99 / 100)];
-    return t;
-  }
-
- private:
-  std::vector<cudaEvent_t> events_;
-};
-
-// The model's buffers: q and tree KV random (as the model's projections would leave them).
-absl::StatusOr<uint8_t*> MakeModelRegion(const Dims& d, const Region& r, cudaStream_t stream) {
-  void* base = nullptr;
-  VERIFYD_CUDA_CHECK(cudaMalloc(&base, r.bytes));
-  VERIFYD_CUDA_CHECK(cudaMemsetAsync(base, 0, r.bytes, stream));
-  auto* b = static_cast<uint8_t*>(base);
-  for (int l = 0; l < d.layers; ++l) {
-    VERIFYD_RETURN_IF_ERROR(
-        FillRandom(b + r.q[l], int64_t{d.nodes} * d.heads * kKvDim, 100 + l, 0.25f, stream));
-    VERIFYD_RETURN_IF_ERROR(
-        FillRandom(b + r.kv[l], int64_t{d.nodes} * kKvDim, 200 + l, 1.f, stream));
-  }
-  VERIFYD_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return b;
-}
 
 // One stream (flags=false: the backend's) or two (flags=true: the model's own, ordered by flags).
 absl::StatusOr<Timing> RunInProcess(const Dims& d, bool graphs, bool flags, bool with_verify) {
@@ -473,6 +348,19 @@ int Model(const char* self) {
       run(absl::StrCat("in-process+flags, ", g), RunInProcess(d, graphs, true, true));
     }
     if (wants("twoproc")) run(absl::StrCat("two processes, ", g), RunTwoProcesses(d, graphs, self));
+  }
+  // Through a daemon (graphs on, as deployed): what a scheduler process reaches.
+  std::string verifyd = absl::GetFlag(FLAGS_verifyd);
+  if (verifyd.empty()) {
+    verifyd = self;
+    verifyd = verifyd.substr(0, verifyd.rfind('/') + 1) + "verifyd";
+  }
+  const std::pair<const char*, DaemonWay> daemon_ways[] = {
+      {"grpc", DaemonWay::kGrpcInline},
+      {"channel", DaemonWay::kChannelCpuWaits},
+      {"stream", DaemonWay::kChannelStreamOrder}};
+  for (const auto& [flag, way] : daemon_ways) {
+    if (wants(flag)) run(DaemonWayName(way), RunThroughDaemon(d, way, true, verifyd));
   }
   // Ratios against the in-process way with graphs of this run.
   const Row* base = nullptr;

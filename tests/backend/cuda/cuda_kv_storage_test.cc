@@ -3,15 +3,18 @@
 // nothing.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "verify/mla_dims.h"
+#include "absl/strings/str_cat.h"
 #include "kvstore/kv_storage.h"
 #include "tests/backend/cuda/cuda_test_util.h"
 #include "tests/kvstore/kv_test_util.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
@@ -221,6 +224,78 @@ TEST_F(CudaKvStorageTest, BadInputIsRefusedAndChangesNothing) {
   std::vector<bf16_bits> out(kKvDim);
   EXPECT_EQ(cuda.ReadRows(0, {static_cast<int32_t>(capacity)}, out.data()).code(),
             absl::StatusCode::kInvalidArgument);
+  ExpectSamePools(host, cuda);
+}
+
+// bf16 rows inside SPEC §1's bound (magnitude < 2, either sign), random bits otherwise.
+std::vector<bf16_bits> BoundedRows(std::mt19937_64& rng, int64_t count) {
+  std::vector<bf16_bits> rows(static_cast<size_t>(count) * kKvDim);
+  for (bf16_bits& v : rows) v = static_cast<bf16_bits>(rng() & 0xbfffu);
+  return rows;
+}
+
+TEST_F(CudaKvStorageTest, DeviceRowsAreCheckedThenWrittenAndBadOnesChangeNothing) {
+  SCOPED_TRACE("VERIFYD_TEST_SEED=" + std::to_string(seed_));
+  const int layers = 2;
+  const int64_t capacity = 2000;
+  auto made = test::MakeBackend(true, layers, capacity);
+  ASSERT_TRUE(made.ok()) << made.status();
+  CudaKvStorage& cuda = made->cuda_storage();
+  HostKvStorage host(layers, capacity);
+  for (int layer = 0; layer < layers; ++layer) {
+    const std::vector<bf16_bits> rows = BoundedRows(rng_, capacity);
+    ASSERT_TRUE(host.WriteRows(layer, Iota(capacity), rows.data()).ok());
+    ASSERT_TRUE(cuda.WriteRows(layer, Iota(capacity), rows.data()).ok());
+  }
+  // The rows stand in for a scheduler's registered region: device memory the storage reads.
+  const size_t max_rows = 700;
+  bf16_bits* device_rows = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device_rows),
+                       max_rows * kKvDim * sizeof(bf16_bits) + 64),
+            cudaSuccess);
+  const bf16_bits bad_values[] = {0x7fc0 /*NaN*/, 0xff80 /*-Inf*/, 0x4781 /*65792*/,
+                                  0xf149 /*-1e30*/};
+  int refused = 0;
+  for (int round = 0; round < 40; ++round) {
+    const int layer = static_cast<int>(rng_() % layers);
+    const int k = 1 + static_cast<int>(rng_() % max_rows);
+    const std::vector<int32_t> slots = DistinctSlots(rng_, capacity, k);
+    std::vector<bf16_bits> rows = BoundedRows(rng_, k);
+    // A host write still in the batch must land before the device rows (call order).
+    const std::vector<bf16_bits> earlier = BoundedRows(rng_, 1);
+    ASSERT_TRUE(host.WriteRows(layer, {slots[0]}, earlier.data()).ok());
+    ASSERT_TRUE(cuda.WriteRows(layer, {slots[0]}, earlier.data()).ok());
+    const bool plant = round % 3 == 2;
+    int64_t bad = -1;
+    if (plant) {
+      bad = static_cast<int64_t>(rng_() % rows.size());
+      rows[bad] = bad_values[rng_() % 4];
+      if (rng_() % 2 == 0 && bad + 1 < static_cast<int64_t>(rows.size())) {
+        rows[bad + 1] = 0x7f80;  // a second bad value after it: the first one is named
+      }
+    }
+    ASSERT_EQ(cudaMemcpy(device_rows, rows.data(), rows.size() * sizeof(bf16_bits),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    const absl::Status s = cuda.WriteDeviceRows(layer, slots, device_rows);
+    if (plant) {
+      ++refused;
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      const std::string where =
+          absl::StrCat("row ", bad / kKvDim, " element ", bad % kKvDim, " = ");
+      EXPECT_NE(s.message().find(where), std::string::npos) << s << " (want " << where << ")";
+    } else {
+      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_TRUE(host.WriteRows(layer, slots, rows.data()).ok());
+    }
+  }
+  EXPECT_GT(refused, 10);
+  // Misaligned rows and a bad slot are refused before anything moves.
+  EXPECT_EQ(cuda.WriteDeviceRows(0, {1}, device_rows + 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda.WriteDeviceRows(0, {static_cast<int32_t>(capacity)}, device_rows).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(cudaFree(device_rows), cudaSuccess);
   ExpectSamePools(host, cuda);
 }
 

@@ -2,6 +2,7 @@
 // appends, verify steps over every layer (tree KV writes + attention on the GPU), commits, live
 // compaction and releases. Slot tables, statistics and every committed row must stay identical,
 // and every Verify (often over slots that compaction moved) must match the float64 oracle.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,12 +12,13 @@
 #include <vector>
 
 #include "absl/algorithm/container.h"
-#include "verify/bf16.h"
-#include "verify/mla_dims.h"
+#include "absl/strings/str_cat.h"
 #include "kvstore/kv_storage.h"
 #include "kvstore/kv_store.h"
 #include "tests/backend/cuda/cuda_test_util.h"
 #include "tests/testing/problem_builder.h"
+#include "verify/bf16.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
@@ -176,6 +178,56 @@ TEST(CudaKvStore, RandomLifeCycleMatchesHostTwinAndTheOracle) {
   EXPECT_GT(verifies, 0);
   RecordProperty("verifies", verifies);
   RecordProperty("compactions_moving", compactions_moving);
+}
+
+// Append from device memory (the data plane's registered regions): the rows land where host rows
+// would (the twin appends the same bytes from the host), and a value out of SPEC §1's bound in any
+// layer of a chunk refuses the whole Append, naming the layer, row and element, keeping nothing.
+TEST(CudaKvStore, AppendFromDeviceRowsMatchesHostAppendAndBadValuesKeepNothing) {
+  if (!test::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = test::TestSeed();
+  SCOPED_TRACE("VERIFYD_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  auto made = test::MakeBackend(/*cuda_graphs=*/true, kLayers, kCapacity);
+  ASSERT_TRUE(made.ok()) << made.status();
+  TwinStores twins(std::move(made->storage), &rng);
+  const int max_tokens = 300;
+  bf16_bits* device_kv = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device_kv),
+                       size_t{kLayers} * max_tokens * kKvDim * sizeof(bf16_bits)),
+            cudaSuccess);
+  int refused = 0;
+  for (int op = 0; op < 30; ++op) {
+    const SequenceId seq = 1 + rng() % 4;
+    const int tokens = 1 + static_cast<int>(rng() % max_tokens);
+    std::vector<bf16_bits> kv(size_t{kLayers} * tokens * kKvDim);
+    for (bf16_bits& v : kv) v = static_cast<bf16_bits>(rng() & 0xbfffu);  // |v| < 2
+    const bool plant = op % 4 == 3;
+    int bad_layer = -1;
+    if (plant) {
+      bad_layer = static_cast<int>(rng() % kLayers);
+      kv[(size_t{static_cast<size_t>(bad_layer)} * tokens + rng() % tokens) * kKvDim +
+         rng() % kKvDim] = 0x7fc0;
+    }
+    ASSERT_EQ(
+        cudaMemcpy(device_kv, kv.data(), kv.size() * sizeof(bf16_bits), cudaMemcpyHostToDevice),
+        cudaSuccess);
+    const absl::Status got = twins.cuda().Append(seq, 0, kLayers, tokens, device_kv,
+                                                 AppendExpectation::Any(), RowMemory::kDevice);
+    if (plant) {
+      ++refused;
+      EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << got;
+      EXPECT_NE(got.message().find(absl::StrCat("kv[", bad_layer, "] row ")), std::string::npos)
+          << got;
+    } else {
+      ASSERT_TRUE(got.ok()) << got;
+      ASSERT_TRUE(twins.host().Append(seq, 0, kLayers, tokens, kv.data()).ok());
+    }
+    twins.ExpectIdentical();
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  EXPECT_GE(refused, 5);
+  ASSERT_EQ(cudaFree(device_kv), cudaSuccess);
 }
 
 }  // namespace

@@ -1,0 +1,69 @@
+// Math: element i is out of bound when (bits & 0x7fff) > 0x4780 (2^16 as bf16), which also
+// catches Inf and NaN; the answer is the smallest such i (atomicMin), as on the host.
+// Tiling: one 16-byte word (8 bf16) per thread per step, a grid-stride loop over n / 8 words, the
+// tail (n % 8) by the first thread. Schedule: a bounded grid (at most 1024 CTAs of 256 threads),
+// no shared memory; a CTA skips its atomic when it found nothing, so a clean tensor costs one
+// read of its bytes. Shared memory: none.
+#include "kernels/value_bound_check.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/cuda_check.h"
+#include "verify/value_bound.h"
+
+namespace verifyd {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 1024;
+
+__device__ __forceinline__ bool Bad(uint32_t half_bits) {
+  return (half_bits & 0x7fffu) > kMaxInputMagnitudeBits;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    FirstOutOfBoundKernel(const bf16_bits* data, int64_t n, unsigned long long* first) {
+  const int64_t words = n / 8;
+  unsigned long long found = ~0ull;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < words;
+       w += stride) {
+    const uint4 v = reinterpret_cast<const uint4*>(data)[w];
+    const uint32_t parts[4] = {v.x, v.y, v.z, v.w};
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t bits = (parts[k / 2] >> (16 * (k % 2))) & 0xffffu;
+      if (Bad(bits)) {
+        found = static_cast<unsigned long long>(w * 8 + k);
+        break;
+      }
+    }
+    if (found != ~0ull) break;  // later words of this thread have larger indices
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    for (int64_t i = words * 8; i < n && found == ~0ull; ++i) {
+      if (Bad(data[i])) found = static_cast<unsigned long long>(i);
+    }
+  }
+  if (found != ~0ull) atomicMin(first, found);
+}
+
+}  // namespace
+
+absl::Status LaunchFirstOutOfBound(const bf16_bits* data, int64_t n, unsigned long long* first,
+                                   cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n = ", n, " must be >= 0"));
+  if (n == 0) return absl::OkStatus();
+  if (data == nullptr || first == nullptr) {
+    return absl::InvalidArgumentError("data and first must be set");
+  }
+  if (reinterpret_cast<uintptr_t>(data) % 16 != 0) {
+    return absl::InvalidArgumentError("data must be 16-byte aligned");
+  }
+  const int64_t words = (n + 7) / 8;
+  const int64_t wanted = (words + kThreads - 1) / kThreads;
+  const unsigned blocks = static_cast<unsigned>(wanted < kMaxBlocks ? wanted : kMaxBlocks);
+  FirstOutOfBoundKernel<<<blocks, kThreads, 0, stream>>>(data, n, first);
+  VERIFYD_CUDA_CHECK(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd

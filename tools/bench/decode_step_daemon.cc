@@ -1,0 +1,323 @@
+#include "tools/bench/decode_step_daemon.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "backend/cuda/cuda_driver.h"
+#include "client/channel.h"
+#include "client/client.h"
+#include "verify/mla_dims.h"
+
+ABSL_DECLARE_FLAG(int, gemm_n);
+
+namespace verifyd::decode_step {
+namespace {
+
+constexpr uint64_t kSequence = 1;
+constexpr int kPrefillChunk = 8192;  // tokens per Append (x layers x 1152 bytes in one region)
+
+// The daemon process; stopped (SIGTERM, then waited for) when this goes away.
+class Daemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const std::string& path, const Dims& d,
+                                                       bool graphs) {
+    auto daemon = std::unique_ptr<Daemon>(new Daemon());
+    daemon->socket_ = absl::StrCat("/tmp/verifyd-decode-step-", getpid(), ".sock");
+    std::vector<std::string> args = {path,
+                                     "--backend=cuda",
+                                     absl::StrCat("--listen=unix://", daemon->socket_),
+                                     "--metrics=",
+                                     absl::StrCat("--layers=", d.layers),
+                                     absl::StrCat("--heads=", d.heads),
+                                     absl::StrCat("--max-tree-nodes=", std::max(d.nodes, 64)),
+                                     absl::StrCat("--kv-capacity-tokens=", d.capacity()),
+                                     absl::StrCat("--cuda-graphs=", graphs ? "on" : "off"),
+                                     "--drain-seconds=1"};
+    daemon->pid_ = fork();
+    if (daemon->pid_ < 0) return absl::InternalError("fork failed");
+    if (daemon->pid_ == 0) {
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(path.c_str(), argv.data());
+      _exit(127);
+    }
+    ClientOptions options;
+    options.client_id = "decode-step-bench";
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    while (absl::Now() < deadline) {
+      absl::StatusOr<std::unique_ptr<Client>> client =
+          Client::Connect(absl::StrCat("unix://", daemon->socket_), options);
+      if (client.ok() && (*client)->Stats().ok()) {
+        daemon->client_ = *std::move(client);
+        return daemon;
+      }
+      int status = 0;
+      if (waitpid(daemon->pid_, &status, WNOHANG) == daemon->pid_) {
+        daemon->pid_ = -1;
+        return absl::InternalError(absl::StrCat(path, " exited (status ", status, ") at start"));
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return absl::DeadlineExceededError("the daemon did not answer Stats within 120 s");
+  }
+  ~Daemon() {
+    client_.reset();
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  Client& client() { return *client_; }
+
+ private:
+  Daemon() = default;
+  pid_t pid_ = -1;
+  std::string socket_;
+  std::unique_ptr<Client> client_;
+};
+
+// The tree of every step (as the in-process ways use) and the path the commit accepts: a root,
+// then each node's first child, at most `accept` nodes.
+std::vector<int32_t> TreeParents(const Dims& d) {
+  std::vector<int32_t> parents(d.nodes);
+  for (int i = 0; i < d.nodes; ++i) parents[i] = i == 0 ? -1 : (i * 7 + 3) % i;
+  return parents;
+}
+std::vector<int32_t> AcceptedPath(const std::vector<int32_t>& parents, int accept) {
+  std::vector<int32_t> path = {0};
+  while (static_cast<int>(path.size()) < accept) {
+    int32_t child = -1;
+    for (int32_t j = path.back() + 1; j < static_cast<int32_t>(parents.size()); ++j) {
+      if (parents[j] == path.back()) {
+        child = j;
+        break;
+      }
+    }
+    if (child < 0) break;
+    path.push_back(child);
+  }
+  return path;
+}
+
+absl::StatusOr<uint64_t> Register(Client& client, void* device_memory, uint64_t bytes) {
+  cudaIpcMemHandle_t handle;
+  VERIFYD_CUDA_CHECK(cudaIpcGetMemHandle(&handle, device_memory));
+  VERIFYD_ASSIGN_OR_RETURN(
+      v1::RegisterExternalMemoryResponse registered,
+      client.RegisterExternalMemory(
+          std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)), bytes));
+  return registered.region();
+}
+
+// L tokens x every layer from a device buffer of kPrefillChunk tokens, Append by Append.
+absl::Status Prefill(Client& client, const Dims& d, cudaStream_t stream) {
+  const uint64_t bytes = uint64_t{kPrefillChunk} * d.layers * kKvDim * 2;
+  void* chunk = nullptr;
+  VERIFYD_CUDA_CHECK(cudaMalloc(&chunk, bytes));
+  VERIFYD_RETURN_IF_ERROR(FillRandom(chunk, static_cast<int64_t>(bytes / 2), 7, 1.f, stream));
+  VERIFYD_CUDA_CHECK(cudaStreamSynchronize(stream));
+  VERIFYD_ASSIGN_OR_RETURN(uint64_t region, Register(client, chunk, bytes));
+  for (int at = 0; at < d.prefix; at += kPrefillChunk) {
+    const int tokens = std::min(kPrefillChunk, d.prefix - at);
+    v1::AppendRequest request;
+    request.set_sequence_id(kSequence);
+    request.set_layer_begin(0);
+    if (at == 0) {
+      request.set_create(true);
+    } else {
+      request.set_expected_fill(static_cast<uint64_t>(at));
+    }
+    v1::Tensor* kv = request.mutable_kv();
+    kv->set_dtype(v1::DTYPE_BF16);
+    kv->add_shape(d.layers);
+    kv->add_shape(tokens);
+    kv->add_shape(kKvDim);
+    kv->mutable_external_memory()->set_region(region);
+    kv->mutable_external_memory()->set_offset(0);
+    VERIFYD_RETURN_IF_ERROR(client.Append(request).status());
+  }
+  VERIFYD_RETURN_IF_ERROR(client.ReleaseExternalMemory(region).status());
+  VERIFYD_CUDA_CHECK(cudaFree(chunk));
+  return absl::OkStatus();
+}
+
+// One layer's Verify through gRPC with inline tensors: the model's CPU blocks on its stream, the
+// RPC and the copy back.
+class GrpcLayer {
+ public:
+  absl::Status Init(const Dims& d) {
+    d_ = d;
+    q_bytes_ = size_t(d.nodes) * d.heads * kKvDim * 2;
+    kv_bytes_ = size_t(d.nodes) * kKvDim * 2;
+    out_bytes_ = size_t(d.nodes) * d.heads * kVDim * 2;
+    VERIFYD_CUDA_CHECK(cudaMallocHost(&host_, q_bytes_ + kv_bytes_ + out_bytes_));
+    return absl::OkStatus();
+  }
+  ~GrpcLayer() { cudaFreeHost(host_); }
+  absl::Status Run(Client& client, int layer, const std::vector<int32_t>& parents,
+                   const std::optional<std::vector<int32_t>>& commit, uint8_t* base,
+                   const Region& r, cudaStream_t stream) {
+    auto* host = static_cast<uint8_t*>(host_);
+    VERIFYD_CUDA_CHECK(
+        cudaMemcpyAsync(host, base + r.q[layer], q_bytes_, cudaMemcpyDeviceToHost, stream));
+    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host + q_bytes_, base + r.kv[layer], kv_bytes_,
+                                       cudaMemcpyDeviceToHost, stream));
+    VERIFYD_CUDA_CHECK(cudaStreamSynchronize(stream));
+    v1::VerifyRequest request;
+    request.set_layer(static_cast<uint32_t>(layer));
+    v1::VerifySequence* s = request.add_sequences();
+    s->set_sequence_id(kSequence);
+    for (int32_t p : parents) s->add_parents(p);
+    if (commit.has_value()) {
+      s->mutable_commit_previous()->set_commit_length(static_cast<uint32_t>(commit->size()));
+      for (int32_t n : *commit) s->mutable_commit_previous()->add_accepted_path(n);
+    }
+    v1::Tensor* q = request.mutable_q();
+    q->set_dtype(v1::DTYPE_BF16);
+    for (int64_t dim : {int64_t{d_.nodes}, int64_t{d_.heads}, int64_t{kKvDim}}) q->add_shape(dim);
+    q->set_inline_data(host, q_bytes_);
+    v1::Tensor* kv = request.mutable_tree_kv();
+    kv->set_dtype(v1::DTYPE_BF16);
+    kv->add_shape(d_.nodes);
+    kv->add_shape(kKvDim);
+    kv->set_inline_data(host + q_bytes_, kv_bytes_);
+    VERIFYD_ASSIGN_OR_RETURN(v1::VerifyResponse response, client.Verify(request));
+    if (response.out().inline_data().size() != out_bytes_) {
+      return absl::InternalError("Verify answered an out of the wrong size");
+    }
+    uint8_t* out = host + q_bytes_ + kv_bytes_;
+    std::memcpy(out, response.out().inline_data().data(), out_bytes_);
+    VERIFYD_CUDA_CHECK(
+        cudaMemcpyAsync(base + r.out[layer], out, out_bytes_, cudaMemcpyHostToDevice, stream));
+    return absl::OkStatus();
+  }
+
+ private:
+  Dims d_{};
+  size_t q_bytes_ = 0, kv_bytes_ = 0, out_bytes_ = 0;
+  void* host_ = nullptr;
+};
+
+Channel::VerifyDescriptor Descriptor(uint64_t id, int layer, const std::vector<int32_t>& parents,
+                                     const std::optional<std::vector<int32_t>>& commit,
+                                     uint64_t region, const Region& r) {
+  Channel::VerifyDescriptor desc;
+  desc.id = id;
+  desc.layer = static_cast<uint32_t>(layer);
+  desc.sequences.push_back({kSequence, parents, commit});
+  desc.q = {region, r.q[layer]};
+  desc.tree_kv = {region, r.kv[layer]};
+  desc.out = {region, r.out[layer]};
+  return desc;
+}
+
+// Reads completions until at most `keep` calls are in flight; any failed call fails the run.
+absl::Status Drain(Channel& channel, uint64_t keep) {
+  while (channel.in_flight() > keep) {
+    VERIFYD_ASSIGN_OR_RETURN(Channel::Completion c, channel.WaitCompletion(absl::Seconds(30)));
+    if (!c.status.ok()) {
+      return absl::Status(c.status.code(),
+                          absl::StrCat("descriptor ", c.id, ": ", c.status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* DaemonWayName(DaemonWay way) {
+  switch (way) {
+    case DaemonWay::kGrpcInline:
+      return "daemon: gRPC inline";
+    case DaemonWay::kChannelCpuWaits:
+      return "daemon: channel, CPU waits";
+    case DaemonWay::kChannelStreamOrder:
+      return "daemon: channel + stream order";
+  }
+  return "?";
+}
+
+absl::StatusOr<Timing> RunThroughDaemon(const Dims& d, DaemonWay way, bool graphs,
+                                        const std::string& verifyd_path) {
+  cudaStream_t model;
+  VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&model, cudaStreamNonBlocking));
+  VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<Daemon> daemon, Daemon::Start(verifyd_path, d, graphs));
+  Client& client = daemon->client();
+  VERIFYD_RETURN_IF_ERROR(Prefill(client, d, model));
+  const Region r = LayOut(d);
+  VERIFYD_ASSIGN_OR_RETURN(uint8_t * base, MakeModelRegion(d, r, model));
+  VERIFYD_ASSIGN_OR_RETURN(uint64_t region, Register(client, base, r.bytes));
+  VERIFYD_ASSIGN_OR_RETURN(const CudaDriverApi* driver, GetCudaDriverApi());
+  std::unique_ptr<Channel> channel;
+  if (way != DaemonWay::kGrpcInline) {
+    // A whole step of descriptors fits: the CPU can run a step ahead of the device.
+    VERIFYD_ASSIGN_OR_RETURN(channel, client.OpenChannel(static_cast<uint32_t>(2 * d.layers)));
+  }
+  GrpcLayer grpc_layer;
+  VERIFYD_RETURN_IF_ERROR(grpc_layer.Init(d));
+  Gemm gemm;
+  VERIFYD_RETURN_IF_ERROR(gemm.Init(absl::GetFlag(FLAGS_gemm_n), model));
+  LayerClock clock;
+  VERIFYD_RETURN_IF_ERROR(clock.Init(d));
+  const std::vector<int32_t> parents = TreeParents(d);
+  const std::vector<int32_t> path = AcceptedPath(parents, d.accept);
+  size_t mark = 0;
+  uint64_t id = 0;
+  for (int s = 0; s < d.total_steps(); ++s) {
+    if (s == d.warmup) VERIFYD_RETURN_IF_ERROR(clock.Mark(mark++, model));
+    for (int l = 0; l < d.layers; ++l) {
+      const uint32_t value = static_cast<uint32_t>(s * d.layers + l + 1);
+      std::optional<std::vector<int32_t>> commit;
+      if (l == 0 && s > 0) commit = path;
+      VERIFYD_RETURN_IF_ERROR(gemm.Run(model));
+      if (way == DaemonWay::kGrpcInline) {
+        VERIFYD_RETURN_IF_ERROR(grpc_layer.Run(client, l, parents, commit, base, r, model));
+      } else if (way == DaemonWay::kChannelCpuWaits) {
+        VERIFYD_CUDA_CHECK(cudaStreamSynchronize(model));
+        VERIFYD_RETURN_IF_ERROR(
+            channel->EnqueueVerify(Descriptor(++id, l, parents, commit, region, r)));
+        VERIFYD_RETURN_IF_ERROR(Drain(*channel, 0));
+      } else {
+        Channel::VerifyDescriptor desc = Descriptor(++id, l, parents, commit, region, r);
+        desc.ready = {region, r.ready, value};
+        desc.done = {region, r.done, value};
+        VERIFYD_CU_CHECK(driver->stream_write_value32(
+            model, reinterpret_cast<CUdeviceptr>(base + r.ready), value, 0));
+        // Back-pressure: a full ring waits for the oldest calls' records.
+        for (absl::Status queued = channel->EnqueueVerify(desc); !queued.ok();
+             queued = channel->EnqueueVerify(desc)) {
+          if (queued.code() != absl::StatusCode::kResourceExhausted) return queued;
+          VERIFYD_RETURN_IF_ERROR(Drain(*channel, channel->in_flight() - 1));
+        }
+        VERIFYD_CU_CHECK(driver->stream_wait_value32(
+            model, reinterpret_cast<CUdeviceptr>(base + r.done), value, CU_STREAM_WAIT_VALUE_GEQ));
+      }
+      if (s >= d.warmup) VERIFYD_RETURN_IF_ERROR(clock.Mark(mark++, model));
+    }
+  }
+  VERIFYD_ASSIGN_OR_RETURN(Timing t, clock.Read(d));
+  if (channel != nullptr) {
+    VERIFYD_RETURN_IF_ERROR(Drain(*channel, 0));
+    VERIFYD_RETURN_IF_ERROR(channel->Close());
+  }
+  VERIFYD_CUDA_CHECK(cudaStreamSynchronize(model));
+  VERIFYD_RETURN_IF_ERROR(client.ReleaseExternalMemory(region).status());
+  VERIFYD_RETURN_IF_ERROR(client.Release(kSequence).status());
+  VERIFYD_CUDA_CHECK(cudaFree(base));
+  VERIFYD_CUDA_CHECK(cudaStreamDestroy(model));
+  return t;
+}
+
+}  // namespace verifyd::decode_step
