@@ -63,6 +63,10 @@ absl::StatusOr<bool> DeviceBuffer::Reserve(size_t bytes, const CudaStream& strea
   VERIFYD_RETURN_IF_ERROR(stream.Synchronize());
   void* fresh = nullptr;
   VERIFYD_CUDA_CHECK(cudaMalloc(&fresh, grown));
+  // Defined bytes from the start: copies move whole size bands (CopyBytesFor) and alignment gaps
+  // that no kernel writes; they never reach an answer, but compute-sanitizer's initcheck (kept in
+  // the device runbook) would report them. Only on growth, so the cost is one memset per doubling.
+  VERIFYD_CUDA_CHECK(cudaMemsetAsync(fresh, 0, grown, stream.get()));
   if (ptr_ != nullptr) VERIFYD_CUDA_CHECK(cudaFree(ptr_));
   ptr_ = fresh;
   capacity_ = grown;

@@ -50,8 +50,8 @@ class DeviceBuffer {
 
   // Exactly `bytes` (the KV pool: no geometric slack). RESOURCE_EXHAUSTED names `what`.
   absl::Status AllocateExact(size_t bytes, const char* what);
-  // Ensures capacity >= bytes, growing to max(bytes, 2 * capacity) after synchronizing `stream`.
-  // Returns whether the pointer changed.
+  // Ensures capacity >= bytes, growing to max(bytes, 2 * capacity) after synchronizing `stream`;
+  // a new allocation is zeroed on `stream`. Returns whether the pointer changed.
   absl::StatusOr<bool> Reserve(size_t bytes, const CudaStream& stream);
 
   void* get() const { return ptr_; }

@@ -208,9 +208,16 @@ class Scheduler {
         const v1::VerifyRequest& request = call.request;
         EXPECT_TRUE(c->status.ok()) << "layer " << call.layer << ": " << c->status;
         model_.AcceptVerify(request);
+        // What the channel wrote, in the gRPC answer's form, for the shared check.
         v1::VerifyResponse response;
+        response.mutable_out()->set_dtype(v1::DTYPE_BF16);
+        for (int64_t d : {tq, int64_t{kHeads}, int64_t{kVDim}})
+          response.mutable_out()->add_shape(d);
         response.mutable_out()->set_inline_data(out, tq * kHeads * kVDim * 2);
         if (request.return_lse()) {
+          response.mutable_lse()->set_dtype(v1::DTYPE_FP32);
+          response.mutable_lse()->add_shape(tq);
+          response.mutable_lse()->add_shape(kHeads);
           response.mutable_lse()->set_inline_data(static_cast<const uint8_t*>(host_) + s.lse,
                                                   tq * kHeads * 4);
         }

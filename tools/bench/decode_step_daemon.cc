@@ -262,8 +262,10 @@ absl::StatusOr<Timing> RunThroughDaemon(const Dims& d, DaemonWay way, bool graph
   VERIFYD_ASSIGN_OR_RETURN(const CudaDriverApi* driver, GetCudaDriverApi());
   std::unique_ptr<Channel> channel;
   if (way != DaemonWay::kGrpcInline) {
-    // A whole step of descriptors fits: the CPU can run a step ahead of the device.
-    VERIFYD_ASSIGN_OR_RETURN(channel, client.OpenChannel(static_cast<uint32_t>(2 * d.layers)));
+    // A whole step of descriptors fits (entries: a power of two): the CPU can run a step ahead.
+    uint32_t entries = 2;
+    while (entries < static_cast<uint32_t>(d.layers) + 1) entries *= 2;
+    VERIFYD_ASSIGN_OR_RETURN(channel, client.OpenChannel(entries));
   }
   GrpcLayer grpc_layer;
   VERIFYD_RETURN_IF_ERROR(grpc_layer.Init(d));

@@ -2,7 +2,9 @@
 # On the GPU machine (run tool, carry ["bundle.tgz"], after tools/device/make_bundle.sh and
 # `tar czf bundle.tgz bundle`): the data plane's GPU checks and the decode-step bench, without and
 # with MPS (plans/0018-data-plane-gpu.md).
-#   1. the CUDA backend's GPU tests that cover the external path and the refactored Verify path
+#   1. the CUDA backend's GPU tests that cover the external path and the refactored Verify path,
+#      the device-row Append, and the data plane end to end (data_plane_gpu_test: the daemon
+#      binary on cuda, this bundle's verifyd); initcheck over the backend's oracle test
 #   2. MPS on a private pipe directory: the same external test (IPC handles under MPS, the MPS
 #      attribute), then the bench; MPS is stopped before the script ends, whatever happened
 #   3. the bench without MPS
@@ -42,11 +44,18 @@ run_test() {  # name, log suffix
   summary+="$t$2: rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$log" | tr '\n' ' ')"$'\n'
   grep -E 'FAILED|Failure|error|MPS active' "$log" | head -20
 }
-for t in ${TESTS:-cuda_external_verify_test cuda_backend_test cuda_host_registration_test cuda_decode_mirror_test}; do
+export VERIFYD_BINARY="$PWD/$B/bin/verifyd"
+for t in ${TESTS:-cuda_external_verify_test data_plane_gpu_test cuda_kv_storage_test cuda_kv_store_test cuda_backend_test cuda_decode_mirror_test}; do
   run_test "$t" ""
 done
+if [ "${INITCHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  timeout -s KILL 240 compute-sanitizer --tool initcheck "$B/bin/cuda_backend_test" \
+    --gtest_filter='*RandomBatchesMatchTheFloat64Oracle*:*GraphReplay*' >"$OUT/initcheck.txt" 2>&1
+  summary+="initcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck.txt")"$'\n'
+  grep -E "Uninitialized" -A3 "$OUT/initcheck.txt" | grep -E "Uninitialized|at 0x|by thread" | sort | uniq -c | sort -rn | head -8
+fi
 daemon_report plain
-timeout -s KILL 150 "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_plain.txt" 2>"$OUT/bench_plain.err"
+timeout -s KILL 280 "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_plain.txt" 2>"$OUT/bench_plain.err"
 echo "bench (no MPS) rc=$?"
 
 # MPS: private directories; stopped on every exit path.
@@ -58,7 +67,7 @@ if nvidia-cuda-mps-control -d; then
   sleep 1
   run_test cuda_external_verify_test "_mps"
   daemon_report mps
-  timeout -s KILL 150 "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_mps.txt" 2>"$OUT/bench_mps.err"
+  timeout -s KILL 280 "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_mps.txt" 2>"$OUT/bench_mps.err"
   echo "bench (MPS) rc=$?"
   # SMALL_ARGS: a second bench where attention is short, so the per-layer overheads stand out.
   if [ -n "${SMALL_ARGS:-}" ]; then
@@ -73,8 +82,10 @@ else
   echo "nvidia-cuda-mps-control -d failed"
 fi
 unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+echo "== bench logs (short)"; grep -E "failed|rror" "$OUT/bench_plain.err" "$OUT/bench_mps.err" 2>/dev/null | head -5
 echo "== tests"; printf '%s' "$summary"
 echo "== bench logs"; cat "$OUT/bench_plain.err" "$OUT/bench_mps.err" 2>/dev/null | grep -v '^$' | tail -30
 echo "== bench, no MPS"; cat "$OUT/bench_plain.txt"
 echo "== bench, MPS"; cat "$OUT/bench_mps.txt" 2>/dev/null
 if [ -n "${SMALL_ARGS:-}" ]; then echo "== small bench, MPS"; cat "$OUT/bench_small_mps.txt"; fi
+echo "== tests (again, last)"; printf '%s' "$summary"

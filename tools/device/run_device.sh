@@ -60,6 +60,16 @@ if [ "${VERIFYD_RACECHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null;
   summary="${summary}racecheck: $(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck.log" | sed 's/.*SUMMARY: //')\n"
 fi
 
+# Uninitialised device bytes moved by a copy or read by a kernel (FINDINGS: the backend's D2H
+# copies of whole size bands once reported 100+): initcheck over the backend's oracle test.
+if [ "${VERIFYD_INITCHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  timeout 240 compute-sanitizer --tool initcheck "$B"/bin/cuda_backend_test \
+    --gtest_filter='*RandomBatchesMatchTheFloat64Oracle*:*GraphReplay*' >"$OUT/initcheck.log" 2>&1
+  echo "== initcheck rc=$?"
+  grep -E "ERROR SUMMARY|Uninitialized" "$OUT/initcheck.log" | sort | uniq -c | head -10
+  summary="${summary}initcheck: $(grep -E 'ERROR SUMMARY' "$OUT/initcheck.log" | sed 's/.*SUMMARY: //')\n"
+fi
+
 # Hardware counters for one flash launch (S3: compute-bound, S5: memory-bound) when asked for.
 if [ "${VERIFYD_PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
   for shape in ${VERIFYD_PROFILE_SHAPES:-S3 S5}; do

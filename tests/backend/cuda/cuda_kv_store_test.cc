@@ -191,7 +191,7 @@ TEST(CudaKvStore, AppendFromDeviceRowsMatchesHostAppendAndBadValuesKeepNothing) 
   auto made = test::MakeBackend(/*cuda_graphs=*/true, kLayers, kCapacity);
   ASSERT_TRUE(made.ok()) << made.status();
   TwinStores twins(std::move(made->storage), &rng);
-  const int max_tokens = 300;
+  const int max_tokens = 80;  // 30 Appends of at most 80 tokens fit the pool
   bf16_bits* device_kv = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device_kv),
                        size_t{kLayers} * max_tokens * kKvDim * sizeof(bf16_bits)),
