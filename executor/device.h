@@ -50,6 +50,7 @@ class Device {
   ChannelTable& channels() { return *channels_; }
 
   const char* backend_name() const { return ops_->backend().name(); }
+  bool mps_active() const { return ops_->backend().mps_active(); }
   // The pool's slots (DeviceOptions::capacity_slots); fixed.
   int64_t capacity_slots() const { return capacity_slots_; }
 

@@ -1,8 +1,10 @@
 #include "service/verifyd_service.h"
 
 #include <chrono>
+#include <iostream>
 #include <limits>
 #include <optional>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -80,7 +82,8 @@ void VerifydService::Dispatch(const char* method, const grpc::ServerContextBase*
     // hold the device for nobody, and it changes nothing. Both handler kinds see it: callback
     // contexts always, polled ones through AsyncNotifyWhenDone (VerifyPoller).
     if (cancelled()) {
-      return End(method, start, finish, absl::CancelledError("the call was cancelled before it ran"));
+      return End(method, start, finish,
+                 absl::CancelledError("the call was cancelled before it ran"));
     }
     if (context->deadline() < std::chrono::system_clock::now()) {
       return End(method, start, finish,
@@ -88,9 +91,8 @@ void VerifydService::Dispatch(const char* method, const grpc::ServerContextBase*
     }
     End(method, start, finish, work(ops));
   };
-  const absl::Status queued = where == Where::kFirstInQueue
-                                  ? device->SubmitFirst(std::move(task))
-                                  : device->Submit(std::move(task));
+  const absl::Status queued = where == Where::kFirstInQueue ? device->SubmitFirst(std::move(task))
+                                                            : device->Submit(std::move(task));
   if (!queued.ok()) End(method, start, finish, queued);
 }
 
@@ -107,11 +109,11 @@ grpc::ServerUnaryReactor* VerifydService::Serve(const char* method,
 
 grpc::ServerUnaryReactor* VerifydService::ServeHere(const char* method,
                                                     grpc::CallbackServerContext* context,
-                                                    absl::Time start,
-                                                    const absl::Status& prepared,
+                                                    absl::Time start, const absl::Status& prepared,
                                                     const std::function<absl::Status()>& here) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  End(method, start, [reactor](const grpc::Status& s) { reactor->Finish(s); },
+  End(
+      method, start, [reactor](const grpc::Status& s) { reactor->Finish(s); },
       prepared.ok() ? here() : prepared);
   return reactor;
 }
@@ -121,7 +123,8 @@ void VerifydService::VerifyPolled(grpc::ServerContext* context, grpc::ByteBuffer
                                   std::function<bool()> cancelled, Finish finish) {
   const absl::Time start = absl::Now();
   absl::Status gate = gate_.CheckGated("Verify", *context);
-  if (gate.ok() && !grpc::SerializationTraits<v1::VerifyRequest>::Deserialize(bytes, request).ok()) {
+  if (gate.ok() &&
+      !grpc::SerializationTraits<v1::VerifyRequest>::Deserialize(bytes, request).ok()) {
     gate = absl::InvalidArgumentError(
         "the request is not a valid verifyd.v1.VerifyRequest message (it does not parse)");
   }
@@ -154,9 +157,9 @@ grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* co
       external = ExternalAccess{&device->external_regions(), *std::move(owner), &external_pins};
     }
   }
-  absl::StatusOr<AppendCall> call =
-      gate.ok() ? ValidateAppend(*request, limits_, regions_, &pins, external ? &*external : nullptr)
-                : absl::StatusOr<AppendCall>();
+  absl::StatusOr<AppendCall> call = gate.ok() ? ValidateAppend(*request, limits_, regions_, &pins,
+                                                               external ? &*external : nullptr)
+                                              : absl::StatusOr<AppendCall>();
   // The pins ride with the task: the kv pointer stays mapped until the executor is done with it.
   return Serve("Append", context, start, Prepared(gate, call), Where::kQueue,
                [call = call.ok() ? *std::move(call) : AppendCall(), pins = std::move(pins),
@@ -171,11 +174,11 @@ grpc::ServerUnaryReactor* VerifydService::Commit(grpc::CallbackServerContext* co
   const absl::Time start = absl::Now();
   const absl::Status gate = gate_.CheckGated("Commit", *context);
   absl::StatusOr<CommitCall> call = ValidateCommit(*request, limits_);
-  return Serve("Commit", context, start, Prepared(gate, call), Where::kQueue,
-               [call = call.ok() ? *std::move(call) : CommitCall(), response](
-                   DeviceOperations& ops) {
-                 return EncodeResult(ops.Commit(call), response, EncodeCommit);
-               });
+  return Serve(
+      "Commit", context, start, Prepared(gate, call), Where::kQueue,
+      [call = call.ok() ? *std::move(call) : CommitCall(), response](DeviceOperations& ops) {
+        return EncodeResult(ops.Commit(call), response, EncodeCommit);
+      });
 }
 
 grpc::ServerUnaryReactor* VerifydService::Release(grpc::CallbackServerContext* context,
@@ -184,11 +187,11 @@ grpc::ServerUnaryReactor* VerifydService::Release(grpc::CallbackServerContext* c
   const absl::Time start = absl::Now();
   const absl::Status gate = gate_.CheckGated("Release", *context);
   absl::StatusOr<ReleaseCall> call = ValidateRelease(*request);
-  return Serve("Release", context, start, Prepared(gate, call), Where::kQueue,
-               [call = call.ok() ? *std::move(call) : ReleaseCall(), response](
-                   DeviceOperations& ops) {
-                 return EncodeResult(ops.Release(call), response, EncodeRelease);
-               });
+  return Serve(
+      "Release", context, start, Prepared(gate, call), Where::kQueue,
+      [call = call.ok() ? *std::move(call) : ReleaseCall(), response](DeviceOperations& ops) {
+        return EncodeResult(ops.Release(call), response, EncodeRelease);
+      });
 }
 
 grpc::ServerUnaryReactor* VerifydService::Fork(grpc::CallbackServerContext* context,
@@ -198,8 +201,7 @@ grpc::ServerUnaryReactor* VerifydService::Fork(grpc::CallbackServerContext* cont
   const absl::Status gate = gate_.CheckGated("Fork", *context);
   absl::StatusOr<ForkCall> call = ValidateFork(*request);
   return Serve("Fork", context, start, Prepared(gate, call), Where::kQueue,
-               [call = call.ok() ? *std::move(call) : ForkCall(), response](
-                   DeviceOperations& ops) {
+               [call = call.ok() ? *std::move(call) : ForkCall(), response](DeviceOperations& ops) {
                  return EncodeResult(ops.Fork(call), response, EncodeFork);
                });
 }
@@ -207,18 +209,18 @@ grpc::ServerUnaryReactor* VerifydService::Fork(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* VerifydService::Stats(grpc::CallbackServerContext* context,
                                                 const v1::StatsRequest* /*request*/,
                                                 v1::StatsResponse* response) {
-  return Serve("Stats", context, absl::Now(), absl::OkStatus(), Where::kFirstInQueue,
-               [this, response](DeviceOperations& ops) {
-                 EncodeStats(ops.Stats(), limits_.heads, limits_.default_scale, response);
-                 // The data plane's tables are the device's, not the store's (plans/0017); the
-                 // task runs only on a ready device.
-                 Device* device = ReadyDevice();
-                 response->set_external_regions(
-                     static_cast<uint32_t>(device->external_regions().regions()));
-                 response->set_external_region_bytes(device->external_regions().total_bytes());
-                 response->set_channels(static_cast<uint32_t>(device->channels().channels()));
-                 return absl::OkStatus();
-               });
+  return Serve(
+      "Stats", context, absl::Now(), absl::OkStatus(), Where::kFirstInQueue,
+      [this, response](DeviceOperations& ops) {
+        EncodeStats(ops.Stats(), limits_.heads, limits_.default_scale, response);
+        // The data plane's tables are the device's, not the store's (plans/0017); the
+        // task runs only on a ready device.
+        Device* device = ReadyDevice();
+        response->set_external_regions(static_cast<uint32_t>(device->external_regions().regions()));
+        response->set_external_region_bytes(device->external_regions().total_bytes());
+        response->set_channels(static_cast<uint32_t>(device->channels().channels()));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* VerifydService::CreateSharedMemory(
@@ -266,20 +268,21 @@ grpc::ServerUnaryReactor* VerifydService::RegisterExternalMemory(
   const char* method = "RegisterExternalMemory";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
-                   [&]() -> absl::Status {
-                     if (request->device() > static_cast<uint32_t>(std::numeric_limits<int>::max())) {
-                       return absl::InvalidArgumentError(absl::StrCat(
-                           "device = ", request->device(), " must be this daemon's device"));
-                     }
-                     const ExternalMemoryHandle handle{request->handle(), request->bytes(),
-                                                       static_cast<int>(request->device())};
-                     VERIFYD_ASSIGN_OR_RETURN(uint64_t region,
-                                              device->external_regions().Register(owner, handle));
-                     response->set_region(region);
-                     response->set_bytes(request->bytes());
-                     return absl::OkStatus();
-                   });
+  return ServeHere(
+      method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
+      [&]() -> absl::Status {
+        if (request->device() > static_cast<uint32_t>(std::numeric_limits<int>::max())) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("device = ", request->device(), " must be this daemon's device"));
+        }
+        const ExternalMemoryHandle handle{request->handle(), request->bytes(),
+                                          static_cast<int>(request->device())};
+        VERIFYD_ASSIGN_OR_RETURN(uint64_t region,
+                                 device->external_regions().Register(owner, handle));
+        response->set_region(region);
+        response->set_bytes(request->bytes());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* VerifydService::ReleaseExternalMemory(
@@ -290,8 +293,8 @@ grpc::ServerUnaryReactor* VerifydService::ReleaseExternalMemory(
   std::string owner;
   return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
                    [&]() -> absl::Status {
-                     VERIFYD_ASSIGN_OR_RETURN(
-                         uint64_t bytes, device->external_regions().Release(owner, request->region()));
+                     VERIFYD_ASSIGN_OR_RETURN(uint64_t bytes, device->external_regions().Release(
+                                                                  owner, request->region()));
                      response->set_bytes(bytes);
                      return absl::OkStatus();
                    });
@@ -303,17 +306,25 @@ grpc::ServerUnaryReactor* VerifydService::OpenChannel(grpc::CallbackServerContex
   const char* method = "OpenChannel";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
-                   [&]() -> absl::Status {
-                     const uint32_t entries = request->entries() == 0 ? 64 : request->entries();
-                     VERIFYD_ASSIGN_OR_RETURN(ChannelInfo info,
-                                              device->channels().Open(owner, entries));
-                     response->set_channel(info.id);
-                     response->set_path(info.path);
-                     response->set_entries(info.entries);
-                     response->set_bytes(info.bytes);
-                     return absl::OkStatus();
-                   });
+  return ServeHere(
+      method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
+      [&]() -> absl::Status {
+        const uint32_t entries = request->entries() == 0 ? 64 : request->entries();
+        VERIFYD_ASSIGN_OR_RETURN(ChannelInfo info, device->channels().Open(owner, entries));
+        if (std::string_view(device->backend_name()) == "cuda" && !device->mps_active()) {
+          // The co-located way's cost without MPS (plans/0018): say it where the
+          // operator looks, once per channel.
+          std::cerr << "verifyd: warning: channel " << info.id << " of client '" << owner
+                    << "' opened without MPS: a scheduler on this GPU pays ~290 us "
+                       "of context switching per layer (2.4x a decode step); run "
+                       "the MPS control daemon (deploy/systemd/verifyd-mps@.service)\n";
+        }
+        response->set_channel(info.id);
+        response->set_path(info.path);
+        response->set_entries(info.entries);
+        response->set_bytes(info.bytes);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* VerifydService::CloseChannel(grpc::CallbackServerContext* context,
