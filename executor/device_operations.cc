@@ -49,14 +49,60 @@ std::string DeviceOperations::Item(int b) const {
 
 absl::StatusOr<AppendResult> DeviceOperations::Append(const AppendCall& call) {
   const absl::Time start = absl::Now();
-  VERIFYD_RETURN_IF_ERROR(
-      store_->Append(call.sequence, call.layer_begin, call.layer_count, call.num_tokens, call.kv,
-                     call.expect, call.kv_memory));
+  VERIFYD_RETURN_IF_ERROR(store_->Append(call.sequence, call.layer_begin, call.layer_count,
+                                         call.num_tokens, call.kv, call.expect, call.kv_memory));
   metrics_->RecordKernel(KernelKind::kAppend, absl::Now() - start);
   AppendResult result;
   VERIFYD_ASSIGN_OR_RETURN(result.committed_length, store_->CommittedLength(call.sequence));
   VERIFYD_ASSIGN_OR_RETURN(result.layer_fill, store_->LayerFill(call.sequence));
   return result;
+}
+
+absl::Status DeviceOperations::GatherViews(const VerifyCall& call, VerifyResult* result) {
+  const int batch = static_cast<int>(call.items.size());
+  prefix_len_.assign(batch, 0);
+  slot_indptr_.assign(1, 0);
+  mask_indptr_.assign(1, 0);
+  slots_.clear();
+  slot_lists_.clear();
+  mask_bits_.clear();
+  tree_slots_.clear();
+  const bool host_lists = backend_->needs_host_slot_lists();
+  for (int b = 0; b < batch; ++b) {
+    absl::StatusOr<VerifyView> view = store_->GetVerifyView(call.items[b].sequence);
+    if (!view.ok()) return AfterPrepare(view.status(), absl::StrCat(Item(b), " view"));
+    prefix_len_[b] = view->prefix_len;
+    slot_lists_.push_back(VerifySlotList{call.items[b].sequence, view->slot_generation,
+                                         view->prefix_slots, view->tree_slots});
+    tree_slots_.insert(tree_slots_.end(), view->tree_slots.begin(), view->tree_slots.end());
+    if (host_lists) {
+      slots_.insert(slots_.end(), view->prefix_slots.begin(), view->prefix_slots.end());
+      slots_.insert(slots_.end(), view->tree_slots.begin(), view->tree_slots.end());
+      slot_indptr_.push_back(static_cast<int32_t>(slots_.size()));
+    }
+    mask_bits_.insert(mask_bits_.end(), view->mask->bits().begin(), view->mask->bits().end());
+    mask_indptr_.push_back(static_cast<int32_t>(mask_bits_.size()));
+    result->committed_length.push_back(view->prefix_len);
+    metrics_->RecordTreeNodes(call.qo_indptr[b + 1] - call.qo_indptr[b]);
+  }
+  return absl::OkStatus();
+}
+
+VerifyProblem DeviceOperations::GatheredProblem(const VerifyCall& call) const {
+  const bool host_lists = backend_->needs_host_slot_lists();
+  VerifyProblem problem;
+  problem.q = call.q;
+  problem.num_heads = call.num_heads;
+  problem.scale = call.scale;
+  problem.batch = static_cast<int>(call.items.size());
+  problem.total_q = call.total_q;
+  problem.qo_indptr = call.qo_indptr.data();
+  problem.prefix_len = prefix_len_.data();
+  problem.slot_indptr = host_lists ? slot_indptr_.data() : nullptr;
+  problem.slots = host_lists ? slots_.data() : nullptr;
+  problem.mask_indptr = mask_indptr_.data();
+  problem.mask_bits = mask_bits_.data();
+  return problem;
 }
 
 absl::StatusOr<VerifyResult> DeviceOperations::Verify(const VerifyCall& call) {
@@ -69,30 +115,8 @@ absl::StatusOr<VerifyResult> DeviceOperations::Verify(const VerifyCall& call) {
                                call.tree_kv + static_cast<size_t>(call.qo_indptr[b]) * kKvDim);
     if (!written.ok()) return AfterPrepare(written, absl::StrCat(Item(b), " tree KV"));
   }
-  prefix_len_.assign(batch, 0);
-  slot_indptr_.assign(1, 0);
-  mask_indptr_.assign(1, 0);
-  slots_.clear();
-  slot_lists_.clear();
-  mask_bits_.clear();
   // The views' spans stay valid until the next mutating store call, which comes after the compute.
-  const bool host_lists = backend_->needs_host_slot_lists();
-  for (int b = 0; b < batch; ++b) {
-    absl::StatusOr<VerifyView> view = store_->GetVerifyView(call.items[b].sequence);
-    if (!view.ok()) return AfterPrepare(view.status(), absl::StrCat(Item(b), " view"));
-    prefix_len_[b] = view->prefix_len;
-    slot_lists_.push_back(VerifySlotList{call.items[b].sequence, view->slot_generation,
-                                         view->prefix_slots, view->tree_slots});
-    if (host_lists) {
-      slots_.insert(slots_.end(), view->prefix_slots.begin(), view->prefix_slots.end());
-      slots_.insert(slots_.end(), view->tree_slots.begin(), view->tree_slots.end());
-      slot_indptr_.push_back(static_cast<int32_t>(slots_.size()));
-    }
-    mask_bits_.insert(mask_bits_.end(), view->mask->bits().begin(), view->mask->bits().end());
-    mask_indptr_.push_back(static_cast<int32_t>(mask_bits_.size()));
-    result.committed_length.push_back(view->prefix_len);
-    metrics_->RecordTreeNodes(call.qo_indptr[b + 1] - call.qo_indptr[b]);
-  }
+  if (absl::Status gathered = GatherViews(call, &result); !gathered.ok()) return gathered;
   metrics_->RecordVerifyBatch(batch);
 
   const int64_t rows = int64_t{call.total_q} * call.num_heads;
@@ -107,20 +131,9 @@ absl::StatusOr<VerifyResult> DeviceOperations::Verify(const VerifyCall& call) {
     lse = reinterpret_cast<float*>(result.lse_bytes.data());
   }
 
-  VerifyProblem problem;
-  problem.q = call.q;
+  VerifyProblem problem = GatheredProblem(call);
   problem.out = out_data;
   problem.lse = lse;
-  problem.num_heads = call.num_heads;
-  problem.scale = call.scale;
-  problem.batch = batch;
-  problem.total_q = call.total_q;
-  problem.qo_indptr = call.qo_indptr.data();
-  problem.prefix_len = prefix_len_.data();
-  problem.slot_indptr = host_lists ? slot_indptr_.data() : nullptr;
-  problem.slots = host_lists ? slots_.data() : nullptr;
-  problem.mask_indptr = mask_indptr_.data();
-  problem.mask_bits = mask_bits_.data();
   const absl::Time start = absl::Now();
   const absl::Status computed = backend_->ComputeVerify(call.layer, problem, slot_lists_);
   metrics_->RecordKernel(KernelKind::kVerify, absl::Now() - start);
@@ -139,7 +152,8 @@ absl::Status DeviceOperations::FailExternal(const ExternalFailure& failure,
                                             const absl::Status& reason) {
   const absl::Status failed = backend_->FailVerifyExternal(failure);
   if (!failed.ok()) {
-    return absl::Status(reason.code(), absl::StrCat(reason.message(), " (and the outputs and done "
+    return absl::Status(reason.code(), absl::StrCat(reason.message(),
+                                                    " (and the outputs and done "
                                                     "flag could not be written: ",
                                                     failed.ToString(), ")"));
   }
@@ -155,51 +169,16 @@ absl::StatusOr<VerifyResult> DeviceOperations::VerifyExternal(const VerifyCall& 
   if (!prepared.ok()) return FailExternal(failure, prepared);
   VerifyResult result;
   const int batch = static_cast<int>(call.items.size());
-  prefix_len_.assign(batch, 0);
-  slot_indptr_.assign(1, 0);
-  mask_indptr_.assign(1, 0);
-  slots_.clear();
-  slot_lists_.clear();
-  mask_bits_.clear();
-  tree_slots_.clear();
-  const bool host_lists = backend_->needs_host_slot_lists();
-  for (int b = 0; b < batch; ++b) {
-    absl::StatusOr<VerifyView> view = store_->GetVerifyView(call.items[b].sequence);
-    if (!view.ok()) {
-      return FailExternal(failure, AfterPrepare(view.status(), absl::StrCat(Item(b), " view")));
-    }
-    prefix_len_[b] = view->prefix_len;
-    slot_lists_.push_back(VerifySlotList{call.items[b].sequence, view->slot_generation,
-                                         view->prefix_slots, view->tree_slots});
-    tree_slots_.insert(tree_slots_.end(), view->tree_slots.begin(), view->tree_slots.end());
-    if (host_lists) {
-      slots_.insert(slots_.end(), view->prefix_slots.begin(), view->prefix_slots.end());
-      slots_.insert(slots_.end(), view->tree_slots.begin(), view->tree_slots.end());
-      slot_indptr_.push_back(static_cast<int32_t>(slots_.size()));
-    }
-    mask_bits_.insert(mask_bits_.end(), view->mask->bits().begin(), view->mask->bits().end());
-    mask_indptr_.push_back(static_cast<int32_t>(mask_bits_.size()));
-    result.committed_length.push_back(view->prefix_len);
-    metrics_->RecordTreeNodes(call.qo_indptr[b + 1] - call.qo_indptr[b]);
+  if (absl::Status gathered = GatherViews(call, &result); !gathered.ok()) {
+    return FailExternal(failure, gathered);
   }
   metrics_->RecordVerifyBatch(batch);
 
   ExternalVerify external;
   external.layer = call.layer;
-  VerifyProblem& problem = external.problem;
-  problem.q = call.q;
-  problem.out = call.out_destination;
-  problem.lse = call.lse_destination;
-  problem.num_heads = call.num_heads;
-  problem.scale = call.scale;
-  problem.batch = batch;
-  problem.total_q = call.total_q;
-  problem.qo_indptr = call.qo_indptr.data();
-  problem.prefix_len = prefix_len_.data();
-  problem.slot_indptr = host_lists ? slot_indptr_.data() : nullptr;
-  problem.slots = host_lists ? slots_.data() : nullptr;
-  problem.mask_indptr = mask_indptr_.data();
-  problem.mask_bits = mask_bits_.data();
+  external.problem = GatheredProblem(call);
+  external.problem.out = call.out_destination;
+  external.problem.lse = call.lse_destination;
   external.tree_kv = call.tree_kv;
   external.tree_slots = tree_slots_;
   external.order = order;

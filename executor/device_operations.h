@@ -58,6 +58,12 @@ class DeviceOperations {
   DeviceOperations(std::unique_ptr<ComputeBackend> backend, ExecutorMetrics* metrics)
       : backend_(std::move(backend)), metrics_(metrics) {}
 
+  // After PrepareVerify: each item's view into the scratch below (prefix lengths, slot lists,
+  // tree slots, host slot arrays when the backend reads them, masks) and result->committed_length.
+  // A failure is AfterPrepare's.
+  absl::Status GatherViews(const VerifyCall& call, VerifyResult* result);
+  // The batch's problem over the gathered scratch; out and lse are the caller's to set.
+  VerifyProblem GatheredProblem(const VerifyCall& call) const;
   // The caller's name of Verify's b-th item ("sequences[2]"), for messages.
   std::string Item(int b) const;
 
