@@ -9,6 +9,7 @@
 #include "base/status_macros.h"
 #include "executor/channel_table.h"
 #include "service/grpc_status.h"
+#include "service/message_size.h"
 #include "service/response_encoding.h"
 
 namespace verifyd {
@@ -59,6 +60,12 @@ VerifydService::VerifydService(const ServiceOptions& options, std::string admin_
       metrics_(metrics),
       regions_(regions),
       client_of_(std::move(client_of)) {}
+
+absl::Status VerifydService::Admit(const char* method, const grpc::ServerContextBase& context,
+                                   uint64_t request_bytes, bool gated) const {
+  VERIFYD_RETURN_IF_ERROR(CheckRequestSize(method, request_bytes, limits_.max_message_bytes));
+  return gated ? gate_.CheckGated(method, context) : absl::OkStatus();
+}
 
 void VerifydService::End(const char* method, absl::Time start, const Finish& finish,
                          const absl::Status& status) {
@@ -120,7 +127,7 @@ void VerifydService::VerifyPolled(grpc::ServerContext* context, grpc::ByteBuffer
                                   v1::VerifyRequest* request, v1::VerifyResponse* response,
                                   std::function<bool()> cancelled, Finish finish) {
   const absl::Time start = absl::Now();
-  absl::Status gate = gate_.CheckGated("Verify", *context);
+  absl::Status gate = Admit("Verify", *context, bytes->Length());
   if (gate.ok() && !grpc::SerializationTraits<v1::VerifyRequest>::Deserialize(bytes, request).ok()) {
     gate = absl::InvalidArgumentError(
         "the request is not a valid verifyd.v1.VerifyRequest message (it does not parse)");
@@ -138,7 +145,7 @@ grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* co
                                                  const v1::AppendRequest* request,
                                                  v1::AppendResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status gate = gate_.CheckGated("Append", *context);
+  absl::Status gate = Admit("Append", *context, request->ByteSizeLong());
   RegionPins pins;
   // KV from a registered external region: the region must be this client's.
   ExternalPins external_pins;
@@ -169,7 +176,7 @@ grpc::ServerUnaryReactor* VerifydService::Commit(grpc::CallbackServerContext* co
                                                  const v1::CommitRequest* request,
                                                  v1::CommitResponse* response) {
   const absl::Time start = absl::Now();
-  const absl::Status gate = gate_.CheckGated("Commit", *context);
+  const absl::Status gate = Admit("Commit", *context, request->ByteSizeLong());
   absl::StatusOr<CommitCall> call = ValidateCommit(*request, limits_);
   return Serve("Commit", context, start, Prepared(gate, call), Where::kQueue,
                [call = call.ok() ? *std::move(call) : CommitCall(), response](
@@ -182,7 +189,7 @@ grpc::ServerUnaryReactor* VerifydService::Release(grpc::CallbackServerContext* c
                                                   const v1::ReleaseRequest* request,
                                                   v1::ReleaseResponse* response) {
   const absl::Time start = absl::Now();
-  const absl::Status gate = gate_.CheckGated("Release", *context);
+  const absl::Status gate = Admit("Release", *context, request->ByteSizeLong());
   absl::StatusOr<ReleaseCall> call = ValidateRelease(*request);
   return Serve("Release", context, start, Prepared(gate, call), Where::kQueue,
                [call = call.ok() ? *std::move(call) : ReleaseCall(), response](
@@ -195,7 +202,7 @@ grpc::ServerUnaryReactor* VerifydService::Fork(grpc::CallbackServerContext* cont
                                                const v1::ForkRequest* request,
                                                v1::ForkResponse* response) {
   const absl::Time start = absl::Now();
-  const absl::Status gate = gate_.CheckGated("Fork", *context);
+  const absl::Status gate = Admit("Fork", *context, request->ByteSizeLong());
   absl::StatusOr<ForkCall> call = ValidateFork(*request);
   return Serve("Fork", context, start, Prepared(gate, call), Where::kQueue,
                [call = call.ok() ? *std::move(call) : ForkCall(), response](
@@ -205,9 +212,12 @@ grpc::ServerUnaryReactor* VerifydService::Fork(grpc::CallbackServerContext* cont
 }
 
 grpc::ServerUnaryReactor* VerifydService::Stats(grpc::CallbackServerContext* context,
-                                                const v1::StatsRequest* /*request*/,
+                                                const v1::StatsRequest* request,
                                                 v1::StatsResponse* response) {
-  return Serve("Stats", context, absl::Now(), absl::OkStatus(), Where::kFirstInQueue,
+  const absl::Time start = absl::Now();
+  return Serve("Stats", context, start,
+               Admit("Stats", *context, request->ByteSizeLong(), /*gated=*/false),
+               Where::kFirstInQueue,
                [this, response](DeviceOperations& ops) {
                  EncodeStats(ops.Stats(), limits_.heads, limits_.default_scale, response);
                  // The data plane's tables are the device's, not the store's (plans/0017); the
@@ -221,11 +231,25 @@ grpc::ServerUnaryReactor* VerifydService::Stats(grpc::CallbackServerContext* con
                });
 }
 
+grpc::ServerUnaryReactor* VerifydService::ListSequences(grpc::CallbackServerContext* context,
+                                                        const v1::ListSequencesRequest* request,
+                                                        v1::ListSequencesResponse* response) {
+  const absl::Time start = absl::Now();
+  const absl::Status gate = Admit("ListSequences", *context, request->ByteSizeLong());
+  absl::StatusOr<ListSequencesCall> call = ValidateListSequences(*request, limits_);
+  return Serve("ListSequences", context, start, Prepared(gate, call), Where::kQueue,
+               [call = call.ok() ? *std::move(call) : ListSequencesCall(), response](
+                   DeviceOperations& ops) {
+                 EncodeSequences(ops.ListSequences(call), response);
+                 return absl::OkStatus();
+               });
+}
+
 grpc::ServerUnaryReactor* VerifydService::CreateSharedMemory(
     grpc::CallbackServerContext* context, const v1::CreateSharedMemoryRequest* request,
     v1::SharedMemoryRegion* response) {
   return ServeHere("CreateSharedMemory", context, absl::Now(),
-                   gate_.CheckGated("CreateSharedMemory", *context), [&]() -> absl::Status {
+                   Admit("CreateSharedMemory", *context, request->ByteSizeLong()), [&]() -> absl::Status {
                      const std::string peer = context->peer();
                      VERIFYD_ASSIGN_OR_RETURN(
                          SharedMemoryInfo info,
@@ -241,7 +265,7 @@ grpc::ServerUnaryReactor* VerifydService::ReleaseSharedMemory(
     grpc::CallbackServerContext* context, const v1::ReleaseSharedMemoryRequest* request,
     v1::ReleaseSharedMemoryResponse* response) {
   return ServeHere("ReleaseSharedMemory", context, absl::Now(),
-                   gate_.CheckGated("ReleaseSharedMemory", *context), [&]() -> absl::Status {
+                   Admit("ReleaseSharedMemory", *context, request->ByteSizeLong()), [&]() -> absl::Status {
                      VERIFYD_ASSIGN_OR_RETURN(uint64_t bytes, regions_->Release(request->region()));
                      response->set_bytes(bytes);
                      return absl::OkStatus();
@@ -252,8 +276,9 @@ grpc::ServerUnaryReactor* VerifydService::ReleaseSharedMemory(
 // like every call that changes state, owned by the client named in metadata.
 absl::Status VerifydService::DataPlaneOwner(const char* method,
                                             const grpc::CallbackServerContext& context,
-                                            Device** device, std::string* owner) const {
-  VERIFYD_RETURN_IF_ERROR(gate_.CheckGated(method, context));
+                                            uint64_t request_bytes, Device** device,
+                                            std::string* owner) const {
+  VERIFYD_RETURN_IF_ERROR(Admit(method, context, request_bytes));
   *device = ReadyDevice();
   if (*device == nullptr) return NotReady();
   VERIFYD_ASSIGN_OR_RETURN(*owner, ClientOf(context));
@@ -266,7 +291,7 @@ grpc::ServerUnaryReactor* VerifydService::RegisterExternalMemory(
   const char* method = "RegisterExternalMemory";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
+  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner),
                    [&]() -> absl::Status {
                      if (request->device() > static_cast<uint32_t>(std::numeric_limits<int>::max())) {
                        return absl::InvalidArgumentError(absl::StrCat(
@@ -288,7 +313,7 @@ grpc::ServerUnaryReactor* VerifydService::ReleaseExternalMemory(
   const char* method = "ReleaseExternalMemory";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
+  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner),
                    [&]() -> absl::Status {
                      VERIFYD_ASSIGN_OR_RETURN(
                          uint64_t bytes, device->external_regions().Release(owner, request->region()));
@@ -303,7 +328,7 @@ grpc::ServerUnaryReactor* VerifydService::OpenChannel(grpc::CallbackServerContex
   const char* method = "OpenChannel";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
+  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner),
                    [&]() -> absl::Status {
                      const uint32_t entries = request->entries() == 0 ? 64 : request->entries();
                      VERIFYD_ASSIGN_OR_RETURN(ChannelInfo info,
@@ -322,14 +347,14 @@ grpc::ServerUnaryReactor* VerifydService::CloseChannel(grpc::CallbackServerConte
   const char* method = "CloseChannel";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
+  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner),
                    [&]() { return device->channels().Close(owner, request->channel()); });
 }
 
 grpc::ServerUnaryReactor* VerifydService::Compact(grpc::CallbackServerContext* context,
                                                   const v1::CompactRequest* request,
                                                   v1::CompactResponse* response) {
-  const absl::Status gate = gate_.CheckGated("Compact", *context);
+  const absl::Status gate = Admit("Compact", *context, request->ByteSizeLong());
   absl::StatusOr<CompactCall> call = ValidateCompact(*request);
   return ServeHere("Compact", context, absl::Now(), Prepared(gate, call), [&]() -> absl::Status {
     Device* device = ReadyDevice();
@@ -342,8 +367,11 @@ grpc::ServerUnaryReactor* VerifydService::Compact(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* VerifydService::GetCompaction(grpc::CallbackServerContext* context,
                                                         const v1::GetCompactionRequest* request,
                                                         v1::CompactionStatus* response) {
+  const absl::Status size =
+      Admit("GetCompaction", *context, request->ByteSizeLong(), /*gated=*/false);
   absl::StatusOr<GetCompactionCall> call = ValidateGetCompaction(*request);
-  return ServeHere("GetCompaction", context, absl::Now(), call.status(), [&]() -> absl::Status {
+  return ServeHere("GetCompaction", context, absl::Now(), Prepared(size, call),
+                   [&]() -> absl::Status {
     Device* device = ReadyDevice();
     if (device == nullptr) return NotReady();
     std::optional<CompactionOperation> op = device->GetCompaction(call->operation_id);
