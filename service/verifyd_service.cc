@@ -248,8 +248,9 @@ grpc::ServerUnaryReactor* VerifydService::ListSequences(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* VerifydService::CreateSharedMemory(
     grpc::CallbackServerContext* context, const v1::CreateSharedMemoryRequest* request,
     v1::SharedMemoryRegion* response) {
-  return ServeHere("CreateSharedMemory", context, absl::Now(),
-                   Admit("CreateSharedMemory", *context, request->ByteSizeLong()), [&]() -> absl::Status {
+  const absl::Status admitted =
+      Admit("CreateSharedMemory", *context, request->ByteSizeLong());
+  return ServeHere("CreateSharedMemory", context, absl::Now(), admitted, [&]() -> absl::Status {
                      const std::string peer = context->peer();
                      VERIFYD_ASSIGN_OR_RETURN(
                          SharedMemoryInfo info,
@@ -264,8 +265,9 @@ grpc::ServerUnaryReactor* VerifydService::CreateSharedMemory(
 grpc::ServerUnaryReactor* VerifydService::ReleaseSharedMemory(
     grpc::CallbackServerContext* context, const v1::ReleaseSharedMemoryRequest* request,
     v1::ReleaseSharedMemoryResponse* response) {
-  return ServeHere("ReleaseSharedMemory", context, absl::Now(),
-                   Admit("ReleaseSharedMemory", *context, request->ByteSizeLong()), [&]() -> absl::Status {
+  const absl::Status admitted =
+      Admit("ReleaseSharedMemory", *context, request->ByteSizeLong());
+  return ServeHere("ReleaseSharedMemory", context, absl::Now(), admitted, [&]() -> absl::Status {
                      VERIFYD_ASSIGN_OR_RETURN(uint64_t bytes, regions_->Release(request->region()));
                      response->set_bytes(bytes);
                      return absl::OkStatus();
@@ -291,7 +293,9 @@ grpc::ServerUnaryReactor* VerifydService::RegisterExternalMemory(
   const char* method = "RegisterExternalMemory";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner),
+  const absl::Status admitted =
+      DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner);
+  return ServeHere(method, context, absl::Now(), admitted,
                    [&]() -> absl::Status {
                      if (request->device() > static_cast<uint32_t>(std::numeric_limits<int>::max())) {
                        return absl::InvalidArgumentError(absl::StrCat(
@@ -313,7 +317,9 @@ grpc::ServerUnaryReactor* VerifydService::ReleaseExternalMemory(
   const char* method = "ReleaseExternalMemory";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner),
+  const absl::Status admitted =
+      DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner);
+  return ServeHere(method, context, absl::Now(), admitted,
                    [&]() -> absl::Status {
                      VERIFYD_ASSIGN_OR_RETURN(
                          uint64_t bytes, device->external_regions().Release(owner, request->region()));
@@ -328,7 +334,9 @@ grpc::ServerUnaryReactor* VerifydService::OpenChannel(grpc::CallbackServerContex
   const char* method = "OpenChannel";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner),
+  const absl::Status admitted =
+      DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner);
+  return ServeHere(method, context, absl::Now(), admitted,
                    [&]() -> absl::Status {
                      const uint32_t entries = request->entries() == 0 ? 64 : request->entries();
                      VERIFYD_ASSIGN_OR_RETURN(ChannelInfo info,
@@ -347,7 +355,9 @@ grpc::ServerUnaryReactor* VerifydService::CloseChannel(grpc::CallbackServerConte
   const char* method = "CloseChannel";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner),
+  const absl::Status admitted =
+      DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner);
+  return ServeHere(method, context, absl::Now(), admitted,
                    [&]() { return device->channels().Close(owner, request->channel()); });
 }
 

@@ -18,7 +18,8 @@ absl::StatusOr<Command> ParseCommand(const std::string& word) {
   if (word == "release") return Command::kRelease;
   if (word == "fork") return Command::kFork;
   if (word == "help") return Command::kHelp;
-  return Usage("unknown command '", word, "'; expected health, stats, sequences, compact, release or fork");
+  return Usage("unknown command '", word,
+               "'; expected health, stats, sequences, compact, release or fork");
 }
 
 }  // namespace

@@ -132,7 +132,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!r.ParseFromArray(data, static_cast<int>(size))) break;
       absl::StatusOr<ListSequencesCall> call = ValidateListSequences(r, kLimits);
       Require(call.ok(), "ListSequences takes every request");
-      Require(call->limit >= 1 && call->limit <= MaxListedSequences(kLimits), "ListSequences limit");
+      Require(call->limit >= 1 && call->limit <= MaxListedSequences(kLimits),
+              "ListSequences limit");
       Require(call->after.has_value() == r.has_after_sequence_id(), "ListSequences cursor");
       break;
     }

@@ -334,8 +334,9 @@ TEST_F(BadInputTest, OversizedRequestsAreNamedCountedAndChangeNothing) {
   const std::string text =
       prometheus::TextSerializer().Serialize(server_.server().metrics().registry()->Collect());
   for (const auto& [method, request] : requests) {
-    EXPECT_THAT(text, HasSubstr(absl::StrCat("verifyd_rpc_requests_total{code=\"RESOURCE_EXHAUSTED\","
-                                             "method=\"", method, "\"} 1")))
+    EXPECT_THAT(text, HasSubstr(absl::StrCat(
+                          "verifyd_rpc_requests_total{code=\"RESOURCE_EXHAUSTED\",method=\"",
+                          method, "\"} 1")))
         << method;
   }
   // Nothing changed: no sequence 6 or 7, 1's tree still pending, 2 still live, no region, no

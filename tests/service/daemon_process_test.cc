@@ -236,8 +236,8 @@ TEST(DaemonProcessTest, LeaseExpiryFreesSilentClientsAndMetricsPassPromtool) {
               ::testing::ContainsRegex("verifyd_build_info\\{backend=\"(cpu|cuda)\",version=\""));
   // The DCGM join key (plans/0003): "" on cpu, nvidia-smi's form on cuda.
   EXPECT_THAT(text, ::testing::ContainsRegex(
-                        "verifyd_device_info\\{device=\"0\",gpu_uuid=\"(GPU-[0-9a-f]{8}-[0-9a-f]{4}-"
-                        "[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})?\"\\} 1"));
+                        "verifyd_device_info\\{device=\"0\",gpu_uuid=\""
+                        "(GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})?\"\\} 1"));
   if (text.find("backend=\"cpu\"") != std::string::npos) {
     EXPECT_THAT(text, HasSubstr("verifyd_device_info{device=\"0\",gpu_uuid=\"\"} 1"));
   }

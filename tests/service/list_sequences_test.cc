@@ -121,7 +121,8 @@ TEST_F(ListSequencesTest, APageFitsTheMessageBoundAndPagingReachesEveryId) {
     ASSERT_TRUE(rpc_.Append(model_.MakeAppend(id, 1)).ok());
   }
   std::sort(ids.begin(), ids.end());
-  const int64_t cap = MaxListedSequences(ValidationLimits{.max_message_bytes = options_.max_message_bytes});
+  const int64_t cap =
+      MaxListedSequences(ValidationLimits{.max_message_bytes = options_.max_message_bytes});
   ASSERT_EQ(cap, 1023);
   auto page = client_->ListSequences(std::nullopt, 5000);
   ASSERT_TRUE(page.ok()) << page.status();
