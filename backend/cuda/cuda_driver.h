@@ -39,7 +39,8 @@ absl::Status CuResultToStatus(CUresult result, const char* expr, const char* fil
 absl::StatusOr<bool> MpsActive(int device);
 
 // The device's UUID as nvidia-smi and DCGM print it (backend/gpu_uuid.h), from
-// cudaGetDeviceProperties (a MIG instance reports its own UUID there).
+// cudaGetDeviceProperties (whole GPUs; a MIG instance reports its own UUID there, which DCGM does
+// not label with: plans/0003).
 absl::StatusOr<std::string> GpuUuid(int device);
 
 }  // namespace verifyd
