@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -133,6 +134,10 @@ class ComputeBackend {
   // Whether this process's work on the device shares it through MPS (cuda: the device's
   // CU_DEVICE_ATTRIBUTE_MPS_ENABLED, read at creation); false for a backend without a device.
   virtual bool mps_active() const { return false; }
+  // The device's UUID as nvidia-smi and DCGM print it ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx",
+  // backend/gpu_uuid.h), for the metrics' join with DCGM; "" for a backend without a GPU (an empty
+  // label is no label to Prometheus: a join finds nothing, which is the truth).
+  virtual std::string gpu_uuid() const { return ""; }
 };
 
 }  // namespace verifyd

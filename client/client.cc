@@ -296,6 +296,31 @@ absl::StatusOr<v1::StatsResponse> Client::Stats(const CallOptions& call) {
   return Unary("Stats", true, call, &v1::Verifyd::Stub::Stats, v1::StatsRequest());
 }
 
+absl::StatusOr<v1::ListSequencesResponse> Client::ListSequences(
+    std::optional<uint64_t> after_sequence_id, uint32_t limit, const CallOptions& call) {
+  v1::ListSequencesRequest request;
+  if (after_sequence_id.has_value()) request.set_after_sequence_id(*after_sequence_id);
+  request.set_limit(limit);
+  return Unary("ListSequences", true, call, &v1::Verifyd::Stub::ListSequences, request);
+}
+
+absl::StatusOr<v1::ListSequencesResponse> Client::ListAllSequences(const CallOptions& call) {
+  v1::ListSequencesResponse all;
+  std::optional<uint64_t> after;
+  for (;;) {
+    absl::StatusOr<v1::ListSequencesResponse> page = ListSequences(after, 0, call);
+    if (!page.ok()) return page.status();
+    all.set_total_sequences(page->total_sequences());
+    for (v1::SequenceInfo& info : *page->mutable_sequences()) {
+      *all.add_sequences() = std::move(info);
+    }
+    // An empty truncated page cannot happen (the daemon lists at least one); stop rather than
+    // ask the same page forever.
+    if (!page->truncated() || page->sequences().empty()) return all;
+    after = all.sequences(all.sequences_size() - 1).sequence_id();
+  }
+}
+
 absl::StatusOr<SharedMemoryRegion> Client::CreateSharedMemory(uint64_t bytes,
                                                               const CallOptions& call) {
   v1::CreateSharedMemoryRequest request;

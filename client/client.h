@@ -125,6 +125,16 @@ class Client {
       const std::function<void(const v1::CompactionStatus&)>& on_progress = nullptr,
       const CallOptions& call = {});
   absl::StatusOr<v1::StatsResponse> Stats(const CallOptions& call = {});
+  // One page of the live sequences, ascending ids greater than `after_sequence_id` (all when
+  // unset), at most `limit` (0: the daemon's default, 1000; it lists fewer when the page would not
+  // fit its --max-message-bytes and says truncated). Read-only (renews no lease), so retried.
+  absl::StatusOr<v1::ListSequencesResponse> ListSequences(
+      std::optional<uint64_t> after_sequence_id = std::nullopt, uint32_t limit = 0,
+      const CallOptions& call = {});
+  // Every page of ListSequences, concatenated: truncated false, total_sequences from the last
+  // page. Each page is a snapshot of its own; a sequence created or released meanwhile may be
+  // missed or listed.
+  absl::StatusOr<v1::ListSequencesResponse> ListAllSequences(const CallOptions& call = {});
   // Shared memory for tensors (plans/0010): the daemon creates a region of `bytes`, this process
   // maps it. The region must not outlive this Client. FAILED_PRECONDITION when the daemon has
   // shared memory disabled, RESOURCE_EXHAUSTED past its limits; the client must run as the

@@ -225,6 +225,10 @@ DeviceStats DeviceOperations::Stats() const {
   return stats;
 }
 
+SequencePage DeviceOperations::ListSequences(const ListSequencesCall& call) const {
+  return store_->ListSequences(call.after, call.limit);
+}
+
 int64_t DeviceOperations::ExpireLeases() {
   const std::vector<SequenceId> released = store_->ExpireLeases();
   for (SequenceId sequence : released) backend_->ForgetSequence(sequence);

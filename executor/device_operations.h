@@ -42,6 +42,8 @@ class DeviceOperations {
   absl::StatusOr<ForkResult> Fork(const ForkCall& call);
   // Also publishes the store's gauges.
   DeviceStats Stats() const;
+  // Read-only: renews no lease (KvStore::ListSequences).
+  SequencePage ListSequences(const ListSequencesCall& call) const;
 
   // Releases sequences whose lease passed (and tells the backend to forget them); returns how
   // many.

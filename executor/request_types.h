@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,13 @@ struct ForkCall {
 struct ForkResult {
   int64_t committed_length = 0;
   int64_t shared_slots = 0;  // store-wide, after the fork
+};
+
+// ListSequences: the live sequences with id > after (all when unset), at most `limit` (the service
+// has bounded it by the answer's message size).
+struct ListSequencesCall {
+  std::optional<SequenceId> after;
+  int64_t limit = 0;
 };
 
 struct CompactCall {

@@ -117,6 +117,26 @@ struct StoreStats {
   int64_t shared_references = 0;
 };
 
+// One sequence as ListSequences reports it (the "release what leaked" runbook): read-only.
+struct SequenceSummary {
+  SequenceId id = 0;
+  int64_t committed_length = 0;  // the minimum fill over layers
+  int64_t pending_nodes = 0;     // nodes of the pending tree; 0 when none
+  // Since the last successful call that renewed the lease, and until the lease passes (<= 0:
+  // the next sweep releases it), on the store's clock.
+  absl::Duration idle;
+  absl::Duration lease_left;
+  // Committed slots of this sequence that another sequence holds too (a fork's shared prefix).
+  int64_t shared_slots = 0;
+};
+
+// A page of ListSequences: ids ascending.
+struct SequencePage {
+  std::vector<SequenceSummary> sequences;
+  bool truncated = false;  // live sequences with larger ids were left out
+  int64_t total = 0;       // live sequences in the store
+};
+
 // Positions [position, position + length) of `sequence` move from the consecutive slots
 // [src_begin, src_begin + length) to [dst_begin, dst_begin + length). The owner is named so that
 // executing a stale plan is detected instead of moving somebody else's rows.
@@ -204,6 +224,9 @@ class KvStore {
   // Reads the committed KV of one layer back: out host [LayerFill(seq)[layer]][576].
   absl::Status ReadCommitted(SequenceId seq, int layer, bf16_bits* out) const;
   std::vector<SequenceId> Sequences() const;
+  // The live sequences with id > `after` (every one when unset), ascending, at most `limit` (>= 0)
+  // of them. Renews nothing. O(sequences log limit + the listed sequences' committed lengths).
+  SequencePage ListSequences(std::optional<SequenceId> after, int64_t limit) const;
   bool Contains(SequenceId seq) const;
   // Sharing, for tests and diagnostics: how many committed slot lists hold `slot` (0 when free or
   // pending), and the first position `seq` accounts (plans/0019; 0 unless it shares a prefix with

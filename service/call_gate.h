@@ -2,7 +2,8 @@
 // directory the daemon controls, so reaching it proves the caller is the daemon's user or in its
 // group (the scheduler's). Every other transport (--tcp) may read (Stats, GetCompaction) but any
 // call that changes state or reads tensors (Append, Verify, Commit, Release, Compact, the shared-
-// memory calls) needs the admin token in metadata x-verifyd-admin-token.
+// memory calls), and ListSequences (per-sequence traffic: verifyd_service.h says why), needs the
+// admin token in metadata x-verifyd-admin-token.
 #pragma once
 
 #include <string>

@@ -4,8 +4,10 @@
 // interceptor, installed on the server, sees the status about to be sent for every callback
 // method and turns that one into INVALID_ARGUMENT naming the expected message type, counted.
 // (Verify is a raw completion-queue method and parses its request itself:
-// VerifydService::VerifyPolled.) A message over --max-message-bytes is refused by gRPC core before
-// any C++ layer, interceptors included, sees the call: it is still not counted (plans/0015).
+// VerifydService::VerifyPolled.) A message above gRPC's receive limit is refused by gRPC core
+// before any C++ layer, interceptors included, sees the call; that limit is twice
+// --max-message-bytes, and the handlers refuse and count what lies between (service/message_size.h,
+// plans/0015 row 7b).
 #pragma once
 
 #include "grpcpp/support/server_interceptor.h"

@@ -1,5 +1,6 @@
 #include "service/request_validation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -371,6 +372,23 @@ absl::StatusOr<ForkCall> ValidateFork(const v1::ForkRequest& request) {
   }
   return ForkCall{request.source_sequence_id(), request.new_sequence_id(),
                   static_cast<int64_t>(request.length())};
+}
+
+int64_t MaxListedSequences(const ValidationLimits& limits) {
+  // The response's own fields (truncated, total_sequences) take at most 13 bytes; 64 is kept.
+  return std::max<int64_t>(1, (limits.max_message_bytes - 64) / kMaxSequenceInfoBytes);
+}
+
+absl::StatusOr<ListSequencesCall> ValidateListSequences(const v1::ListSequencesRequest& request,
+                                                        const ValidationLimits& limits) {
+  // A page larger than the message allows is not the caller's error (it cannot know our
+  // --max-message-bytes): it gets a shorter page and truncated, and asks for the next.
+  constexpr int64_t kDefaultLimit = 1000;
+  const int64_t asked = request.limit() == 0 ? kDefaultLimit : int64_t{request.limit()};
+  ListSequencesCall call;
+  if (request.has_after_sequence_id()) call.after = request.after_sequence_id();
+  call.limit = std::min(asked, MaxListedSequences(limits));
+  return call;
 }
 
 absl::StatusOr<CompactCall> ValidateCompact(const v1::CompactRequest& request) {

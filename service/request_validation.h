@@ -58,6 +58,13 @@ absl::StatusOr<CommitCall> ValidateCommit(const v1::CommitRequest& request,
 absl::StatusOr<ReleaseCall> ValidateRelease(const v1::ReleaseRequest& request);
 // Fork: distinct ids, 1 <= length < 2^31 (the store checks the rest: plans/0019).
 absl::StatusOr<ForkCall> ValidateFork(const v1::ForkRequest& request);
+// The most SequenceInfo entries a ListSequencesResponse may carry within limits.max_message_bytes
+// (each entry is at most kMaxSequenceInfoBytes on the wire; response_encoding_test checks it).
+inline constexpr int64_t kMaxSequenceInfoBytes = 64;
+int64_t MaxListedSequences(const ValidationLimits& limits);
+// limit 0 means 1000; any limit is lowered to MaxListedSequences (the answer says truncated).
+absl::StatusOr<ListSequencesCall> ValidateListSequences(const v1::ListSequencesRequest& request,
+                                                        const ValidationLimits& limits);
 absl::StatusOr<CompactCall> ValidateCompact(const v1::CompactRequest& request);
 absl::StatusOr<GetCompactionCall> ValidateGetCompaction(const v1::GetCompactionRequest& request);
 

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "absl/time/time.h"
 #include "verify/mla_dims.h"
 
 namespace verifyd {
@@ -86,6 +87,21 @@ void EncodeStats(const DeviceStats& stats, int heads, float softmax_scale,
   response->set_softmax_scale(softmax_scale);
   response->set_shared_tokens(static_cast<uint64_t>(store.shared_slots));
   response->set_shared_references(static_cast<uint64_t>(store.shared_references));
+}
+
+void EncodeSequences(const SequencePage& page, v1::ListSequencesResponse* response) {
+  response->mutable_sequences()->Reserve(static_cast<int>(page.sequences.size()));
+  for (const SequenceSummary& summary : page.sequences) {
+    v1::SequenceInfo* info = response->add_sequences();
+    info->set_sequence_id(summary.id);
+    info->set_committed_length(static_cast<uint64_t>(summary.committed_length));
+    info->set_pending_tree_nodes(static_cast<uint32_t>(summary.pending_nodes));
+    info->set_idle_seconds(absl::ToDoubleSeconds(summary.idle));
+    info->set_lease_remaining_seconds(absl::ToDoubleSeconds(summary.lease_left));
+    info->set_shared_tokens(static_cast<uint64_t>(summary.shared_slots));
+  }
+  response->set_truncated(page.truncated);
+  response->set_total_sequences(static_cast<uint64_t>(page.total));
 }
 
 void EncodeCompactionStatus(const CompactionOperation& op, v1::CompactionStatus* response) {

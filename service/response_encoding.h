@@ -24,6 +24,7 @@ void EncodeFork(const ForkResult& result, v1::ForkResponse* response);
 // heads and softmax_scale are the daemon's settings, not device state.
 void EncodeStats(const DeviceStats& stats, int heads, float softmax_scale,
                  v1::StatsResponse* response);
+void EncodeSequences(const SequencePage& page, v1::ListSequencesResponse* response);
 void EncodeCompactionStatus(const CompactionOperation& op, v1::CompactionStatus* response);
 void EncodeFragmentation(const FragmentationStats& stats, v1::Fragmentation* out);
 

@@ -43,6 +43,11 @@ ServiceMetrics::ServiceMetrics()
                       .Name("verifyd_build_info")
                       .Help("Build and backend of this daemon (always 1).")
                       .Register(*registry_)),
+      device_info_(BuildGauge()
+                       .Name("verifyd_device_info")
+                       .Help("The device this daemon serves (always 1): gpu_uuid joins with "
+                             "DCGM's UUID label.")
+                       .Register(*registry_)),
       ready_(BuildGauge()
                  .Name("verifyd_ready")
                  .Help("1 while health is SERVING.")
@@ -184,6 +189,10 @@ ServiceMetrics::ServiceMetrics()
 
 void ServiceMetrics::SetBuildInfo(const std::string& version, const std::string& backend) {
   build_info_.Add({{"version", version}, {"backend", backend}}).Set(1);
+}
+
+void ServiceMetrics::SetDeviceInfo(int device, const std::string& gpu_uuid) {
+  device_info_.Add({{"device", std::to_string(device)}, {"gpu_uuid", gpu_uuid}}).Set(1);
 }
 
 void ServiceMetrics::SetReady(bool ready) { ready_.Set(ready ? 1 : 0); }

@@ -26,6 +26,9 @@ class ServiceMetrics final : public ExecutorMetrics {
 
   // Once the backend is known (cpu|cuda): verifyd_build_info{version,backend} = 1.
   void SetBuildInfo(const std::string& version, const std::string& backend);
+  // Once the backend is known: verifyd_device_info{device, gpu_uuid} = 1, the key of the join
+  // with DCGM's series (plans/0003-service-metrics.md). gpu_uuid "" on the cpu backend.
+  void SetDeviceInfo(int device, const std::string& gpu_uuid);
   void SetReady(bool ready);
   void SetMpsActive(bool active);
   // One finished RPC: code is the upper-case gRPC code name.
@@ -51,6 +54,7 @@ class ServiceMetrics final : public ExecutorMetrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Gauge>& build_info_;
+  prometheus::Family<prometheus::Gauge>& device_info_;
   prometheus::Gauge& ready_;
   prometheus::Gauge& mps_active_;
   prometheus::Family<prometheus::Counter>& rpc_requests_;

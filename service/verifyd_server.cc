@@ -19,6 +19,7 @@
 #include "base/status_macros.h"
 #include "service/backend_factory.h"
 #include "service/malformed_request_interceptor.h"
+#include "service/message_size.h"
 
 #ifndef VERIFYD_VERSION
 #define VERIFYD_VERSION "0.0.0"
@@ -89,7 +90,8 @@ absl::Status VerifydServer::Start() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+  // Above --max-message-bytes: the handlers refuse and count what lies between (message_size.h).
+  builder.SetMaxReceiveMessageSize(ReceiveCeiling(options_.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
   // A Unix socket is ours to accept on (UnixListener); any other --listen URI is gRPC's.
   if (unix_listener_ == nullptr) {
@@ -139,6 +141,7 @@ absl::Status VerifydServer::BecomeReady() {
   mps_active_ = backend->mps_active();
   metrics_->SetBuildInfo(VERIFYD_VERSION, backend_name_);
   metrics_->SetMpsActive(mps_active_);
+  metrics_->SetDeviceInfo(options_.device, backend->gpu_uuid());
   // The device owns the backend from here on; the hooks below stop using it (Shutdown clears
   // them) before the device is destroyed.
   ComputeBackend* compute = backend.get();

@@ -11,6 +11,7 @@
 #include "base/status_macros.h"
 #include "executor/channel_table.h"
 #include "service/grpc_status.h"
+#include "service/message_size.h"
 #include "service/response_encoding.h"
 
 namespace verifyd {
@@ -61,6 +62,12 @@ VerifydService::VerifydService(const ServiceOptions& options, std::string admin_
       metrics_(metrics),
       regions_(regions),
       client_of_(std::move(client_of)) {}
+
+absl::Status VerifydService::Admit(const char* method, const grpc::ServerContextBase& context,
+                                   uint64_t request_bytes, bool gated) const {
+  VERIFYD_RETURN_IF_ERROR(CheckRequestSize(method, request_bytes, limits_.max_message_bytes));
+  return gated ? gate_.CheckGated(method, context) : absl::OkStatus();
+}
 
 void VerifydService::End(const char* method, absl::Time start, const Finish& finish,
                          const absl::Status& status) {
@@ -122,7 +129,7 @@ void VerifydService::VerifyPolled(grpc::ServerContext* context, grpc::ByteBuffer
                                   v1::VerifyRequest* request, v1::VerifyResponse* response,
                                   std::function<bool()> cancelled, Finish finish) {
   const absl::Time start = absl::Now();
-  absl::Status gate = gate_.CheckGated("Verify", *context);
+  absl::Status gate = Admit("Verify", *context, bytes->Length());
   if (gate.ok() &&
       !grpc::SerializationTraits<v1::VerifyRequest>::Deserialize(bytes, request).ok()) {
     gate = absl::InvalidArgumentError(
@@ -141,7 +148,7 @@ grpc::ServerUnaryReactor* VerifydService::Append(grpc::CallbackServerContext* co
                                                  const v1::AppendRequest* request,
                                                  v1::AppendResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status gate = gate_.CheckGated("Append", *context);
+  absl::Status gate = Admit("Append", *context, request->ByteSizeLong());
   RegionPins pins;
   // KV from a registered external region: the region must be this client's.
   ExternalPins external_pins;
@@ -172,7 +179,7 @@ grpc::ServerUnaryReactor* VerifydService::Commit(grpc::CallbackServerContext* co
                                                  const v1::CommitRequest* request,
                                                  v1::CommitResponse* response) {
   const absl::Time start = absl::Now();
-  const absl::Status gate = gate_.CheckGated("Commit", *context);
+  const absl::Status gate = Admit("Commit", *context, request->ByteSizeLong());
   absl::StatusOr<CommitCall> call = ValidateCommit(*request, limits_);
   return Serve(
       "Commit", context, start, Prepared(gate, call), Where::kQueue,
@@ -185,7 +192,7 @@ grpc::ServerUnaryReactor* VerifydService::Release(grpc::CallbackServerContext* c
                                                   const v1::ReleaseRequest* request,
                                                   v1::ReleaseResponse* response) {
   const absl::Time start = absl::Now();
-  const absl::Status gate = gate_.CheckGated("Release", *context);
+  const absl::Status gate = Admit("Release", *context, request->ByteSizeLong());
   absl::StatusOr<ReleaseCall> call = ValidateRelease(*request);
   return Serve(
       "Release", context, start, Prepared(gate, call), Where::kQueue,
@@ -198,7 +205,7 @@ grpc::ServerUnaryReactor* VerifydService::Fork(grpc::CallbackServerContext* cont
                                                const v1::ForkRequest* request,
                                                v1::ForkResponse* response) {
   const absl::Time start = absl::Now();
-  const absl::Status gate = gate_.CheckGated("Fork", *context);
+  const absl::Status gate = Admit("Fork", *context, request->ByteSizeLong());
   absl::StatusOr<ForkCall> call = ValidateFork(*request);
   return Serve("Fork", context, start, Prepared(gate, call), Where::kQueue,
                [call = call.ok() ? *std::move(call) : ForkCall(), response](DeviceOperations& ops) {
@@ -207,11 +214,12 @@ grpc::ServerUnaryReactor* VerifydService::Fork(grpc::CallbackServerContext* cont
 }
 
 grpc::ServerUnaryReactor* VerifydService::Stats(grpc::CallbackServerContext* context,
-                                                const v1::StatsRequest* /*request*/,
+                                                const v1::StatsRequest* request,
                                                 v1::StatsResponse* response) {
+  const absl::Time start = absl::Now();
   return Serve(
-      "Stats", context, absl::Now(), absl::OkStatus(), Where::kFirstInQueue,
-      [this, response](DeviceOperations& ops) {
+      "Stats", context, start, Admit("Stats", *context, request->ByteSizeLong(), /*gated=*/false),
+      Where::kFirstInQueue, [this, response](DeviceOperations& ops) {
         EncodeStats(ops.Stats(), limits_.heads, limits_.default_scale, response);
         // The data plane's tables are the device's, not the store's (plans/0017); the
         // task runs only on a ready device.
@@ -223,39 +231,54 @@ grpc::ServerUnaryReactor* VerifydService::Stats(grpc::CallbackServerContext* con
       });
 }
 
+grpc::ServerUnaryReactor* VerifydService::ListSequences(grpc::CallbackServerContext* context,
+                                                        const v1::ListSequencesRequest* request,
+                                                        v1::ListSequencesResponse* response) {
+  const absl::Time start = absl::Now();
+  const absl::Status gate = Admit("ListSequences", *context, request->ByteSizeLong());
+  absl::StatusOr<ListSequencesCall> call = ValidateListSequences(*request, limits_);
+  return Serve(
+      "ListSequences", context, start, Prepared(gate, call), Where::kQueue,
+      [call = call.ok() ? *std::move(call) : ListSequencesCall(), response](DeviceOperations& ops) {
+        EncodeSequences(ops.ListSequences(call), response);
+        return absl::OkStatus();
+      });
+}
+
 grpc::ServerUnaryReactor* VerifydService::CreateSharedMemory(
     grpc::CallbackServerContext* context, const v1::CreateSharedMemoryRequest* request,
     v1::SharedMemoryRegion* response) {
-  return ServeHere("CreateSharedMemory", context, absl::Now(),
-                   gate_.CheckGated("CreateSharedMemory", *context), [&]() -> absl::Status {
-                     const std::string peer = context->peer();
-                     VERIFYD_ASSIGN_OR_RETURN(
-                         SharedMemoryInfo info,
-                         regions_->Create(request->bytes(), client_of_ ? client_of_(peer) : peer));
-                     response->set_region(info.region);
-                     response->set_path(info.path);
-                     response->set_bytes(info.bytes);
-                     return absl::OkStatus();
-                   });
+  const absl::Status admitted = Admit("CreateSharedMemory", *context, request->ByteSizeLong());
+  return ServeHere("CreateSharedMemory", context, absl::Now(), admitted, [&]() -> absl::Status {
+    const std::string peer = context->peer();
+    VERIFYD_ASSIGN_OR_RETURN(
+        SharedMemoryInfo info,
+        regions_->Create(request->bytes(), client_of_ ? client_of_(peer) : peer));
+    response->set_region(info.region);
+    response->set_path(info.path);
+    response->set_bytes(info.bytes);
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* VerifydService::ReleaseSharedMemory(
     grpc::CallbackServerContext* context, const v1::ReleaseSharedMemoryRequest* request,
     v1::ReleaseSharedMemoryResponse* response) {
-  return ServeHere("ReleaseSharedMemory", context, absl::Now(),
-                   gate_.CheckGated("ReleaseSharedMemory", *context), [&]() -> absl::Status {
-                     VERIFYD_ASSIGN_OR_RETURN(uint64_t bytes, regions_->Release(request->region()));
-                     response->set_bytes(bytes);
-                     return absl::OkStatus();
-                   });
+  const absl::Status admitted = Admit("ReleaseSharedMemory", *context, request->ByteSizeLong());
+  return ServeHere("ReleaseSharedMemory", context, absl::Now(), admitted, [&]() -> absl::Status {
+    VERIFYD_ASSIGN_OR_RETURN(uint64_t bytes, regions_->Release(request->region()));
+    response->set_bytes(bytes);
+    return absl::OkStatus();
+  });
 }
 
 // The data plane (plans/0017): answered on the handler thread (the tables are thread-safe), gated
 // like every call that changes state, owned by the client named in metadata.
 absl::Status VerifydService::DataPlaneOwner(const char* method,
                                             const grpc::CallbackServerContext& context,
-                                            Device** device, std::string* owner) const {
-  VERIFYD_RETURN_IF_ERROR(gate_.CheckGated(method, context));
+                                            uint64_t request_bytes, Device** device,
+                                            std::string* owner) const {
+  VERIFYD_RETURN_IF_ERROR(Admit(method, context, request_bytes));
   *device = ReadyDevice();
   if (*device == nullptr) return NotReady();
   VERIFYD_ASSIGN_OR_RETURN(*owner, ClientOf(context));
@@ -268,21 +291,20 @@ grpc::ServerUnaryReactor* VerifydService::RegisterExternalMemory(
   const char* method = "RegisterExternalMemory";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(
-      method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
-      [&]() -> absl::Status {
-        if (request->device() > static_cast<uint32_t>(std::numeric_limits<int>::max())) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("device = ", request->device(), " must be this daemon's device"));
-        }
-        const ExternalMemoryHandle handle{request->handle(), request->bytes(),
-                                          static_cast<int>(request->device())};
-        VERIFYD_ASSIGN_OR_RETURN(uint64_t region,
-                                 device->external_regions().Register(owner, handle));
-        response->set_region(region);
-        response->set_bytes(request->bytes());
-        return absl::OkStatus();
-      });
+  const absl::Status admitted =
+      DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner);
+  return ServeHere(method, context, absl::Now(), admitted, [&]() -> absl::Status {
+    if (request->device() > static_cast<uint32_t>(std::numeric_limits<int>::max())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device = ", request->device(), " must be this daemon's device"));
+    }
+    const ExternalMemoryHandle handle{request->handle(), request->bytes(),
+                                      static_cast<int>(request->device())};
+    VERIFYD_ASSIGN_OR_RETURN(uint64_t region, device->external_regions().Register(owner, handle));
+    response->set_region(region);
+    response->set_bytes(request->bytes());
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* VerifydService::ReleaseExternalMemory(
@@ -291,13 +313,14 @@ grpc::ServerUnaryReactor* VerifydService::ReleaseExternalMemory(
   const char* method = "ReleaseExternalMemory";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
-                   [&]() -> absl::Status {
-                     VERIFYD_ASSIGN_OR_RETURN(uint64_t bytes, device->external_regions().Release(
-                                                                  owner, request->region()));
-                     response->set_bytes(bytes);
-                     return absl::OkStatus();
-                   });
+  const absl::Status admitted =
+      DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner);
+  return ServeHere(method, context, absl::Now(), admitted, [&]() -> absl::Status {
+    VERIFYD_ASSIGN_OR_RETURN(uint64_t bytes,
+                             device->external_regions().Release(owner, request->region()));
+    response->set_bytes(bytes);
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* VerifydService::OpenChannel(grpc::CallbackServerContext* context,
@@ -306,25 +329,25 @@ grpc::ServerUnaryReactor* VerifydService::OpenChannel(grpc::CallbackServerContex
   const char* method = "OpenChannel";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(
-      method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
-      [&]() -> absl::Status {
-        const uint32_t entries = request->entries() == 0 ? 64 : request->entries();
-        VERIFYD_ASSIGN_OR_RETURN(ChannelInfo info, device->channels().Open(owner, entries));
-        if (std::string_view(device->backend_name()) == "cuda" && !device->mps_active()) {
-          // The co-located way's cost without MPS (plans/0018): say it where the
-          // operator looks, once per channel.
-          std::cerr << "verifyd: warning: channel " << info.id << " of client '" << owner
-                    << "' opened without MPS: a scheduler on this GPU pays ~290 us "
-                       "of context switching per layer (2.4x a decode step); run "
-                       "the MPS control daemon (deploy/systemd/verifyd-mps@.service)\n";
-        }
-        response->set_channel(info.id);
-        response->set_path(info.path);
-        response->set_entries(info.entries);
-        response->set_bytes(info.bytes);
-        return absl::OkStatus();
-      });
+  const absl::Status admitted =
+      DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner);
+  return ServeHere(method, context, absl::Now(), admitted, [&]() -> absl::Status {
+    const uint32_t entries = request->entries() == 0 ? 64 : request->entries();
+    VERIFYD_ASSIGN_OR_RETURN(ChannelInfo info, device->channels().Open(owner, entries));
+    if (std::string_view(device->backend_name()) == "cuda" && !device->mps_active()) {
+      // The co-located way's cost without MPS (plans/0018): say it where the
+      // operator looks, once per channel.
+      std::cerr << "verifyd: warning: channel " << info.id << " of client '" << owner
+                << "' opened without MPS: a scheduler on this GPU pays ~290 us "
+                   "of context switching per layer (2.4x a decode step); run "
+                   "the MPS control daemon (deploy/systemd/verifyd-mps@.service)\n";
+    }
+    response->set_channel(info.id);
+    response->set_path(info.path);
+    response->set_entries(info.entries);
+    response->set_bytes(info.bytes);
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* VerifydService::CloseChannel(grpc::CallbackServerContext* context,
@@ -333,14 +356,16 @@ grpc::ServerUnaryReactor* VerifydService::CloseChannel(grpc::CallbackServerConte
   const char* method = "CloseChannel";
   Device* device = nullptr;
   std::string owner;
-  return ServeHere(method, context, absl::Now(), DataPlaneOwner(method, *context, &device, &owner),
+  const absl::Status admitted =
+      DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner);
+  return ServeHere(method, context, absl::Now(), admitted,
                    [&]() { return device->channels().Close(owner, request->channel()); });
 }
 
 grpc::ServerUnaryReactor* VerifydService::Compact(grpc::CallbackServerContext* context,
                                                   const v1::CompactRequest* request,
                                                   v1::CompactResponse* response) {
-  const absl::Status gate = gate_.CheckGated("Compact", *context);
+  const absl::Status gate = Admit("Compact", *context, request->ByteSizeLong());
   absl::StatusOr<CompactCall> call = ValidateCompact(*request);
   return ServeHere("Compact", context, absl::Now(), Prepared(gate, call), [&]() -> absl::Status {
     Device* device = ReadyDevice();
@@ -353,18 +378,22 @@ grpc::ServerUnaryReactor* VerifydService::Compact(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* VerifydService::GetCompaction(grpc::CallbackServerContext* context,
                                                         const v1::GetCompactionRequest* request,
                                                         v1::CompactionStatus* response) {
+  const absl::Status size =
+      Admit("GetCompaction", *context, request->ByteSizeLong(), /*gated=*/false);
   absl::StatusOr<GetCompactionCall> call = ValidateGetCompaction(*request);
-  return ServeHere("GetCompaction", context, absl::Now(), call.status(), [&]() -> absl::Status {
-    Device* device = ReadyDevice();
-    if (device == nullptr) return NotReady();
-    std::optional<CompactionOperation> op = device->GetCompaction(call->operation_id);
-    if (!op.has_value()) {
-      return absl::NotFoundError(absl::StrCat("operation_id = '", call->operation_id,
-                                              "' is unknown (only recent operations are kept)"));
-    }
-    EncodeCompactionStatus(*op, response);
-    return absl::OkStatus();
-  });
+  return ServeHere(
+      "GetCompaction", context, absl::Now(), Prepared(size, call), [&]() -> absl::Status {
+        Device* device = ReadyDevice();
+        if (device == nullptr) return NotReady();
+        std::optional<CompactionOperation> op = device->GetCompaction(call->operation_id);
+        if (!op.has_value()) {
+          return absl::NotFoundError(
+              absl::StrCat("operation_id = '", call->operation_id,
+                           "' is unknown (only recent operations are kept)"));
+        }
+        EncodeCompactionStatus(*op, response);
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace verifyd

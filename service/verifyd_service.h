@@ -41,7 +41,8 @@ using VerifydServiceBase =
                                     v1::Verifyd::WithCallbackMethod_ReleaseExternalMemory<
                                         v1::Verifyd::WithCallbackMethod_OpenChannel<
                                             v1::Verifyd::WithCallbackMethod_CloseChannel<
-                                                v1::Verifyd::Service>>>>>>>>>>>>>>;
+                                            v1::Verifyd::WithCallbackMethod_ListSequences<
+                                                v1::Verifyd::Service>>>>>>>>>>>>>>>;
 
 class VerifydService final : public VerifydServiceBase {
  public:
@@ -108,6 +109,13 @@ class VerifydService final : public VerifydServiceBase {
   grpc::ServerUnaryReactor* CloseChannel(grpc::CallbackServerContext* context,
                                          const v1::CloseChannelRequest* request,
                                          v1::CloseChannelResponse* response) override;
+  // Read-only, queued like any call (it is no liveness probe, so it does not jump the queue).
+  // Gated over TCP although it changes nothing: per-sequence lengths and idle times are per-request
+  // traffic (prompt lengths, when each user last spoke), which Stats only gives in aggregate; and
+  // the runbook's next step, Release, needs the owner's transport or the token anyway.
+  grpc::ServerUnaryReactor* ListSequences(grpc::CallbackServerContext* context,
+                                          const v1::ListSequencesRequest* request,
+                                          v1::ListSequencesResponse* response) override;
 
  private:
   using Finish = std::function<void(const grpc::Status&)>;
@@ -133,9 +141,13 @@ class VerifydService final : public VerifydServiceBase {
   // Records the call's metrics and maps its status: the end of every call.
   void End(const char* method, absl::Time start, const Finish& finish, const absl::Status& status);
   Device* ReadyDevice() const { return device_.load(); }
-  // A data-plane call's preconditions: the gate, a ready device, the owner named in metadata.
+  // The admission of every call: the size bound (--max-message-bytes, service/message_size.h),
+  // then, when `gated`, the gate (call_gate.h). `request_bytes` is the request's wire size.
+  absl::Status Admit(const char* method, const grpc::ServerContextBase& context,
+                     uint64_t request_bytes, bool gated = true) const;
+  // A data-plane call's preconditions: Admit, a ready device, the owner named in metadata.
   absl::Status DataPlaneOwner(const char* method, const grpc::CallbackServerContext& context,
-                              Device** device, std::string* owner) const;
+                              uint64_t request_bytes, Device** device, std::string* owner) const;
 
   const ValidationLimits limits_;
   const CallGate gate_;

@@ -41,9 +41,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(CudaBackendOpti
   // Reporting only (startup line, Stats, gauge): a driver too old to answer means no MPS report,
   // not a backend that cannot verify.
   const bool mps = MpsActive(options.device).value_or(false);
+  // Reporting only too (the metrics' join with DCGM): unknown is "", not a failed start.
+  std::string uuid = GpuUuid(options.device).value_or("");
   auto backend = std::unique_ptr<CudaBackend>(
       new CudaBackend(std::move(options), std::move(stream), num_sms));
   backend->mps_active_ = mps;
+  backend->gpu_uuid_ = std::move(uuid);
   return backend;
 }
 

@@ -159,6 +159,7 @@ class CudaBackend : public ComputeBackend {
   absl::Status ReleaseExternalWait(const ExternalFlag& ready) override;
   const ExternalCallCounters& external_counters() const { return external_counters_; }
   bool mps_active() const override { return mps_active_; }
+  std::string gpu_uuid() const override { return gpu_uuid_; }
 
   const GraphCounters& graph_counters() const { return graphs_.counters(); }
   int64_t eager_runs() const { return eager_runs_; }
@@ -246,6 +247,7 @@ class CudaBackend : public ComputeBackend {
   RingStaging external_staging_[kExternalStagingRing];
   ExternalCallCounters external_counters_;
   bool mps_active_ = false;
+  std::string gpu_uuid_;  // "GPU-...", read at creation
   // ReleaseExternalWait's stream, created on first use; it runs on the daemon's channel threads.
   std::mutex rescue_mu_;
   cudaStream_t rescue_stream_ = nullptr;

@@ -2,7 +2,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
+#include "backend/gpu_uuid.h"
 #include "base/cuda_check.h"
 #include "base/status_macros.h"
 
@@ -70,6 +74,15 @@ absl::StatusOr<bool> MpsActive(int device) {
   int enabled = 0;
   VERIFYD_CU_CHECK((*api)->device_get_attribute(&enabled, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, handle));
   return enabled != 0;
+}
+
+absl::StatusOr<std::string> GpuUuid(int device) {
+  cudaDeviceProp properties{};
+  VERIFYD_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+  std::array<uint8_t, 16> bytes{};
+  static_assert(sizeof(properties.uuid.bytes) == bytes.size());
+  std::memcpy(bytes.data(), properties.uuid.bytes, bytes.size());
+  return FormatGpuUuid(bytes);
 }
 
 }  // namespace verifyd

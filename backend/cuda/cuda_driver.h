@@ -9,6 +9,8 @@
 // has loaded the driver by the time it answers, so the pointers are the driver's own.
 #pragma once
 
+#include <string>
+
 #include <cuda.h>  // types and enums only; nothing here links against libcuda
 
 #include "absl/status/status.h"
@@ -35,6 +37,11 @@ absl::Status CuResultToStatus(CUresult result, const char* expr, const char* fil
 // Whether contexts on `device` are shared through MPS (CU_DEVICE_ATTRIBUTE_MPS_ENABLED, CUDA 13):
 // true when this process runs as an MPS client. Initializes the runtime on the device.
 absl::StatusOr<bool> MpsActive(int device);
+
+// The device's UUID as nvidia-smi and DCGM print it (backend/gpu_uuid.h), from
+// cudaGetDeviceProperties (whole GPUs; a MIG instance reports its own UUID there, which DCGM does
+// not label with: plans/0003).
+absl::StatusOr<std::string> GpuUuid(int device);
 
 }  // namespace verifyd
 

@@ -13,11 +13,13 @@ absl::Status Usage(auto&&... parts) { return absl::InvalidArgumentError(absl::St
 absl::StatusOr<Command> ParseCommand(const std::string& word) {
   if (word == "health") return Command::kHealth;
   if (word == "stats") return Command::kStats;
+  if (word == "sequences") return Command::kSequences;
   if (word == "compact") return Command::kCompact;
   if (word == "release") return Command::kRelease;
   if (word == "fork") return Command::kFork;
   if (word == "help") return Command::kHelp;
-  return Usage("unknown command '", word, "'; expected health, stats, compact, release or fork");
+  return Usage("unknown command '", word,
+               "'; expected health, stats, sequences, compact, release or fork");
 }
 
 }  // namespace
@@ -29,6 +31,8 @@ std::string Usage() {
          "commands:\n"
          "  health                        grpc.health.v1 status (exit 0 only when SERVING)\n"
          "  stats                         store occupancy, fragmentation and settings\n"
+         "  sequences                     every live sequence: committed length, pending tree\n"
+         "                                nodes, shared tokens, idle time, lease left\n"
          "  compact [--budget-bytes=N]    defragment (0 = until converged), with progress\n"
          "          [--poll-ms=100]\n"
          "  release --sequence=ID         drop a sequence and free its slots\n"

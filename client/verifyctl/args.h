@@ -12,7 +12,7 @@
 
 namespace verifyd::ctl {
 
-enum class Command { kHealth, kStats, kCompact, kRelease, kFork, kHelp, kVersion };
+enum class Command { kHealth, kStats, kSequences, kCompact, kRelease, kFork, kHelp, kVersion };
 
 // text: tables and a progress bar (on a terminal); json: protobuf's JSON of the reply, for scripts.
 enum class Output { kText, kJson };

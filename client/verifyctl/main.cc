@@ -1,4 +1,4 @@
-// verifyctl: the operator CLI (health, stats, compact with progress, release, fork).
+// verifyctl: the operator CLI (health, stats, sequences, compact with progress, release, fork).
 // Exit codes: 0 ok, 1 rpc error (or not SERVING, or a FAILED compaction), 2 usage.
 #include <unistd.h>
 
@@ -77,6 +77,13 @@ int Run(const Args& args) {
       auto stats = (*client)->Stats();
       if (!stats.ok()) return Fail(stats.status());
       std::cout << (args.output == Output::kJson ? FormatJson(*stats) : FormatStatsTable(*stats));
+      return kOk;
+    }
+    case Command::kSequences: {
+      // Every page: an operator looking for leaks wants them all (ids ascending).
+      auto list = (*client)->ListAllSequences();
+      if (!list.ok()) return Fail(list.status());
+      std::cout << (args.output == Output::kJson ? FormatJson(*list) : FormatSequencesTable(*list));
       return kOk;
     }
     case Command::kCompact:

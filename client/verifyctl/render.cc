@@ -69,6 +69,37 @@ std::string FormatStatsTable(const v1::StatsResponse& s) {
   });
 }
 
+std::string FormatSequencesTable(const v1::ListSequencesResponse& list) {
+  std::vector<std::vector<std::string>> rows = {
+      {"SEQUENCE", "COMMITTED", "PENDING", "SHARED", "IDLE", "LEASE LEFT"}};
+  for (const v1::SequenceInfo& s : list.sequences()) {
+    rows.push_back({absl::StrCat(s.sequence_id()), absl::StrCat(s.committed_length()),
+                    absl::StrCat(s.pending_tree_nodes()), absl::StrCat(s.shared_tokens()),
+                    absl::StrFormat("%.1fs", s.idle_seconds()),
+                    // Past the lease: the daemon's next sweep releases it.
+                    s.lease_remaining_seconds() > 0
+                        ? absl::StrFormat("%.1fs", s.lease_remaining_seconds())
+                        : std::string("expiring")});
+  }
+  // The id left-aligned, the numbers right-aligned, two spaces between columns.
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      const std::string pad(width[c] - row[c].size(), ' ');
+      absl::StrAppend(&line, c == 0 ? "" : "  ", c == 0 ? row[c] + pad : pad + row[c]);
+    }
+    absl::StrAppend(&out, line, "\n");
+  }
+  absl::StrAppend(&out, list.sequences_size(), " of ", list.total_sequences(), " sequences",
+                  list.truncated() ? " (more follow)" : "", "\n");
+  return out;
+}
+
 std::string FormatProgressLine(const v1::CompactionStatus& status, int width) {
   const double planned = static_cast<double>(status.bytes_planned());
   const double moved = static_cast<double>(status.bytes_moved());

@@ -14,6 +14,10 @@ std::string FormatBytes(double bytes);
 // Two aligned columns, one setting or gauge per row, occupancy as a percentage of capacity.
 std::string FormatStatsTable(const v1::StatsResponse& stats);
 
+// One row per sequence (id, committed length, pending tree nodes, shared tokens, idle seconds,
+// lease left), ids ascending as the daemon lists them, then a count line.
+std::string FormatSequencesTable(const v1::ListSequencesResponse& list);
+
 // "[#########.........]  45.0%  12.0 MiB / 26.7 MiB  RUNNING", `width` cells of bar. Progress is
 // bytes_moved / bytes_planned; with no plan yet, 0% until DONE.
 std::string FormatProgressLine(const v1::CompactionStatus& status, int width = 30);

@@ -316,6 +316,34 @@ class Client:
         return self._call("Stats", self._stub.Stats, pb.StatsRequest(), idempotent=True,
                           timeout=timeout)
 
+    def list_sequences(self, after_sequence_id: Optional[int] = None, limit: int = 0, *,
+                       timeout: Optional[float] = None):
+        """One page of the live sequences: the ListSequencesResponse message (.sequences with
+        sequence_id, committed_length, pending_tree_nodes, shared_tokens, idle_seconds,
+        lease_remaining_seconds; .truncated; .total_sequences). Ids ascending, greater than
+        `after_sequence_id` (all when None); at most `limit` (0: the daemon's 1000; it lists fewer
+        when the page would not fit its --max-message-bytes). Read-only: renews no lease."""
+        if not 0 <= int(limit) <= 2**32 - 1:
+            raise invalid_argument(f"limit = {limit} must be in [0, {2**32 - 1}]")
+        request = pb.ListSequencesRequest(limit=int(limit))
+        if after_sequence_id is not None:
+            request.after_sequence_id = int(after_sequence_id)
+        return self._call("ListSequences", self._stub.ListSequences, request, idempotent=True,
+                          timeout=timeout)
+
+    def all_sequences(self, *, timeout: Optional[float] = None) -> list:
+        """Every live sequence (SequenceInfo messages, ids ascending), page after page. Each
+        page is a snapshot of its own: a sequence created or released meanwhile may be missed
+        or listed. `timeout` bounds each page."""
+        listed: list = []
+        after: Optional[int] = None
+        while True:
+            page = self.list_sequences(after, timeout=timeout)
+            listed.extend(page.sequences)
+            if not page.truncated or not page.sequences:
+                return listed
+            after = page.sequences[-1].sequence_id
+
     def health(self, service: str = "", *, timeout: Optional[float] = None) -> str:
         """grpc.health.v1 status name: "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN", "UNKNOWN"."""
         return self._call("Health", self._health, service, idempotent=True, timeout=timeout)

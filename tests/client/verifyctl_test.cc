@@ -90,6 +90,7 @@ TEST(VerifyctlArgsTest, UsageErrorsNameTheProblem) {
       {{"release", "--sequence=1", "--length=3"}, "--length applies to fork only"},
       {{"stats", "--sequence=1"}, "--sequence applies to release and fork only"},
       {{"stats", "--budget-bytes=5"}, "--budget-bytes applies to compact only"},
+      {{"sequences", "--sequence=1"}, "--sequence applies to release and fork only"},
       {{"compact", "--budget-bytes=-5"}, "--budget-bytes = '-5' must be an integer >= 0"},
       {{"health", "--deadline-seconds=0"}, "--deadline-seconds = '0' must be a number > 0"},
       {{"health", "--colour=red"}, "unknown flag --colour"},
@@ -147,6 +148,47 @@ TEST(VerifyctlRenderTest, StatsTableAndSummaryShowEveryNumber) {
   EXPECT_NE(summary.find("1.50 GiB/s"), std::string::npos) << summary;
   EXPECT_NE(summary.find("before        90 runs"), std::string::npos) << summary;
   EXPECT_NE(summary.find("after         12 runs"), std::string::npos) << summary;
+}
+
+// `verifyctl sequences`: one row per sequence with every number, aligned; "expiring" once the
+// lease has passed; a count line; the JSON is protobuf's and parses back equal.
+TEST(VerifyctlRenderTest, SequencesTableAndJson) {
+  auto parsed = ParseArgs({"-o", "json", "sequences"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->command, Command::kSequences);
+  EXPECT_EQ(parsed->output, Output::kJson);
+
+  v1::ListSequencesResponse list;
+  list.set_total_sequences(2);
+  v1::SequenceInfo* a = list.add_sequences();
+  a->set_sequence_id(7);
+  a->set_committed_length(1234);
+  a->set_pending_tree_nodes(17);
+  a->set_shared_tokens(1000);
+  a->set_idle_seconds(2.25);
+  a->set_lease_remaining_seconds(297.75);
+  v1::SequenceInfo* b = list.add_sequences();
+  b->set_sequence_id(18446744073709551615ull);
+  b->set_committed_length(5);
+  b->set_idle_seconds(900);
+  b->set_lease_remaining_seconds(-600);
+  const std::string table = FormatSequencesTable(list);
+  EXPECT_EQ(table,
+            "SEQUENCE              COMMITTED  PENDING  SHARED    IDLE  LEASE LEFT\n"
+            "7                          1234       17    1000    2.2s      297.8s\n"
+            "18446744073709551615          5        0       0  900.0s    expiring\n"
+            "2 of 2 sequences\n")
+      << table;
+  list.set_truncated(true);
+  EXPECT_NE(FormatSequencesTable(list).find("2 of 2 sequences (more follow)"), std::string::npos);
+  EXPECT_EQ(FormatSequencesTable(v1::ListSequencesResponse()),
+            "SEQUENCE  COMMITTED  PENDING  SHARED  IDLE  LEASE LEFT\n0 of 0 sequences\n");
+
+  const std::string json = FormatJson(list);
+  EXPECT_NE(json.find("\"idle_seconds\":900"), std::string::npos) << json;
+  v1::ListSequencesResponse back;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &back).ok()) << json;
+  EXPECT_EQ(back.SerializeAsString(), list.SerializeAsString());
 }
 
 }  // namespace

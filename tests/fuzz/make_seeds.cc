@@ -103,5 +103,9 @@ int main(int argc, char** argv) {
   v1::GetCompactionRequest get;
   get.set_operation_id("compact-1");
   Write(dir, "get_compaction", 5, get);
+  v1::ListSequencesRequest list;
+  list.set_after_sequence_id(5);
+  list.set_limit(3);
+  Write(dir, "list_sequences", 6, list);
   return 0;
 }

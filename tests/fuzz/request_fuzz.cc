@@ -92,7 +92,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t rpc = data[0];
   ++data;
   --size;
-  switch (rpc % 6) {
+  switch (rpc % 7) {
     case 0: {
       v1::AppendRequest r;
       if (r.ParseFromArray(data, static_cast<int>(size))) CheckAppend(r);
@@ -125,6 +125,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!r.ParseFromArray(data, static_cast<int>(size))) break;
       absl::StatusOr<CompactCall> call = ValidateCompact(r);
       if (call.ok()) Require(call->budget_bytes >= 0, "Compact budget");
+      break;
+    }
+    case 6: {
+      v1::ListSequencesRequest r;
+      if (!r.ParseFromArray(data, static_cast<int>(size))) break;
+      absl::StatusOr<ListSequencesCall> call = ValidateListSequences(r, kLimits);
+      Require(call.ok(), "ListSequences takes every request");
+      Require(call->limit >= 1 && call->limit <= MaxListedSequences(kLimits),
+              "ListSequences limit");
+      Require(call->after.has_value() == r.has_after_sequence_id(), "ListSequences cursor");
       break;
     }
     default: {

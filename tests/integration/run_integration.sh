@@ -52,6 +52,16 @@ kept=$(grep -o 'kept sequences .*' "$work/kept.log" | cut -c16-)
 [[ $(wc -w <<<"$kept") == 4 ]] || fail "want 4 kept sequence ids, got '$kept'"
 ctl stats | tee "$work/stats2.txt" || fail "verifyctl stats"
 grep -Eq "^sequences +4$" "$work/stats2.txt" || fail "stats must show the 4 kept sequences"
+# The leak runbook's listing: exactly the kept ids, ascending, in the table and in the JSON.
+ctl sequences | tee "$work/sequences.txt" || fail "verifyctl sequences"
+listed=$(awk 'NR > 1 && NF == 6 && $1 ~ /^[0-9]+$/ {print $1}' "$work/sequences.txt" | tr '\n' ' ')
+[[ "$listed" == "$(tr ' ' '\n' <<<"$kept" | grep . | sort -n | tr '\n' ' ')" ]] ||
+  fail "verifyctl sequences listed '$listed', want the kept '$kept' ascending"
+grep -q "^4 of 4 sequences$" "$work/sequences.txt" || fail "verifyctl sequences: no count line"
+ctl -o json sequences >"$work/sequences.json" || fail "verifyctl -o json sequences"
+for id in $kept; do
+  grep -q "\"sequence_id\":\"$id\"" "$work/sequences.json" || fail "sequence $id not in the JSON"
+done
 runs=$(awk '/^fragment runs/ {print $3}' "$work/stats2.txt")
 ctl compact --budget-bytes=0 --poll-ms=20 | tee "$work/compact.txt" || fail "verifyctl compact"
 grep -Eq "^state +DONE" "$work/compact.txt" || fail "compact did not report DONE"

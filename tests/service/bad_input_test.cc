@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "prometheus/text_serializer.h"
 #include "service/verifyd_service.h"
@@ -220,9 +221,10 @@ TEST_F(BadInputTest, ValidationErrorsThroughTheWire) {
   append.mutable_kv()->mutable_shared_memory()->set_region("shm");
   ExpectError([&] { return SendAppend(append); }, grpc::StatusCode::NOT_FOUND,
               "kv.shared_memory.region = 'shm' is not a live shared-memory region");
-  // Larger than --max-message-bytes: gRPC refuses it before any handler runs.
+  // Larger than --max-message-bytes: refused by the handler, naming the bound
+  // (OversizedRequestsAreNamedCountedAndChangeNothing has the rest).
   ExpectError([&] { return SendAppend(model_.MakeAppend(4, 700)); },
-              grpc::StatusCode::RESOURCE_EXHAUSTED, "");
+              grpc::StatusCode::RESOURCE_EXHAUSTED, "more than --max-message-bytes = 2097152");
   ExpectError([&] { return rpc_.Release(4); }, grpc::StatusCode::NOT_FOUND, "sequence_id = 4");
   ExpectOthersStillVerify();
 }
@@ -257,6 +259,98 @@ TEST_F(BadInputTest, MalformedRequestsAreNamedAndCounted) {
   }
   const v1::StatsResponse after = rpc_.Stats();
   EXPECT_EQ(after.used_tokens(), before.used_tokens());
+  ExpectOthersStillVerify();
+}
+
+// A request of exactly `bytes` on the wire: `message` with an unknown field (number 9999) that
+// fills the rest. Every handler sees it whole (unknown fields are kept and counted).
+std::string PaddedTo(google::protobuf::Message& message, size_t bytes) {
+  google::protobuf::UnknownFieldSet* unknown =
+      message.GetReflection()->MutableUnknownFields(&message);
+  unknown->Clear();
+  const size_t base = message.ByteSizeLong();
+  // The field's tag and length prefix take a few bytes: grow the payload until it fits exactly.
+  for (size_t n = bytes > base + 16 ? bytes - base - 16 : 0;; ++n) {
+    unknown->Clear();
+    unknown->AddLengthDelimited(9999, std::string(n, 'p'));
+    if (message.ByteSizeLong() >= bytes) break;
+  }
+  EXPECT_EQ(message.ByteSizeLong(), bytes);
+  return message.SerializeAsString();
+}
+
+grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                     const std::string& bytes) {
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext context;
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), reply;
+  std::promise<grpc::Status> done;
+  generic.UnaryCall(&context, absl::StrCat("/verifyd.v1.Verifyd/", method), grpc::StubOptions(),
+                    &request, &reply, [&](grpc::Status s) { done.set_value(s); });
+  return done.get_future().get();
+}
+
+// Issue 17 defect 7b: a request just above --max-message-bytes was refused by gRPC core before
+// any code of ours ran, so verifyd_rpc_requests_total never saw it. Now gRPC's own limit is twice
+// ours (ReceiveCeiling) and each handler refuses: RESOURCE_EXHAUSTED naming the flag and the
+// size, counted under its method, nothing changed. A request of exactly the bound still runs.
+TEST_F(BadInputTest, OversizedRequestsAreNamedCountedAndChangeNothing) {
+  const v1::StatsResponse before = rpc_.Stats();
+  const size_t limit = static_cast<size_t>(options_.max_message_bytes);
+  const auto parents1 = model_.sequences().at(1).parents;
+  v1::AppendRequest append = model_.MakeAppend(6, 4);
+  v1::VerifyRequest verify = model_.MakeVerify(0, {VerifyPart{1, parents1, std::nullopt}}, false);
+  v1::CommitRequest commit;
+  commit.set_sequence_id(1);
+  commit.mutable_commit()->set_commit_length(1);
+  commit.mutable_commit()->add_accepted_path(0);
+  v1::ReleaseRequest release;
+  release.set_sequence_id(2);
+  v1::ForkRequest fork;
+  fork.set_source_sequence_id(1);
+  fork.set_new_sequence_id(7);
+  fork.set_length(1);
+  v1::CompactRequest compact;
+  v1::GetCompactionRequest get_compaction;
+  get_compaction.set_operation_id("compact-x-1");
+  v1::StatsRequest stats;
+  v1::CreateSharedMemoryRequest create;
+  create.set_bytes(4096);
+  v1::ListSequencesRequest list;
+  const std::vector<std::pair<const char*, google::protobuf::Message*>> requests = {
+      {"Append", &append},   {"Verify", &verify},   {"Commit", &commit},
+      {"Release", &release}, {"Fork", &fork},       {"Compact", &compact},
+      {"GetCompaction", &get_compaction},           {"Stats", &stats},
+      {"CreateSharedMemory", &create},              {"ListSequences", &list}};
+  for (const auto& [method, request] : requests) {
+    SCOPED_TRACE(method);
+    const grpc::Status status = RawCall(server_.channel(), method, PaddedTo(*request, limit + 1));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+    EXPECT_THAT(status.error_message(),
+                HasSubstr(absl::StrCat(method, ": the request has ", limit + 1,
+                                       " bytes, more than --max-message-bytes = ", limit)));
+  }
+  const std::string text =
+      prometheus::TextSerializer().Serialize(server_.server().metrics().registry()->Collect());
+  for (const auto& [method, request] : requests) {
+    EXPECT_THAT(text, HasSubstr(absl::StrCat(
+                          "verifyd_rpc_requests_total{code=\"RESOURCE_EXHAUSTED\",method=\"",
+                          method, "\"} 1")))
+        << method;
+  }
+  // Nothing changed: no sequence 6 or 7, 1's tree still pending, 2 still live, no region, no
+  // compaction started.
+  const v1::StatsResponse after = rpc_.Stats();
+  EXPECT_EQ(after.used_tokens(), before.used_tokens());
+  EXPECT_EQ(after.pending_tokens(), before.pending_tokens());
+  EXPECT_EQ(after.fragmentation().sequences(), before.fragmentation().sequences());
+  EXPECT_EQ(server_.server().shared_memory().regions(), 0);
+  // Exactly the bound is served (Stats), and gRPC's ceiling is twice the bound: above it gRPC
+  // core answers alone (RESOURCE_EXHAUSTED, its own message, uncounted: the residual).
+  EXPECT_TRUE(RawCall(server_.channel(), "Stats", PaddedTo(stats, limit)).ok());
+  const grpc::Status beyond = RawCall(server_.channel(), "Stats", PaddedTo(stats, 2 * limit + 1));
+  EXPECT_EQ(beyond.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << beyond.error_message();
   ExpectOthersStillVerify();
 }
 
@@ -338,6 +432,14 @@ TEST_F(BadInputTest, TcpGatesEveryStateChangingCall) {
          v1::ReleaseSharedMemoryResponse r;
          return stub.ReleaseSharedMemory(&c, q, &r);
        }},
+      // Read-only, but per-sequence traffic (service/verifyd_service.h says why it is gated).
+      {"ListSequences",
+       [&](v1::Verifyd::Stub& stub, const char* token) {
+         grpc::ClientContext c;
+         with(token, &c);
+         v1::ListSequencesResponse r;
+         return stub.ListSequences(&c, v1::ListSequencesRequest(), &r);
+       }},
   };
   for (const Gated& g : gated) {
     SCOPED_TRACE(g.method);
@@ -362,6 +464,7 @@ TEST_F(BadInputTest, TcpGatesEveryStateChangingCall) {
   EXPECT_EQ(rpc_.Stats().used_tokens(), before.used_tokens() + 3u);
   EXPECT_TRUE(gated[4].call(*tcp, "s3cret").ok());
   EXPECT_TRUE(gated[4].call(server_.stub(), nullptr).ok()) << "the Unix socket needs no token";
+  EXPECT_TRUE(gated.back().call(*tcp, "s3cret").ok()) << "ListSequences with the token";
   ExpectOthersStillVerify();
 }
 

@@ -234,10 +234,18 @@ TEST(DaemonProcessTest, LeaseExpiryFreesSilentClientsAndMetricsPassPromtool) {
   EXPECT_EQ(Sample(text, "verifyd_ready"), 1);
   EXPECT_THAT(text,
               ::testing::ContainsRegex("verifyd_build_info\\{backend=\"(cpu|cuda)\",version=\""));
+  // The DCGM join key (plans/0003): "" on cpu, nvidia-smi's form on cuda.
+  EXPECT_THAT(text, ::testing::ContainsRegex(
+                        "verifyd_device_info\\{device=\"0\",gpu_uuid=\""
+                        "(GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})?\"\\} 1"));
+  if (text.find("backend=\"cpu\"") != std::string::npos) {
+    EXPECT_THAT(text, HasSubstr("verifyd_device_info{device=\"0\",gpu_uuid=\"\"} 1"));
+  }
   EXPECT_THAT(text, HasSubstr("verifyd_rpc_requests_total{code=\"OK\",method=\"Verify\"} 2"));
   EXPECT_THAT(text, HasSubstr("verifyd_verify_tree_nodes_bucket{le=\"4\"} 2"));
   // Every name of plans/0003-service-metrics.md, with its type.
   for (const char* typed : {"verifyd_build_info gauge",
+                            "verifyd_device_info gauge",
                             "verifyd_ready gauge",
                             "verifyd_rpc_requests_total counter",
                             "verifyd_rpc_duration_seconds histogram",

@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "verify/mla_dims.h"
+#include "service/message_size.h"
 #include "service/service_options.h"
 #include "tests/service/shadow_model.h"
 
@@ -277,6 +278,40 @@ TEST_F(ValidationTest, CommitReleaseCompactFieldsRejected) {
   EXPECT_EQ(ValidateFork(fork)->source, 4u);
   EXPECT_EQ(ValidateFork(fork)->fork, 5u);
   EXPECT_EQ(ValidateFork(fork)->length, (int64_t{1} << 31) - 1);
+}
+
+// ListSequences: 0 means 1000, every limit is lowered to what fits the message bound, and the
+// cursor is passed on only when set (id 0 is a valid cursor).
+TEST(ListSequencesValidationTest, LimitIsDefaultedAndCapped) {
+  const ValidationLimits limits{.max_message_bytes = 64 << 10};
+  EXPECT_EQ(MaxListedSequences(limits), 1023);
+  v1::ListSequencesRequest request;
+  auto call = ValidateListSequences(request, limits);
+  ASSERT_TRUE(call.ok());
+  EXPECT_EQ(call->limit, 1000);
+  EXPECT_FALSE(call->after.has_value());
+  request.set_limit(7);
+  request.set_after_sequence_id(0);
+  call = ValidateListSequences(request, limits);
+  ASSERT_TRUE(call.ok());
+  EXPECT_EQ(call->limit, 7);
+  ASSERT_TRUE(call->after.has_value());
+  EXPECT_EQ(*call->after, 0u);
+  request.set_limit(UINT32_MAX);
+  EXPECT_EQ(ValidateListSequences(request, limits)->limit, 1023);
+}
+
+// Issue 17 defect 7b: gRPC's limit sits above ours, so that the handlers see (and count) what
+// lies between; the refusal names the method, the size and the flag.
+TEST(MessageSizeTest, CeilingAndRefusal) {
+  EXPECT_EQ(ReceiveCeiling(64 << 20), 128 << 20);
+  EXPECT_EQ(ReceiveCeiling((int64_t{1} << 31) - 1), std::numeric_limits<int>::max());
+  EXPECT_EQ(ReceiveCeiling(int64_t{3} << 29), std::numeric_limits<int>::max());
+  EXPECT_TRUE(CheckRequestSize("Append", 1000, 1000).ok());
+  const absl::Status over = CheckRequestSize("Append", 1001, 1000);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.message().substr(0, 72),
+            "Append: the request has 1001 bytes, more than --max-message-bytes = 1000");
 }
 
 TEST(ServiceOptionsTest, EveryFlagBounded) {

@@ -3,10 +3,12 @@
 // outputs written to shared memory named by the request's range instead.
 #include "service/response_encoding.h"
 
+#include <cstdint>
 #include <random>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "service/request_validation.h"
 #include "verify/mla_dims.h"
 
 namespace verifyd {
@@ -192,6 +194,64 @@ TEST(ResponseEncoding, CompactionStatusByState) {
     EXPECT_DOUBLE_EQ(status.seconds(), absl::ToDoubleSeconds(op.copy_time));
     EXPECT_DOUBLE_EQ(status.bytes_per_second(), op.bytes_per_second());
     EXPECT_EQ(status.error(), op.error);
+  }
+}
+
+// ListSequences: every field from its source, ids in page order; and the page bound holds for the
+// largest entries the store can give (every number at its widest varint, non-zero doubles): a
+// full page of MaxListedSequences of them fits --max-message-bytes.
+TEST(ResponseEncoding, SequencesAndTheirPageBound) {
+  std::mt19937 rng(21);
+  SequencePage page;
+  for (int i = 0; i < 5; ++i) {
+    SequenceSummary s;
+    s.id = (uint64_t{rng()} << 32) | rng();
+    s.committed_length = rng() % 100000;
+    s.pending_nodes = rng() % 1024;
+    s.idle = absl::Milliseconds(rng() % 100000);
+    s.lease_left = absl::Milliseconds(static_cast<int>(rng() % 100000) - 50000);
+    s.shared_slots = rng() % 1000;
+    page.sequences.push_back(s);
+  }
+  page.truncated = true;
+  page.total = 77;
+  v1::ListSequencesResponse response;
+  EncodeSequences(page, &response);
+  ASSERT_EQ(response.sequences_size(), 5);
+  EXPECT_TRUE(response.truncated());
+  EXPECT_EQ(response.total_sequences(), 77u);
+  for (int i = 0; i < 5; ++i) {
+    const SequenceSummary& s = page.sequences[i];
+    const v1::SequenceInfo& info = response.sequences(i);
+    EXPECT_EQ(info.sequence_id(), s.id);
+    EXPECT_EQ(info.committed_length(), static_cast<uint64_t>(s.committed_length));
+    EXPECT_EQ(info.pending_tree_nodes(), static_cast<uint32_t>(s.pending_nodes));
+    EXPECT_DOUBLE_EQ(info.idle_seconds(), absl::ToDoubleSeconds(s.idle));
+    EXPECT_DOUBLE_EQ(info.lease_remaining_seconds(), absl::ToDoubleSeconds(s.lease_left));
+    EXPECT_EQ(info.shared_tokens(), static_cast<uint64_t>(s.shared_slots));
+  }
+
+  for (int64_t max_message_bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{64} << 20}) {
+    SCOPED_TRACE(max_message_bytes);
+    const ValidationLimits limits{.max_message_bytes = max_message_bytes};
+    SequencePage widest;
+    widest.truncated = true;
+    widest.total = INT64_MAX;
+    SequenceSummary s;
+    s.id = UINT64_MAX;
+    s.committed_length = INT64_MAX;
+    s.pending_nodes = UINT32_MAX;
+    s.idle = absl::Seconds(1e9);
+    s.lease_left = -absl::Seconds(1e9);
+    s.shared_slots = INT64_MAX;
+    widest.sequences.assign(static_cast<size_t>(MaxListedSequences(limits)), s);
+    v1::ListSequencesResponse full;
+    EncodeSequences(widest, &full);
+    EXPECT_LE(static_cast<int64_t>(full.ByteSizeLong()), max_message_bytes);
+    // Each entry alone, with its field tag and length, within the per-entry bound.
+    v1::ListSequencesResponse one;
+    *one.add_sequences() = full.sequences(0);
+    EXPECT_LE(static_cast<int64_t>(one.ByteSizeLong()), kMaxSequenceInfoBytes);
   }
 }
 

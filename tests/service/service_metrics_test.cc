@@ -14,6 +14,7 @@ namespace verifyd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(ServiceMetrics, EveryExecutorCallReachesItsSeries) {
   std::mt19937 rng(5);
@@ -89,6 +90,23 @@ TEST(ServiceMetrics, EveryExecutorCallReachesItsSeries) {
                                            descriptors_ok, "\n")));
   EXPECT_THAT(text, HasSubstr(absl::StrCat("verifyd_channel_descriptors_total{result=\"failed\"} ",
                                            descriptors_failed, "\n")));
+}
+
+// The DCGM join key: one series, gpu_uuid verbatim (the cpu backend's "" included) and the
+// device index, set once the backend is known.
+TEST(ServiceMetrics, DeviceInfoCarriesTheGpuUuid) {
+  ServiceMetrics service;
+  const std::string before = prometheus::TextSerializer().Serialize(service.registry()->Collect());
+  EXPECT_THAT(before, Not(HasSubstr("verifyd_device_info{")));
+  service.SetDeviceInfo(3, "GPU-6d6b1b03-2e4c-1e5f-8a0e-9b8f4d5c607a");
+  const std::string text = prometheus::TextSerializer().Serialize(service.registry()->Collect());
+  EXPECT_THAT(text, HasSubstr("# TYPE verifyd_device_info gauge"));
+  EXPECT_THAT(text, HasSubstr("verifyd_device_info{device=\"3\","
+                              "gpu_uuid=\"GPU-6d6b1b03-2e4c-1e5f-8a0e-9b8f4d5c607a\"} 1"));
+  ServiceMetrics cpu;
+  cpu.SetDeviceInfo(0, "");
+  EXPECT_THAT(prometheus::TextSerializer().Serialize(cpu.registry()->Collect()),
+              HasSubstr("verifyd_device_info{device=\"0\",gpu_uuid=\"\"} 1"));
 }
 
 }  // namespace
