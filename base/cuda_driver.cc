@@ -1,4 +1,4 @@
-#include "backend/cuda/cuda_driver.h"
+#include "base/cuda_driver.h"
 
 #include <cuda_runtime_api.h>
 

@@ -7,6 +7,10 @@
 // every binary that links the CUDA backend then starts on a machine without a driver (CI runs the
 // host tests and skips the GPU ones there), exactly as with the static runtime alone. The runtime
 // has loaded the driver by the time it answers, so the pointers are the driver's own.
+//
+// In base/ (not backend/cuda/) because two rooms need it: the CUDA backend and the data-plane C
+// library a scheduler loads (client/c_api: its stream-order helpers and IPC registration).
+// Target verifyd_cuda_driver, built only with CUDA.
 #pragma once
 
 #include <cuda.h>  // types and enums only; nothing here links against libcuda
