@@ -11,13 +11,14 @@ using verifyd::c_api::NullArgument;
 
 extern "C" {
 
-int vd_connect(const char* target, const char* client_id, double timeout_seconds,
-               vd_client** out) {
+int vd_connect(const char* target, const char* client_id, const char* admin_token,
+               double timeout_seconds, vd_client** out) {
   if (target == nullptr) return NullArgument("vd_connect", "target");
   if (out == nullptr) return NullArgument("vd_connect", "out");
   *out = nullptr;
   verifyd::ClientOptions options;
   if (client_id != nullptr) options.client_id = client_id;
+  if (admin_token != nullptr) options.admin_token = admin_token;
   if (std::isfinite(timeout_seconds) && timeout_seconds > 0) {
     options.default_deadline = absl::Seconds(timeout_seconds);
   }

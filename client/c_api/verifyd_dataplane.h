@@ -18,7 +18,7 @@
  *
  * Sketch (cpu backend: a /dev/shm file stands in for device memory; cuda: vd_register_cuda):
  *
- *   vd_client* c;  vd_connect("unix:///run/verifyd/verifyd-0.sock", "", 30.0, &c);
+ *   vd_client* c;  vd_connect("unix:///run/verifyd/verifyd-0.sock", "", "", 30.0, &c);
  *   uint64_t region;  vd_register_file(c, "/dev/shm/mine", bytes, 0, &region);
  *   vd_channel* ch;  vd_channel_open(c, 64, &ch);
  *   vd_verify_desc d = {0};  ... d.q = (vd_tensor_ref){region, q_offset}; ...
@@ -101,10 +101,11 @@ int vd_last_error_code(void);
 const char* vd_last_error(void);
 
 /* A client of one daemon. client_id: metadata x-verifyd-client, the owner of the regions and
- * channels made through this client (NULL or "": a random id). timeout_seconds: each call's
- * deadline (<= 0: 30 s). Does not wait for the daemon. */
-int vd_connect(const char* target, const char* client_id, double timeout_seconds,
-               vd_client** out);
+ * channels made through this client (NULL or "": a random id). admin_token (NULL or "": none):
+ * metadata x-verifyd-admin-token, which a daemon on TCP needs for calls that change state.
+ * timeout_seconds: each call's deadline (<= 0: 30 s). Does not wait for the daemon. */
+int vd_connect(const char* target, const char* client_id, const char* admin_token,
+               double timeout_seconds, vd_client** out);
 void vd_disconnect(vd_client* client);
 /* The client id sent (the random one when none was given); valid while the client lives. */
 const char* vd_client_id(const vd_client* client);
