@@ -76,6 +76,7 @@ def test_channel_verify_rounds_with_riding_and_descriptor_commits(client, plane,
     step = Step(buf, total_q)
     with plane.open_channel(8) as ch:
         pending = {}
+        last_tkv = {}  # the previous round's tree_kv per sequence and layer
         flag_value = 0
         for round_ in range(3):
             tree_kvs = {}
