@@ -286,10 +286,17 @@ def test_registration_errors_and_ownership(client, plane, daemon):
     with pytest.raises(verifyd.NotFound, match="cannot open"):
         plane.register_file("/dev/shm/verifyd-py-missing-file", 4096)
     buf = plane.host_buffer(1 << 16)
-    with pytest.raises(verifyd.InvalidArgument, match="bytes"):
-        plane.register_file(buf.path, 1 << 20)  # longer than the file
-    with pytest.raises(verifyd.InvalidArgument, match="device"):
-        plane.register_file(buf.path, 4096, device=7)
+    assert not os.path.exists(buf.path)  # unlinked once the daemon mapped it
+    path = f"/dev/shm/verifyd-py-test-{os.getpid()}"
+    with open(path, "wb") as f:
+        f.truncate(1 << 16)
+    try:
+        with pytest.raises(verifyd.InvalidArgument, match="bytes"):
+            plane.register_file(path, 1 << 20)  # longer than the file
+        with pytest.raises(verifyd.InvalidArgument, match="device"):
+            plane.register_file(path, 4096, device=7)
+    finally:
+        os.unlink(path)
     with pytest.raises(verifyd.InvalidArgument, match="host_buffer"):
         plane.register(np.zeros(16, np.uint16))
     other = daemon.client(client_id="third-scheduler")

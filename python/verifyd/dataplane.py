@@ -305,9 +305,10 @@ class RegisteredMemory:
 
 class HostBuffer:
     """Host memory the cpu backend's daemon can map: a file in /dev/shm (0600, this process's
-    user), mapped here, registered as one region. `take(shape, dtype)` hands out 64-byte-aligned
-    numpy views (torch CPU tensors with torch=True), one after another; `view(offset, ...)` any
-    range. The file is unlinked at release(); the daemon keeps its own mapping until then."""
+    user), mapped here, registered as one region, then unlinked (both mappings stay; nothing is
+    left in /dev/shm). `take(shape, dtype)` hands out 64-byte-aligned numpy views (torch CPU
+    tensors with torch=True), one after another; `view(offset, ...)` any range. release()
+    releases the region and unmaps."""
 
     def __init__(self, plane: "DataPlane", nbytes: int, *, torch: bool = False):
         if nbytes < 1:
@@ -323,6 +324,7 @@ class HostBuffer:
             os.unlink(self.path)
             raise
         os.close(fd)
+        self.memory: Optional[RegisteredMemory] = None
         self.bytes = nbytes
         self.torch = torch
         self._cursor = 0
@@ -334,6 +336,10 @@ class HostBuffer:
             del whole
             self._close()
             raise
+        del whole
+        # The daemon mapped the file while registering it: the name is no longer needed, so it
+        # goes now and nothing is left in /dev/shm whatever happens to this process.
+        self._unlink()
 
     @property
     def region(self) -> int:
@@ -382,11 +388,14 @@ class HostBuffer:
             self.memory = None
             self._close()
 
-    def _close(self) -> None:
+    def _unlink(self) -> None:
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+    def _close(self) -> None:
+        self._unlink()
         mm, self._mm = self._mm, None
         if mm is not None:
             try:
