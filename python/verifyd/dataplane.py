@@ -485,7 +485,11 @@ class DataPlane:
     def register(self, tensor: Any) -> RegisteredMemory:
         """Registers device memory: a torch CUDA tensor or an object with
         `__cuda_array_interface__` (the CUDA IPC handle of its allocation is made inside the
-        library; nothing crosses the host). Host memory must come from host_buffer()."""
+        library; nothing crosses the host). The region is the CUDA allocation holding the tensor,
+        from its base (what the daemon's cudaIpcOpenMemHandle maps), so register one tensor per
+        allocation — a pool the engine carves its buffers from — and keep it alive while
+        registered; a tensor inside an already registered range gets that region back. Host
+        memory must come from host_buffer()."""
         if isinstance(tensor, HostBuffer):
             return tensor.memory
         if not _is_cuda(tensor):
@@ -493,6 +497,9 @@ class DataPlane:
                                    "__cuda_array_interface__); host memory for the cpu backend "
                                    "comes from host_buffer(bytes)", "RegisterExternalMemory")
         pointer, nbytes, _ = device_pointer(tensor)
+        for m in self._memory:  # inside a registered allocation already: the same region
+            if m.device and m.contains(pointer, nbytes):
+                return m
         region, base = _U64(), _U64()
         _check(self._lib.vd_register_cuda(self._handle, pointer, nbytes, ctypes.byref(region),
                                           ctypes.byref(base)), "RegisterExternalMemory")

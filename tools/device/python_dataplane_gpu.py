@@ -98,12 +98,18 @@ def _bits(x):
     return x.detach().cpu().view(torch.int16).numpy().view(np.uint16)
 
 
+_KEEP = []  # every pool's memory stays allocated until the end: torch's caching allocator must
+           # not hand a released pool's segment to the next one (the daemon would open the same IPC
+           # handle while its previous mapping may still be closing)
+
+
 class Pool:
     """One registered device allocation carved into 256-byte-aligned tensors."""
 
     def __init__(self, client, nbytes: int):
         import torch
         self.raw = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        _KEEP.append(self.raw)
         self.memory = client.register(self.raw)
         self.cursor = 0
 
