@@ -303,6 +303,12 @@ class RegisteredMemory:
         return f"RegisteredMemory(region={self.region}, base=0x{self.base:x}, bytes={self.bytes}, {kind})"
 
 
+def _buffer_address(buffer) -> int:
+    """The address of a writable buffer's first byte (the view does not outlive the call, so the
+    mapping can still be closed)."""
+    return np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0]
+
+
 class HostBuffer:
     """Host memory the cpu backend's daemon can map: a file in /dev/shm (0600, this process's
     user), mapped here, registered as one region, then unlinked (both mappings stay; nothing is
@@ -328,15 +334,12 @@ class HostBuffer:
         self.bytes = nbytes
         self.torch = torch
         self._cursor = 0
-        whole = np.frombuffer(self._mm, dtype=np.uint8)
-        self.address = whole.__array_interface__["data"][0]
+        self.address = _buffer_address(self._mm)
         try:
             self.memory = plane.register_file(self.path, nbytes, self.address, keep=self)
         except BaseException:
-            del whole
             self._close()
             raise
-        del whole
         # The daemon mapped the file while registering it: the name is no longer needed, so it
         # goes now and nothing is left in /dev/shm whatever happens to this process.
         self._unlink()
