@@ -400,3 +400,29 @@ def test_fork(client, seq_ids, rng):
                                f"source_sequence_id = {src}")
     client.release(new)
     client.release(src)
+
+
+def test_prepared_sequences_are_a_copy(client, plane, seq_ids, rng):
+    """A prepared batch (what the adapter reuses across a step's layers) gives the reference
+    result, and a later change to the source lists does not reach it."""
+    sid = next(seq_ids)
+    kv = random_bf16(rng, (LAYERS, 10, 576))
+    client.append(sid, kv)
+    scale = client.stats().softmax_scale
+    parents = [-1, 0, 1]
+    seqs = [verifyd.VerifySequence(sid, parents)]
+    buf = plane.host_buffer(1 << 20)
+    step = Step(buf, 3)
+    with plane.open_channel() as ch:
+        prepared = ch.prepare(seqs)
+        assert prepared.total_q == 3 and len(prepared) == 1
+        parents[2] = 0  # too late for `prepared`
+        for layer in range(LAYERS):
+            q, tkv = random_bf16(rng, (3, H, 576)), random_bf16(rng, (3, 576))
+            step.q[...], step.tree_kv[...] = q, tkv
+            ch.result(ch.verify(layer, prepared, step.q, step.tree_kv, step.out,
+                                ready=(step.ready, layer + 1), done=(step.done, layer + 1)))
+            o, _ = verify_reference(kv[layer], tkv, q, [-1, 0, 1], scale)
+            check_close(step.out, o, f"prepared layer {layer}")
+    client.release(sid)
+    buf.release()

@@ -103,6 +103,7 @@ class VerifyAttention:
         self._flags: Any = None           # device transport: the ready / done words
         self._flag_owner: Any = None
         self._counter = 0
+        self._prepared: Any = None        # (the sequence list, its PreparedSequences)
         self._in_flight: Dict[int, List[Tuple[int, int]]] = {}  # id -> (seq, length if ok)
         self.client = client
         self.transport = transport
@@ -264,9 +265,14 @@ class VerifyAttention:
                 updates.append((s.sequence_id, self.committed_length.get(s.sequence_id, 0)
                                 + len(s.commit_previous)))
         ready, done = self._flags
+        # The batch in descriptor form once per list (the step's first layer carries the riding
+        # commits, the later ones share one list): the layers do not rebuild it.
+        if self._prepared is None or self._prepared[0] is not seqs:
+            self._prepared = (seqs, self._channel.prepare(seqs))
+        prepared = self._prepared[1]
         while True:
             try:
-                i = self._channel.verify(layer, seqs, q, tree_kv, out, lse, ready=(ready, n),
+                i = self._channel.verify(layer, prepared, q, tree_kv, out, lse, ready=(ready, n),
                                          done=(done, n), stream=self.stream,
                                          softmax_scale=self.softmax_scale)
                 break

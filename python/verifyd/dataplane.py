@@ -450,12 +450,49 @@ class Completion:
         return self
 
 
-def _as_flag(x: Union[Flag, Tuple[Any, int], None], name: str) -> Optional[Flag]:
-    if x is None or isinstance(x, Flag):
-        return x
+_TORCH_TYPE: Dict[type, bool] = {}
+
+
+def _torch_tensor(x: Any) -> bool:
+    """is_torch with the answer kept per type (the hot path asks it several times a call)."""
+    t = type(x)
+    known = _TORCH_TYPE.get(t)
+    if known is None:
+        known = _TORCH_TYPE[t] = is_torch(x)
+    return known
+
+
+def _flag_parts(x: Any, name: str) -> Tuple[Any, int]:
     if isinstance(x, tuple) and len(x) == 2:
-        return Flag(x[0], int(x[1]))
-    raise invalid_argument(f"{name} must be a Flag or a (word, value) tuple")
+        return x[0], int(x[1])
+    if isinstance(x, Flag):
+        return x.word, int(x.value)
+    raise invalid_argument(f"{name} must be a Flag or a (word, value) tuple", "Verify")
+
+
+def _shape(x: Any) -> Tuple[int, ...]:
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        shape = x.__cuda_array_interface__["shape"]
+    return tuple(shape)
+
+
+_TORCH_DTYPES: Optional[Tuple[Any, Any]] = None
+
+
+def _dtype_ok(x: Any, bf16: bool) -> bool:
+    global _TORCH_DTYPES
+    if _torch_tensor(x):
+        if _TORCH_DTYPES is None:
+            import torch  # noqa: PLC0415
+            _TORCH_DTYPES = (torch.bfloat16, torch.float32)
+        return x.dtype is _TORCH_DTYPES[0 if bf16 else 1]
+    if isinstance(x, np.ndarray):
+        return x.dtype == (np.uint16 if bf16 else np.float32)
+    t = np.dtype(x.__cuda_array_interface__["typestr"])
+    if bf16:
+        return t == np.uint16 or (t.itemsize == 2 and t.kind == "V")
+    return t == np.float32
 
 
 class DataPlane:
@@ -472,6 +509,7 @@ class DataPlane:
         self.target = target
         self.client_id = client_id
         self._memory: List[RegisteredMemory] = []
+        self._refs: Dict[Tuple[int, int, bool], Tuple[Ref, int, bool]] = {}  # resolved tensors
         self.heads: Optional[int] = None  # the daemon's H, for shape checks (set by the Client)
 
     # -- registration ----------------------------------------------------------------------------
@@ -517,15 +555,34 @@ class DataPlane:
 
     def _forget(self, m: RegisteredMemory) -> None:
         self._memory = [x for x in self._memory if x is not m]
+        self._refs.clear()
 
     def ref(self, x: Any, name: str, method: str = "Verify") -> Tuple[Ref, int, bool]:
         """(Ref, address, on device) of a tensor inside registered memory."""
         if isinstance(x, Ref):
             return x, 0, False
-        address, nbytes, on_device = _pointer(x)
+        return self._resolve(x, name, method)
+
+    def _resolve(self, x: Any, name: str, method: str = "Verify") -> Tuple[Ref, int, bool]:
+        if _torch_tensor(x):  # the common case, without building __array_interface__ dicts
+            if not x.is_contiguous():
+                raise invalid_argument(f"{name} must be contiguous", method)
+            key = (x.data_ptr(), x.numel() * x.element_size(), bool(x.is_cuda))
+        elif isinstance(x, Ref):
+            return x, 0, False
+        else:
+            key = _pointer(x)
+        hit = self._refs.get(key)
+        if hit is not None:
+            return hit
+        address, nbytes, on_device = key
         for m in self._memory:
             if m.device == on_device and m.contains(address, nbytes):
-                return Ref(m.region, address - m.base), address, on_device
+                found = (Ref(m.region, address - m.base), address, on_device)
+                if len(self._refs) > 4096:
+                    self._refs.clear()
+                self._refs[key] = found
+                return found
         where = "device" if on_device else "host"
         raise invalid_argument(f"{name} ({where} address 0x{address:x}, {nbytes} bytes) is not "
                                "inside a buffer registered by this client (register() / "
@@ -553,8 +610,46 @@ class DataPlane:
 
 
 def _int32_array(values: Sequence[int]):
-    arr = (ctypes.c_int32 * max(len(values), 1))(*[int(v) for v in values])
-    return arr
+    return (ctypes.c_int32 * max(len(values), 1))(*[int(v) for v in values])
+
+
+_INT32_P = ctypes.POINTER(ctypes.c_int32)
+
+
+class PreparedSequences:
+    """A batch's sequences (ids, parents, riding commits) copied once into the descriptor's C
+    form. Channel.prepare() makes one; verify() takes it in place of the list, so the layers of a
+    step do not rebuild it (the adapter prepares the first layer's, with the riding commits, and
+    the later layers'). Immutable: later changes to the source lists do not reach it."""
+
+    __slots__ = ("sequences", "total_q", "_array", "_pointer", "_keep")
+
+    def __init__(self, sequences: Iterable[Any]):
+        from .client import _as_sequence  # noqa: PLC0415 - client imports this module
+        seqs = [_as_sequence(s) for s in sequences]
+        self.sequences = seqs
+        self.total_q = sum(len(s.parents) for s in seqs)
+        keep = []
+        array = (_Sequence * max(len(seqs), 1))()
+        for i, s in enumerate(seqs):
+            parents = _int32_array(s.parents)
+            keep.append(parents)
+            c = array[i]
+            c.sequence_id = int(s.sequence_id)
+            c.parents = ctypes.cast(parents, _INT32_P)
+            c.num_parents = len(s.parents)
+            if s.commit_previous is not None:
+                path = _int32_array(s.commit_previous)
+                keep.append(path)
+                c.has_commit = 1
+                c.commit_path = ctypes.cast(path, _INT32_P)
+                c.commit_length = len(s.commit_previous)
+        self._array = array
+        self._pointer = ctypes.cast(array, ctypes.POINTER(_Sequence))
+        self._keep = keep
+
+    def __len__(self) -> int:
+        return len(self.sequences)
 
 
 class Channel:
@@ -568,6 +663,7 @@ class Channel:
         _check(self._lib.vd_channel_open(plane._handle, int(entries), ctypes.byref(handle)),
                "OpenChannel")
         self._handle = handle
+        self._descriptor = _VerifyDesc()
         self._next_id = 1
         self._methods: Dict[int, str] = {}
         self._done: Dict[int, Completion] = {}   # read while waiting for another id
@@ -593,131 +689,106 @@ class Channel:
         return i
 
     # -- Verify ----------------------------------------------------------------------------------
-    def enqueue_verify(self, layer: int, sequences: Iterable[Any], *, q: Ref, tree_kv: Ref,
+    def prepare(self, sequences: Iterable[Any]) -> PreparedSequences:
+        """The batch in descriptor form, for several verify() calls (the layers of a step)."""
+        return PreparedSequences(sequences)
+
+    def enqueue_verify(self, layer: int, sequences: Any, *, q: Ref, tree_kv: Ref,
                        out: Ref, lse: Optional[Ref] = None, ready: Optional[Tuple[Ref, int]] = None,
                        done: Optional[Tuple[Ref, int]] = None, return_lse: Optional[bool] = None,
                        softmax_scale: Optional[float] = None, id: Optional[int] = None) -> int:
         """The raw descriptor: tensors and flags as Refs (region, offset) exactly as given; no
         checks here (the daemon's answer is the completion). Returns the descriptor id."""
-        from .client import _as_sequence  # noqa: PLC0415 - client imports this module
-        seqs = [_as_sequence(s) for s in sequences]
-        keep = []
-        c_seqs = (_Sequence * max(len(seqs), 1))()
-        for i, s in enumerate(seqs):
-            parents = _int32_array(s.parents)
-            keep.append(parents)
-            c_seqs[i].sequence_id = int(s.sequence_id)
-            c_seqs[i].parents = ctypes.cast(parents, ctypes.POINTER(ctypes.c_int32))
-            c_seqs[i].num_parents = len(s.parents)
-            if s.commit_previous is not None:
-                path = _int32_array(s.commit_previous)
-                keep.append(path)
-                c_seqs[i].has_commit = 1
-                c_seqs[i].commit_path = ctypes.cast(path, ctypes.POINTER(ctypes.c_int32))
-                c_seqs[i].commit_length = len(s.commit_previous)
-        d = _VerifyDesc()
+        prepared = sequences if isinstance(sequences, PreparedSequences) \
+            else PreparedSequences(sequences)
+        d = self._descriptor  # reused: the library copies it into the ring before returning
+        ctypes.memset(ctypes.byref(d), 0, ctypes.sizeof(d))
         d.id = self._take_id(id)
         d.layer = int(layer)
-        d.num_sequences = len(seqs)
-        d.sequences = ctypes.cast(c_seqs, ctypes.POINTER(_Sequence))
-        d.q = _TensorRef(q.region, q.offset)
-        d.tree_kv = _TensorRef(tree_kv.region, tree_kv.offset)
-        d.out = _TensorRef(out.region, out.offset)
+        d.num_sequences = len(prepared.sequences)
+        d.sequences = prepared._pointer
+        d.q.region, d.q.offset = q.region, q.offset
+        d.tree_kv.region, d.tree_kv.offset = tree_kv.region, tree_kv.offset
+        d.out.region, d.out.offset = out.region, out.offset
         if lse is not None:
-            d.lse = _TensorRef(lse.region, lse.offset)
+            d.lse.region, d.lse.offset = lse.region, lse.offset
         d.return_lse = int(lse is not None if return_lse is None else bool(return_lse))
         if softmax_scale is not None:
             d.has_softmax_scale = 1
             d.softmax_scale = float(softmax_scale)
-        for name, flag in (("ready", ready), ("done", done)):
-            if flag is not None:
-                ref, value = flag
-                setattr(d, name, _Flag(ref.region, ref.offset, int(value) & 0xFFFFFFFF, 0))
-        _check(self._lib.vd_enqueue_verify(self._handle, ctypes.byref(d)), "Verify")
+        if ready is not None:
+            d.ready.region, d.ready.offset = ready[0].region, ready[0].offset
+            d.ready.value = int(ready[1]) & 0xFFFFFFFF
+        if done is not None:
+            d.done.region, d.done.offset = done[0].region, done[0].offset
+            d.done.value = int(done[1]) & 0xFFFFFFFF
+        if self._lib.vd_enqueue_verify(self._handle, ctypes.byref(d)) != 0:
+            _check(-1, "Verify")
         self._methods[d.id] = "Verify"
         return d.id
 
-    def verify(self, layer: int, sequences: Iterable[Any], q: Any, tree_kv: Any, out: Any,
+    def verify(self, layer: int, sequences: Any, q: Any, tree_kv: Any, out: Any,
                lse: Any = None, *, ready: Union[Flag, Tuple[Any, int]],
                done: Union[Flag, Tuple[Any, int]], stream: Any = None,
                softmax_scale: Optional[float] = None, id: Optional[int] = None) -> int:
         """Verify attention of `layer` into `out` (and `lse`), all in registered memory:
         q bf16 [sum Q, H, 576], tree_kv bf16 [sum Q, 576], out bf16 [sum Q, H, 512], lse fp32
-        [sum Q, H]; ready/done: (uint32 word, value). Device memory: the descriptor is
-        enqueued, then "write ready" and "wait done" are recorded on `stream` (default: torch's
-        current stream) — nothing blocks the CPU. Host memory: ready is stored by the host after
-        the descriptor is published. Returns the descriptor id (see result())."""
-        from .client import _as_sequence  # noqa: PLC0415
-        seqs = [_as_sequence(s) for s in sequences]
-        if not seqs:
+        [sum Q, H]; ready/done: (uint32 word, value). `sequences`: a list of VerifySequence /
+        (id, parents[, commit]) or a PreparedSequences (prepare(); what the layers of a step
+        share). Device memory: the descriptor is enqueued, then "write ready" and "wait done"
+        are recorded on `stream` (default: torch's current stream) — nothing blocks the CPU.
+        Host memory: ready is stored by the host after the descriptor is published. Returns the
+        descriptor id (see result())."""
+        prepared = sequences if isinstance(sequences, PreparedSequences) \
+            else PreparedSequences(sequences)
+        if not prepared.sequences:
             raise invalid_argument("sequences must not be empty", "Verify")
-        total_q = sum(len(s.parents) for s in seqs)
-        self._check_tensors(total_q, q, tree_kv, out, lse)
-        ready_flag, done_flag = _as_flag(ready, "ready"), _as_flag(done, "done")
-        if ready_flag is None or done_flag is None:
-            raise invalid_argument("ready and done flags are required", "Verify")
-        refs = {}
-        devices = set()
-        for name, x in (("q", q), ("tree_kv", tree_kv), ("out", out), ("lse", lse)):
-            if x is not None:
-                refs[name], _, on_device = self.plane.ref(x, name)
-                devices.add(on_device)
-        flags = {}
-        for name, f in (("ready", ready_flag), ("done", done_flag)):
-            ref, address, on_device = self.plane.ref(f.word, f"{name}.word")
-            flags[name] = (ref, address, on_device, f.value)
-            devices.add(on_device)
-        if len(devices) > 1:
-            raise invalid_argument("q, tree_kv, out, lse and the flags must all be device memory "
-                                   "or all host memory", "Verify")
-        on_device = devices.pop()
+        self._check_tensors(prepared.total_q, q, tree_kv, out, lse)
+        ready_word, ready_value = _flag_parts(ready, "ready")
+        done_word, done_value = _flag_parts(done, "done")
+        resolve = self.plane._resolve
+        rq, rkv, rout = resolve(q, "q"), resolve(tree_kv, "tree_kv"), resolve(out, "out")
+        rlse = resolve(lse, "lse") if lse is not None else None
+        rready, rdone = resolve(ready_word, "ready.word"), resolve(done_word, "done.word")
+        on_device = rq[2]
+        for r in (rkv, rout, rlse, rready, rdone):
+            if r is not None and r[2] != on_device:
+                raise invalid_argument("q, tree_kv, out, lse and the flags must all be device "
+                                       "memory or all host memory", "Verify")
         descriptor_id = self.enqueue_verify(
-            layer, seqs, q=refs["q"], tree_kv=refs["tree_kv"], out=refs["out"],
-            lse=refs.get("lse"), ready=(flags["ready"][0], ready_flag.value),
-            done=(flags["done"][0], done_flag.value), softmax_scale=softmax_scale, id=id)
+            layer, prepared, q=rq[0], tree_kv=rkv[0], out=rout[0],
+            lse=None if rlse is None else rlse[0], ready=(rready[0], ready_value),
+            done=(rdone[0], done_value), softmax_scale=softmax_scale, id=id)
+        ready_value &= 0xFFFFFFFF
         if on_device:
-            s = _stream_handle(stream)
-            _check(self._lib.vd_stream_write_value32(s, flags["ready"][1],
-                                                     ready_flag.value & 0xFFFFFFFF), "Verify")
-            _check(self._lib.vd_stream_wait_value32(s, flags["done"][1],
-                                                    done_flag.value & 0xFFFFFFFF), "Verify")
+            handle = _stream_handle(stream)
+            if self._lib.vd_stream_write_value32(handle, rready[1], ready_value) != 0 or \
+                    self._lib.vd_stream_wait_value32(handle, rdone[1], done_value & 0xFFFFFFFF):
+                _check(-1, "Verify")
         else:
-            ctypes.c_uint32.from_address(flags["ready"][1]).value = ready_flag.value & 0xFFFFFFFF
+            ctypes.c_uint32.from_address(rready[1]).value = ready_value
         return descriptor_id
 
-    def _check_tensors(self, total_q: int, q, tree_kv, out, lse) -> int:
+    def _check_tensors(self, total_q: int, q, tree_kv, out, lse) -> None:
         heads = self.plane.heads
-
-        def shape(x):
-            return tuple(int(n) for n in x.shape)
-
-        def dtype_ok(x, kind):
-            if is_torch(x):
-                import torch  # noqa: PLC0415
-                return x.dtype == (torch.bfloat16 if kind == "bf16" else torch.float32)
-            if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
-                t = np.dtype(x.__cuda_array_interface__["typestr"])
-                return t == (np.dtype(np.uint16) if kind == "bf16" else np.dtype(np.float32)) \
-                    or (kind == "bf16" and t.itemsize == 2 and t.kind == "V")
-            return np.asarray(x).dtype == (np.uint16 if kind == "bf16" else np.float32)
-
-        h = q.shape[1] if len(q.shape) == 3 else -1
+        q_shape = _shape(q)
+        h = q_shape[1] if len(q_shape) == 3 else -1
         if heads is not None and h != heads:
-            raise invalid_argument(f"q has shape {list(shape(q))}; need [sum Q = {total_q}, "
+            raise invalid_argument(f"q has shape {list(q_shape)}; need [sum Q = {total_q}, "
                                    f"H = {heads}, {ROW}] (the daemon's heads)", "Verify")
-        want = {"q": ((total_q, h, ROW), "bf16"), "tree_kv": ((total_q, ROW), "bf16"),
-                "out": ((total_q, h, V_DIM), "bf16"), "lse": ((total_q, h), "fp32")}
-        for name, x in (("q", q), ("tree_kv", tree_kv), ("out", out), ("lse", lse)):
+        for name, x, want, bf16 in (("q", q, (total_q, h, ROW), True),
+                                    ("tree_kv", tree_kv, (total_q, ROW), True),
+                                    ("out", out, (total_q, h, V_DIM), True),
+                                    ("lse", lse, (total_q, h), False)):
             if x is None:
                 continue
-            s, kind = want[name]
-            if shape(x) != s:
-                raise invalid_argument(f"{name} has shape {list(shape(x))}; need {list(s)} "
+            shape = q_shape if x is q else _shape(x)
+            if shape != want:
+                raise invalid_argument(f"{name} has shape {list(shape)}; need {list(want)} "
                                        f"(sum Q = {total_q})", "Verify")
-            if not dtype_ok(x, kind):
-                what = "bfloat16 (numpy: uint16 bits)" if kind == "bf16" else "float32"
+            if not _dtype_ok(x, bf16):
+                what = "bfloat16 (numpy: uint16 bits)" if bf16 else "float32"
                 raise invalid_argument(f"{name} must be {what}", "Verify")
-        return h
 
     # -- Commit ----------------------------------------------------------------------------------
     def commit(self, sequence_id: int, accepted_path: Sequence[int], *,
