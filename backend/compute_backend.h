@@ -135,7 +135,7 @@ class ComputeBackend {
   // CU_DEVICE_ATTRIBUTE_MPS_ENABLED, read at creation); false for a backend without a device.
   virtual bool mps_active() const { return false; }
   // The device's UUID as nvidia-smi and DCGM print it ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx",
-  // backend/gpu_uuid.h), for the metrics' join with DCGM; "" for a backend without a GPU (an empty
+  // base/gpu_uuid.h), for the metrics' join with DCGM; "" for a backend without a GPU (an empty
   // label is no label to Prometheus: a join finds nothing, which is the truth).
   virtual std::string gpu_uuid() const { return ""; }
 };

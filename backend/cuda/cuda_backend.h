@@ -51,7 +51,7 @@
 #include "absl/status/statusor.h"
 #include "verify/verify_problem.h"
 #include "backend/cuda/cuda_device_memory.h"
-#include "backend/cuda/cuda_driver.h"
+#include "base/cuda_driver.h"
 #include "backend/cuda/cuda_kv_storage.h"
 #include "backend/compute_backend.h"
 #include "backend/cuda/cuda_graph_cache.h"

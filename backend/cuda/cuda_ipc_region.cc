@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "backend/cuda/cuda_driver.h"
+#include "base/cuda_driver.h"
 #include "base/cuda_check.h"
 #include "base/status_macros.h"
 

@@ -79,7 +79,8 @@ def test_cli_errors(tmp_path):
 
 
 @pytest.mark.parametrize("transport,tensors", [("grpc", "torch"), ("shared_memory", "torch"),
-                                               ("grpc", "numpy"), ("shared_memory", "numpy")])
+                                               ("grpc", "numpy"), ("shared_memory", "numpy"),
+                                               ("device", "torch"), ("device", "numpy")])
 def test_fake_scheduler(daemon, transport, tensors):
     if tensors == "torch":
         pytest.importorskip("torch")

@@ -70,11 +70,13 @@ def test_data_plane_is_reported_unavailable(monkeypatch, tmp_path):
     monkeypatch.setattr(dataplane, "_lib", None)
     monkeypatch.setattr(dataplane, "_why", None)
     assert not dataplane.available()
-    assert "not built yet" in dataplane.why_unavailable()
+    why = dataplane.why_unavailable()
+    assert "missing.so: no such file" in why and dataplane.ENV_LIBRARY in why
     with pytest.raises(dataplane.DataPlaneUnavailable):
         dataplane.load()
-    with pytest.raises(NotImplementedError):
-        VerifyAttention(client=None, transport="device")
+    with verifyd.Client("unix:///nonexistent/verifyd.sock") as c:
+        with pytest.raises(NotImplementedError, match="missing.so"):
+            VerifyAttention(c, transport="device")
 
 
 def test_device_pointer_of_cuda_array_interface():
@@ -82,5 +84,11 @@ def test_device_pointer_of_cuda_array_interface():
         __cuda_array_interface__ = {"shape": (4, 8), "typestr": "<u2", "data": (1234, False),
                                     "version": 2}
     assert dataplane.device_pointer(Fake()) == (1234, 64, -1)
-    with pytest.raises(ValueError):
+    with pytest.raises(verifyd.InvalidArgument, match="__cuda_array_interface__"):
         dataplane.device_pointer(object())
+
+    class Strided:
+        __cuda_array_interface__ = {"shape": (4, 8), "typestr": "<u2", "data": (1234, False),
+                                    "strides": (32, 2), "version": 2}
+    with pytest.raises(verifyd.InvalidArgument, match="not C-contiguous"):
+        dataplane.device_pointer(Strided())

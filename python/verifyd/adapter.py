@@ -22,8 +22,15 @@ commit sent alone at that step's begin_step (or by flush_commits(); release() dr
 **Transports.** "grpc": q/tree_kv/out inline in the messages (CUDA tensors copied via host).
 "shared_memory": one daemon-created region per adapter; q/tree_kv are copied into it (a CUDA
 tensor is copied device→region directly, one copy) and out is copied from it into `out`; the
-region grows when a step needs more. "device" (SPEC §3.1: registered device buffers, a channel,
-stream order) is what verifyd.dataplane will provide; until then it raises DataPlaneUnavailable.
+region grows when a step needs more. "device" (SPEC §3.1, verifyd.dataplane): q, tree_kv, out
+(and lse) must lie in memory registered with the daemon — torch CUDA tensors the engine
+registered once with `client.register(pool)` on the cuda backend, or views of
+`client.host_buffer(...)` on the cpu backend; the adapter owns a channel and one flag pair, and
+each forward_verify is one descriptor in the channel's ring. On CUDA it then records "write
+ready = n" and "wait done >= n" on the current torch stream (or `stream=`) and returns at once:
+the CPU never blocks, errors (NaN outputs, done still written) are raised by the next call that
+reads completions (any later forward_verify, begin_step, `synchronize()`). On host memory the
+call waits for its completion.
 
 **CUDA-graph capture** (what the engine can capture around forward_verify, and why):
 
@@ -34,17 +41,22 @@ stream order) is what verifyd.dataplane will provide; until then it raises DataP
   decode steps must split the graph at attention (piecewise capture, as vLLM does for its own
   "splitting ops" and SGLang for non-capturable backends): the per-layer GEMM/MLP pieces are
   captured, forward_verify runs eagerly between them.
-* The stream-ordered device path (future): the per-layer work on the engine's stream is "write q /
-  tree_kv into registered buffers, signal a device flag, wait on the 'out ready' flag" — stream
-  memory operations / tiny kernels on fixed addresses, which **can** be captured. What varies per
-  step (sequence ids, Q per sequence, parents, the riding commit) cannot live in the graph: the
-  host writes it once per step into the channel's step descriptor (fixed address) before replaying
-  the graph, and graphs are captured per shape bucket (sum Q padded to the bucket, H fixed), the
-  same bucketing the engine already does for batch sizes. verifyd's own kernels run in verifyd's
-  process (its own graphs, SPEC §3); they are never part of the engine's graph.
+* The device transport: of its three actions per layer, the two stream memory operations
+  (`cuStreamWriteValue32` ready, `cuStreamWaitValue32` done; `vd_stream_write_value32` /
+  `vd_stream_wait_value32`) **are capturable** — they are stream work on fixed addresses. The
+  descriptor's enqueue into the channel's ring **is not**: it is a host store into shared memory
+  (what varies per step — sequence ids, Q per sequence, parents, the riding commit — lives there).
+  And a captured stream operation freezes its value: a replay writes and waits for the values of
+  the capture, while the daemon's flags count up (done >= n, in descriptor order). So the adapter
+  refuses to run inside a capture (it raises, as on the host transports) and the engine runs it
+  piecewise: the per-layer engine work captured, forward_verify eager between the pieces — which
+  costs one ring store and two stream operations per layer on the host, no blocking. Capturing
+  the whole step would need flags the graph itself advances (a captured increment kernel and a
+  wait on a device-side counter) plus the host enqueueing each replay's descriptors before the
+  replay: not built.
 * Either way: begin_step / end_step are host work outside any capture; forward_verify must never
-  be called while torch.cuda.is_current_stream_capturing() is true on the host transports — it
-  raises instead of silently recording nothing.
+  be called while torch.cuda.is_current_stream_capturing() is true — it raises instead of
+  silently recording nothing.
 """
 from __future__ import annotations
 
@@ -54,12 +66,15 @@ import grpc
 import numpy as np
 
 from .client import Client, VerifySequence
-from .dataplane import DataPlaneUnavailable, load as load_dataplane
-from .errors import invalid_argument, make_error
+from .errors import ResourceExhausted, VerifydError, invalid_argument, make_error
 from .shared_memory import SharedMemoryRegion, shared_verify_layout
 from .tensors import ROW, copy_bf16_into, is_torch
 
 __all__ = ["VerifyAttention"]
+
+
+def on_device_memory(x: Any) -> bool:
+    return (is_torch(x) and bool(x.is_cuda)) or hasattr(x, "__cuda_array_interface__")
 
 
 def _capturing() -> bool:
@@ -76,13 +91,20 @@ class VerifyAttention:
 
     def __init__(self, client: Client, *, transport: str = "grpc",
                  softmax_scale: Optional[float] = None, timeout: Optional[float] = None,
-                 return_lse: bool = False):
+                 return_lse: bool = False, channel_entries: int = 64, stream: Any = None):
         if transport not in ("grpc", "shared_memory", "device"):
             raise invalid_argument(f"transport = '{transport}' must be grpc, shared_memory or "
                                    "device")
+        self._channel = None
         if transport == "device":
-            load_dataplane()  # raises DataPlaneUnavailable until the library exists
-            raise DataPlaneUnavailable("the device transport is not implemented yet")
+            # DataPlaneUnavailable when libverifyd_dataplane.so is missing.
+            self._channel = client.open_channel(channel_entries)
+        self.stream = stream              # device transport: None = torch's current stream
+        self._flags: Any = None           # device transport: the ready / done words
+        self._flag_owner: Any = None
+        self._counter = 0
+        self._prepared: Any = None        # (the sequence list, its PreparedSequences)
+        self._in_flight: Dict[int, List[Tuple[int, int]]] = {}  # id -> (seq, length if ok)
         self.client = client
         self.transport = transport
         self.softmax_scale = softmax_scale
@@ -113,10 +135,21 @@ class VerifyAttention:
         if self._region is not None:
             self._region.release()
             self._region = None
+        if self._channel is not None:
+            try:
+                self.synchronize()
+            finally:
+                self._channel.close()
+                self._channel = None
+                if self._flag_owner is not None:
+                    self._flag_owner.release()
+                    self._flag_owner = None
 
     # -- a decode step ---------------------------------------------------------------------------
     def begin_step(self, sequences: Iterable[Tuple[int, Sequence[int]]]) -> None:
         """The step's draft trees, in batch order (the order of q's rows)."""
+        if self._channel is not None:
+            self._read_completions()
         self._step = [(int(s), [int(p) for p in parents]) for s, parents in sequences]
         if not self._step:
             raise invalid_argument("a step needs at least one sequence", "Verify")
@@ -139,11 +172,14 @@ class VerifyAttention:
             raise make_error(grpc.StatusCode.FAILED_PRECONDITION,
                              "forward_verify before begin_step", "Verify")
         if _capturing():
-            raise RuntimeError("forward_verify on the grpc/shared_memory transport cannot be "
+            raise RuntimeError(f"forward_verify on the {self.transport} transport cannot be "
                                "captured in a CUDA graph (see verifyd.adapter's docstring)")
         want_lse = lse is not None or self.return_lse
         seqs = self._step_sequences
-        if self.transport == "grpc":
+        if self.transport == "device":
+            self._verify_device(layer, seqs, q, tree_kv, out, lse)
+            r = None
+        elif self.transport == "grpc":
             r = self.client.verify(layer, seqs, q, tree_kv, return_lse=want_lse,
                                    softmax_scale=self.softmax_scale, timeout=self.timeout)
             self._write(out, r.out, "out")
@@ -157,8 +193,9 @@ class VerifyAttention:
             for s in self._step_sequences:
                 self._pending_commit.pop(s.sequence_id, None)
             self._step_sequences = [VerifySequence(s, p) for s, p in self._step]
-        for (s, _), n in zip(self._step, r.committed_length):
-            self.committed_length[s] = n
+        if r is not None:
+            for (s, _), n in zip(self._step, r.committed_length):
+                self.committed_length[s] = n
 
     def end_step(self, accepted: Dict[int, Sequence[int]]) -> None:
         """Records each sequence's accepted path (root first; [] rejects the tree); the commit
@@ -174,7 +211,82 @@ class VerifyAttention:
             self.committed_length[s] = self.client.commit(s, self._pending_commit.pop(s),
                                                           timeout=self.timeout)
 
+    def synchronize(self) -> None:
+        """Device transport: waits for every descriptor in flight and raises the first failure
+        (their outputs are NaN). The CPU-side twin of the stream's own done waits."""
+        if self._channel is None:
+            return
+        error = None
+        while self._in_flight:
+            c = self._channel.wait(self.timeout or 30.0)
+            error = error or self._complete(c)
+        if error is not None:
+            raise error
+
     # -- transports ------------------------------------------------------------------------------
+    def _complete(self, c) -> Optional[VerifydError]:
+        updates = self._in_flight.pop(c.id, [])
+        if not c.ok:
+            return c.error()
+        for s, n in updates:
+            self.committed_length[s] = n
+        return None
+
+    def _read_completions(self) -> None:
+        error = None
+        for c in self._channel.poll():
+            error = error or self._complete(c)
+        if error is not None:
+            raise error
+
+    def _ensure_flags(self, q: Any) -> None:
+        if self._flags is not None:
+            return
+        plane = self.client.data_plane()
+        on_device = is_torch(q) and q.is_cuda
+        if on_device:
+            import torch  # noqa: PLC0415
+            words = torch.zeros(32, dtype=torch.int32, device=q.device)  # ready [0], done [16]
+            self._flag_owner = plane.register(words)
+        else:
+            self._flag_owner = plane.host_buffer(4096)
+            words = self._flag_owner.take((32,), "uint32")
+        self._flags = (words[0:1], words[16:17])
+
+    def _verify_device(self, layer, seqs, q, tree_kv, out, lse) -> None:
+        self._read_completions()
+        self._ensure_flags(q)
+        self._counter += 1
+        n = self._counter
+        # The committed lengths once the riding commits are applied (known when it completes).
+        updates = []
+        for s in seqs:
+            if s.commit_previous is not None:
+                updates.append((s.sequence_id, self.committed_length.get(s.sequence_id, 0)
+                                + len(s.commit_previous)))
+        ready, done = self._flags
+        # The batch in descriptor form once per list (the step's first layer carries the riding
+        # commits, the later ones share one list): the layers do not rebuild it.
+        if self._prepared is None or self._prepared[0] is not seqs:
+            self._prepared = (seqs, self._channel.prepare(seqs))
+        prepared = self._prepared[1]
+        while True:
+            try:
+                i = self._channel.verify(layer, prepared, q, tree_kv, out, lse, ready=(ready, n),
+                                         done=(done, n), stream=self.stream,
+                                         softmax_scale=self.softmax_scale)
+                break
+            except ResourceExhausted:  # the ring is full: read one completion, then retry
+                c = self._channel.wait(self.timeout or 30.0)
+                error = self._complete(c)
+                if error is not None:
+                    raise error
+        self._in_flight[i] = updates
+        if not on_device_memory(q):
+            error = self._complete(self._channel.wait(self.timeout or 30.0))
+            if error is not None:
+                raise error
+
     @staticmethod
     def _write(dest: Any, value: Any, name: str) -> None:
         if is_torch(dest) and is_torch(value):

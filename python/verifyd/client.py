@@ -9,6 +9,7 @@ twice. Thread-safe: one Client may be shared by every thread of a scheduler.
 """
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
@@ -27,6 +28,7 @@ __all__ = ["Client", "VerifySequence", "AppendResult", "VerifyResult", "APPEND_E
            "split_append", "DEFAULT_MAX_MESSAGE_BYTES"]
 
 ADMIN_TOKEN_KEY = "x-verifyd-admin-token"
+CLIENT_ID_KEY = "x-verifyd-client"  # the owner of external regions and channels (plans/0017)
 # Room left in a message for everything but the KV payload (as client/append_chunking.h).
 APPEND_ENVELOPE_BYTES = 1024
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
@@ -102,7 +104,7 @@ class Client:
 
     def __init__(self, target: str, *, timeout: float = 30.0,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, retries: int = 3,
-                 retry_backoff: float = 0.05, admin_token: str = "",
+                 retry_backoff: float = 0.05, admin_token: str = "", client_id: str = "",
                  channel: Optional[grpc.Channel] = None):
         if not target and channel is None:
             raise invalid_argument("target must not be empty")
@@ -113,12 +115,21 @@ class Client:
             raise invalid_argument(f"timeout = {timeout} must be > 0")
         if not 0 <= retries <= 100:
             raise invalid_argument(f"retries = {retries} must be in [0, 100]")
+        if len(client_id) > 128:
+            raise invalid_argument(f"client_id has {len(client_id)} characters; at most 128")
         self.target = target
         self.timeout = float(timeout)
         self.max_message_bytes = int(max_message_bytes)
         self.retries = int(retries)
         self.retry_backoff = float(retry_backoff)
         self.admin_token = admin_token
+        # Sent as x-verifyd-client with every call (as the C++ client): registered memory and
+        # channels belong to it; the data plane's library uses the same id. Empty: random.
+        self.client_id = client_id or secrets.token_hex(16)
+        self._metadata = [(CLIENT_ID_KEY, self.client_id)]
+        if admin_token:
+            self._metadata.append((ADMIN_TOKEN_KEY, admin_token))
+        self._data_plane = None
         self._own_channel = channel is None
         self._channel = channel or grpc.insecure_channel(target, options=[
             ("grpc.max_send_message_length", self.max_message_bytes),
@@ -131,6 +142,9 @@ class Client:
 
     # -- plumbing --------------------------------------------------------------------------------
     def close(self) -> None:
+        if self._data_plane is not None:
+            self._data_plane.close()
+            self._data_plane = None
         if self._own_channel:
             self._channel.close()
 
@@ -144,7 +158,7 @@ class Client:
               timeout: Optional[float] = None):
         # The token rides on every call: over TCP the daemon gates every call that changes state
         # on it (plans/0015); the Unix socket needs none.
-        metadata = [(ADMIN_TOKEN_KEY, self.admin_token)] if self.admin_token else None
+        metadata = self._metadata
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         attempts = 1 + self.retries if idempotent else 1
         backoff = self.retry_backoff
@@ -282,6 +296,15 @@ class Client:
         request = pb.ReleaseRequest(sequence_id=int(sequence_id))
         return int(self._call("Release", self._stub.Release, request,
                               timeout=timeout).freed_slots)
+
+    def fork(self, source_sequence_id: int, new_sequence_id: int, length: int, *,
+             timeout: Optional[float] = None):
+        """A new sequence on the first `length` committed tokens of the source, sharing their KV
+        slots (plans/0019). Returns the ForkResponse (committed_length, shared_tokens). Not
+        retried: a second attempt after a lost reply would answer ALREADY_EXISTS."""
+        request = pb.ForkRequest(source_sequence_id=int(source_sequence_id),
+                                 new_sequence_id=int(new_sequence_id), length=int(length))
+        return self._call("Fork", self._stub.Fork, request, timeout=timeout)
 
     # -- Compaction ------------------------------------------------------------------------------
     def compact(self, budget_bytes: int = 0, *, timeout: Optional[float] = None) -> str:
@@ -432,6 +455,36 @@ class Client:
         return self.verify_shared_in_place(layer, seqs, layout, region,
                                            softmax_scale=softmax_scale, timeout=timeout,
                                            output=kind)
+
+    # -- The co-located data plane (SPEC §3.1; verifyd.dataplane) -------------------------------
+    def data_plane(self):
+        """This Client's data plane (libverifyd_dataplane.so through ctypes; DataPlaneUnavailable
+        when the library is missing): registration, host buffers, channels, under this Client's
+        client_id. Created on first use, closed with the Client."""
+        if self._data_plane is None:
+            from .dataplane import DataPlane  # noqa: PLC0415
+            plane = DataPlane(self.target, self.client_id, admin_token=self.admin_token,
+                              timeout=self.timeout)
+            try:
+                plane.heads = int(self.stats().heads)
+            except VerifydError:
+                plane.close()
+                raise
+            self._data_plane = plane
+        return self._data_plane
+
+    def register(self, tensor: Any):
+        """Registers device memory (a torch CUDA tensor or a __cuda_array_interface__ object) with
+        the daemon: data_plane().register(tensor)."""
+        return self.data_plane().register(tensor)
+
+    def host_buffer(self, nbytes: int, *, torch: bool = False):
+        """A /dev/shm buffer mapped here and registered (the cpu backend's device memory)."""
+        return self.data_plane().host_buffer(nbytes, torch=torch)
+
+    def open_channel(self, entries: int = 64):
+        """A data-plane channel (one per scheduler thread)."""
+        return self.data_plane().open_channel(entries)
 
     def verify_shared_in_place(self, layer: int, sequences: Iterable[SequenceLike],
                                layout: SharedVerifyLayout, region: SharedMemoryRegion, *,

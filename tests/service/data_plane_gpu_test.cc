@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "backend/cuda/cuda_driver.h"
+#include "base/cuda_driver.h"
 #include "client/channel.h"
 #include "client/client.h"
 #include "gtest/gtest.h"

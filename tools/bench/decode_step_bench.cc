@@ -38,7 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_driver.h"
+#include "base/cuda_driver.h"
 #include "backend/cuda/cuda_kv_storage.h"
 #include "base/cuda_check.h"
 #include "base/status_macros.h"

@@ -14,7 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "backend/cuda/cuda_driver.h"
+#include "base/cuda_driver.h"
 #include "client/channel.h"
 #include "client/client.h"
 #include "verify/mla_dims.h"

@@ -19,17 +19,29 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DVERIFYD_CUDA=ON -DCMAKE_CUDA
 default_targets=(wgmma_unit_test mla_verify_flash_test kv_slot_write_test split_planner_test mla_verify_launch_test
   mla_verify_bench cuda_kv_storage_test cuda_kv_store_test cuda_backend_test cuda_verify_staging_test
   cuda_backend_bench cuda_decode_mirror_test cuda_host_registration_test compaction_bench verifyd verifyctl fake_scheduler verifyd_load verifyd_service_tests
-  verifyd_dying_client verifyd_executor_tests cuda_external_verify_test cuda_ipc_producer decode_step_bench data_plane_gpu_test)
+  verifyd_dying_client verifyd_executor_tests cuda_external_verify_test cuda_ipc_producer decode_step_bench
+  data_plane_gpu_test verifyd_dataplane)
 read -r -a targets <<<"${TARGETS:-${default_targets[*]}}"
 cmake --build "$BUILD" -j "${JOBS:-2}" --target "${targets[@]}"
 
 rm -rf bundle
 mkdir -p bundle/bin bundle/lib
 for t in "${targets[@]}"; do
+  [ "$t" = verifyd_dataplane ] && continue  # a library: below
   cp "$(find "$BUILD" -type f -name "$t" -perm -u+x | head -1)" bundle/bin/
 done
 strip bundle/bin/*
-cp "$BUILD/kernels/libverifyd_kernels.a" bundle/lib/
+# The Python package for the GPU host's own Python (tools/device/python_dataplane_gpu.py): the
+# data-plane library with its non-system libraries in pylib/ (found through its RPATH $ORIGIN, so
+# the Python process keeps its LD_LIBRARY_PATH), the package with its generated stubs in python/.
+if [[ " ${targets[*]} " == *" verifyd_dataplane "* ]]; then
+  mkdir -p bundle/pylib bundle/python
+  cp -L "$BUILD/client/c_api/libverifyd_dataplane.so" bundle/pylib/
+  strip bundle/pylib/libverifyd_dataplane.so
+  bash python/build_stubs.sh >/dev/null
+  tar -C python --exclude=__pycache__ -cf - verifyd | tar -C bundle/python -xf -
+fi
+[ -f "$BUILD/kernels/libverifyd_kernels.a" ] && cp "$BUILD/kernels/libverifyd_kernels.a" bundle/lib/
 # Non-system libraries: everything ldd resolves except glibc, the C++ runtime and CUDA's libraries.
 system='/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt)\.so'
 for bin in bundle/bin/*; do
@@ -37,6 +49,10 @@ for bin in bundle/bin/*; do
     cp -Ln "$lib" bundle/lib/ 2>/dev/null || true
   done
 done
+if [ -f bundle/pylib/libverifyd_dataplane.so ]; then
+  ldd bundle/pylib/libverifyd_dataplane.so | awk '/=> \//{print $3}' | { grep -Ev "$system" || true; } \
+    | while read -r lib; do cp -Ln "$lib" bundle/pylib/ 2>/dev/null || true; done
+fi
 # Quick local check: the binaries start (they skip their GPU tests without a device).
 for t in split_planner_test kv_slot_write_test; do
   [ -x bundle/bin/$t ] && LD_LIBRARY_PATH=bundle/lib:/usr/local/cuda/lib64 bundle/bin/$t --gtest_brief=1 | tail -1

@@ -111,6 +111,21 @@ if [ "${VERIFYD_SERVICE:-1}" = 1 ] && [ -x "$B/bin/verifyd" ]; then
   fi
 fi
 
+# The Python data plane (python/verifyd over libverifyd_dataplane.so): torch CUDA tensors registered
+# with a cuda daemon, stream-ordered Verify, the adapter with a GEMM between layers, every output
+# against float64 (tools/device/python_dataplane_gpu.py). The Python keeps its own libraries: only
+# the daemon gets the bundle's lib/ (the data-plane library finds pylib/ through its RPATH).
+if [ "${VERIFYD_PYTHON_DATAPLANE:-1}" = 1 ] && [ -f "$B/pylib/libverifyd_dataplane.so" ]; then
+  env -u LD_LIBRARY_PATH timeout 300 python3 tools/device/python_dataplane_gpu.py \
+    --verifyd "$B/bin/verifyd" --python "$B/python" --lib "$B/pylib/libverifyd_dataplane.so" \
+    --daemon-ld-path "$LD_LIBRARY_PATH" >"$OUT/python_dataplane.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  echo "== python_dataplane rc=$rc"
+  grep -E "^(PASS|FAIL|python )|passed" "$OUT/python_dataplane.log"
+  summary="${summary}python_dataplane rc=$rc $(tail -1 "$OUT/python_dataplane.log")\n"
+fi
+
 echo "== bench"
 timeout 360 "$B"/bin/mla_verify_bench "$@" 2>&1 | tee "$OUT/bench.log"
 [ "${PIPESTATUS[0]}" -ne 0 ] && status=1

@@ -9,6 +9,9 @@ rides on the next step's first Verify). A shadow copy of every layer's committed
 reference. At the end the committed lengths are compared and the sequences released.
 
     python -m verifyd.tools.fake_scheduler --target unix:///run/verifyd/verifyd-0.sock --steps 5
+
+`--transport device` puts q, tree_kv, out and lse in a registered /dev/shm buffer and goes through
+the data plane's channel (cpu backend; verifyd.dataplane).
 """
 from __future__ import annotations
 
@@ -68,6 +71,13 @@ def run(client: Client, *, sequences: int = 3, steps: int = 4, layers: Optional[
     if use_torch:
         import torch  # noqa: PLC0415
     attn = VerifyAttention(client, transport=transport, return_lse=True)
+    buf = None
+    if transport == "device":
+        # The engine's tensors live in registered memory: on the cpu backend a /dev/shm buffer
+        # (on the cuda backend it would be a registered CUDA pool), sized for the largest step.
+        max_q = sequences * (tree_nodes[1] - 1)
+        buf = client.host_buffer(max_q * heads * (ROW + V_DIM) * 2 + max_q * ROW * 2
+                                 + max_q * heads * 4 + 4 * 64, torch=use_torch)
     ids = [first_id + i for i in range(sequences)]
     prefix: Dict[int, List[np.ndarray]] = {}
     report = Report()
@@ -99,6 +109,17 @@ def run(client: Client, *, sequences: int = 3, steps: int = 4, layers: Optional[
                     out = np.empty((total_q, heads, V_DIM), dtype=np.uint16)
                     lse = np.empty((total_q, heads), dtype=np.float32)
                     _ = weight @ weight
+                if buf is not None:  # into the registered buffer (the engine writes there)
+                    buf.reset()
+                    dq, dkv = buf.take((total_q, heads, ROW)), buf.take((total_q, ROW))
+                    out, lse = buf.take((total_q, heads, V_DIM)), buf.take((total_q, heads),
+                                                                           "float32")
+                    if use_torch:
+                        dq.copy_(tq)
+                        dkv.copy_(tkv)
+                    else:
+                        dq[...], dkv[...] = q, tree_kv
+                    tq, tkv = dq, dkv
                 attn.forward_verify(layer, tq, tkv, out, lse)
                 report.verifies += 1
                 out_bits = (out.view(torch.int16).numpy().view(np.uint16) if use_torch else out)
@@ -145,6 +166,8 @@ def run(client: Client, *, sequences: int = 3, steps: int = 4, layers: Optional[
                 except Exception:  # noqa: BLE001 - cleanup
                     pass
         attn.close()
+        if buf is not None:
+            buf.release()
     report.seconds = time.monotonic() - start
     return report
 
@@ -154,7 +177,7 @@ def main(argv=None) -> int:
     p.add_argument("--target", default="unix:///run/verifyd/verifyd-0.sock")
     p.add_argument("--sequences", type=int, default=3)
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--transport", choices=("grpc", "shared_memory"), default="grpc")
+    p.add_argument("--transport", choices=("grpc", "shared_memory", "device"), default="grpc")
     p.add_argument("--tensors", choices=("torch", "numpy"), default="torch")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-message-bytes", type=int, default=64 << 20)

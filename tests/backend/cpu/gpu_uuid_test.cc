@@ -1,7 +1,7 @@
-// FormatGpuUuid (backend/gpu_uuid.h): the cuda backend's gpu_uuid label must equal what DCGM's
+// FormatGpuUuid (base/gpu_uuid.h): the cuda backend's gpu_uuid label must equal what DCGM's
 // exporter puts in its UUID label (nvidia-smi -L's "GPU-..." form), or the metrics' join finds
 // nothing. Fixed bytes, no GPU needed; the cpu backend reports no UUID.
-#include "backend/gpu_uuid.h"
+#include "base/gpu_uuid.h"
 
 #include <array>
 

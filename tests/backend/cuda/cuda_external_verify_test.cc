@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "backend/cuda/cuda_driver.h"
+#include "base/cuda_driver.h"
 #include "tests/backend/cuda/cuda_test_util.h"
 #include "tests/backend/cuda/ipc_producer.h"
 #include "tests/testing/problem_builder.h"

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_driver.h"
+#include "base/cuda_driver.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "backend/cuda/cuda_driver.h"
+#include "base/cuda_driver.h"
 
 #include <cuda_runtime_api.h>
 
@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "backend/gpu_uuid.h"
+#include "base/gpu_uuid.h"
 #include "base/cuda_check.h"
 #include "base/status_macros.h"
 

@@ -7,6 +7,10 @@
 // every binary that links the CUDA backend then starts on a machine without a driver (CI runs the
 // host tests and skips the GPU ones there), exactly as with the static runtime alone. The runtime
 // has loaded the driver by the time it answers, so the pointers are the driver's own.
+//
+// In base/ (not backend/cuda/) because two rooms need it: the CUDA backend and the data-plane C
+// library a scheduler loads (client/c_api: its stream-order helpers and IPC registration).
+// Target verifyd_cuda_driver, built only with CUDA.
 #pragma once
 
 #include <string>
@@ -38,7 +42,7 @@ absl::Status CuResultToStatus(CUresult result, const char* expr, const char* fil
 // true when this process runs as an MPS client. Initializes the runtime on the device.
 absl::StatusOr<bool> MpsActive(int device);
 
-// The device's UUID as nvidia-smi and DCGM print it (backend/gpu_uuid.h), from
+// The device's UUID as nvidia-smi and DCGM print it (base/gpu_uuid.h), from
 // cudaGetDeviceProperties (whole GPUs; a MIG instance reports its own UUID there, which DCGM does
 // not label with: plans/0003).
 absl::StatusOr<std::string> GpuUuid(int device);
