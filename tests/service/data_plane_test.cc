@@ -152,8 +152,16 @@ bool OutputsAreNan(const Scratch& scratch, int64_t total_q, int64_t heads, bool 
   return true;
 }
 
+ServiceOptions OnCpu(ServiceOptions options) {
+  options.backend = BackendKind::kCpu;
+  return options;
+}
+
 struct Harness {
-  explicit Harness(ServiceOptions options) : server(options), model(3, 4, 0.0625f, Seed()) {
+  // The cpu backend on every machine: a /dev/shm file stands in for device memory here (the cuda
+  // backend's regions are IPC handles: data_plane_gpu_test).
+  explicit Harness(ServiceOptions options)
+      : server(OnCpu(std::move(options))), model(3, 4, 0.0625f, Seed()) {
     ClientOptions o;
     o.client_id = "scheduler-a";
     client = *Client::FromChannel(server.channel(), o);
