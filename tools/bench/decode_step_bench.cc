@@ -38,9 +38,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "backend/cuda/cuda_backend.h"
-#include "base/cuda_driver.h"
 #include "backend/cuda/cuda_kv_storage.h"
 #include "base/cuda_check.h"
+#include "base/cuda_driver.h"
 #include "base/status_macros.h"
 #include "tools/bench/decode_step_daemon.h"
 #include "tools/bench/decode_step_fill.h"
@@ -56,8 +56,8 @@ ABSL_FLAG(int, accept, 4, "tree nodes accepted per step (join the prefix at the 
 ABSL_FLAG(int, steps, 40, "timed decode steps per way");
 ABSL_FLAG(int, warmup, 5, "untimed steps first (graph warm-up and capture)");
 ABSL_FLAG(int, gemm_n, 1024, "the model GEMM is 4096 x gemm_n x 4096 bf16 (1024: ~50 us)");
-ABSL_FLAG(std::string, ways, "model,inproc,flags,twoproc,grpc,channel,stream",
-          "ways to run, comma-separated (grpc, channel, stream: through a verifyd daemon)");
+ABSL_FLAG(std::string, ways, "model,inproc,flags,twoproc,grpc,shm,channel,stream",
+          "ways to run, comma-separated (grpc, shm, channel, stream: through a verifyd daemon)");
 ABSL_FLAG(std::string, verifyd, "",
           "the verifyd binary for the daemon ways (default: verifyd next to this binary)");
 ABSL_FLAG(std::string, role, "model", "model | server (internal: the two-process way's server)");
@@ -357,6 +357,7 @@ int Model(const char* self) {
   }
   const std::pair<const char*, DaemonWay> daemon_ways[] = {
       {"grpc", DaemonWay::kGrpcInline},
+      {"shm", DaemonWay::kGrpcSharedMemory},
       {"channel", DaemonWay::kChannelCpuWaits},
       {"stream", DaemonWay::kChannelStreamOrder}};
   for (const auto& [flag, way] : daemon_ways) {

@@ -17,6 +17,7 @@
 #include "base/cuda_driver.h"
 #include "client/channel.h"
 #include "client/client.h"
+#include "client/shared_memory_region.h"
 #include "verify/mla_dims.h"
 
 ABSL_DECLARE_FLAG(int, gemm_n);
@@ -210,6 +211,55 @@ class GrpcLayer {
   void* host_ = nullptr;
 };
 
+// The same through a host region the daemon made (VerifySharedInPlace): the model's stream copies
+// q and tree KV straight into it and out back from it; the CPU still blocks every layer.
+class SharedMemoryLayer {
+ public:
+  absl::Status Init(Client& client, const Dims& d) {
+    d_ = d;
+    layout_ = SharedVerifyLayoutAt(0, d.nodes, d.heads, false);
+    VERIFYD_ASSIGN_OR_RETURN(region_, client.CreateSharedMemory(layout_.end));
+    // Pinned, so the copies are DMA (the daemon's backend registers its side too).
+    VERIFYD_CUDA_CHECK(cudaHostRegister(region_->bytes().data(), region_->bytes().size(),
+                                        cudaHostRegisterDefault));
+    return absl::OkStatus();
+  }
+  ~SharedMemoryLayer() {
+    if (region_.has_value()) cudaHostUnregister(region_->bytes().data());
+  }
+  absl::Status Run(Client& client, int layer, const std::vector<int32_t>& parents,
+                   const std::optional<std::vector<int32_t>>& commit, uint8_t* base,
+                   const Region& r, cudaStream_t stream) {
+    uint8_t* host = region_->bytes().data();
+    const size_t q_bytes = size_t(d_.nodes) * d_.heads * kKvDim * 2;
+    const size_t kv_bytes = size_t(d_.nodes) * kKvDim * 2;
+    const size_t out_bytes = size_t(d_.nodes) * d_.heads * kVDim * 2;
+    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host + layout_.q, base + r.q[layer], q_bytes,
+                                       cudaMemcpyDeviceToHost, stream));
+    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host + layout_.tree_kv, base + r.kv[layer], kv_bytes,
+                                       cudaMemcpyDeviceToHost, stream));
+    VERIFYD_CUDA_CHECK(cudaStreamSynchronize(stream));
+    v1::VerifyRequest request;
+    request.set_layer(static_cast<uint32_t>(layer));
+    v1::VerifySequence* s = request.add_sequences();
+    s->set_sequence_id(kSequence);
+    for (int32_t p : parents) s->add_parents(p);
+    if (commit.has_value()) {
+      s->mutable_commit_previous()->set_commit_length(static_cast<uint32_t>(commit->size()));
+      for (int32_t n : *commit) s->mutable_commit_previous()->add_accepted_path(n);
+    }
+    VERIFYD_RETURN_IF_ERROR(client.VerifySharedInPlace(request, layout_, *region_).status());
+    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(base + r.out[layer], host + layout_.out, out_bytes,
+                                       cudaMemcpyHostToDevice, stream));
+    return absl::OkStatus();
+  }
+
+ private:
+  Dims d_{};
+  SharedVerifyLayout layout_;
+  std::optional<SharedMemoryRegion> region_;
+};
+
 Channel::VerifyDescriptor Descriptor(uint64_t id, int layer, const std::vector<int32_t>& parents,
                                      const std::optional<std::vector<int32_t>>& commit,
                                      uint64_t region, const Region& r) {
@@ -241,6 +291,8 @@ const char* DaemonWayName(DaemonWay way) {
   switch (way) {
     case DaemonWay::kGrpcInline:
       return "daemon: gRPC inline";
+    case DaemonWay::kGrpcSharedMemory:
+      return "daemon: gRPC shared memory";
     case DaemonWay::kChannelCpuWaits:
       return "daemon: channel, CPU waits";
     case DaemonWay::kChannelStreamOrder:
@@ -261,7 +313,7 @@ absl::StatusOr<Timing> RunThroughDaemon(const Dims& d, DaemonWay way, bool graph
   VERIFYD_ASSIGN_OR_RETURN(uint64_t region, Register(client, base, r.bytes));
   VERIFYD_ASSIGN_OR_RETURN(const CudaDriverApi* driver, GetCudaDriverApi());
   std::unique_ptr<Channel> channel;
-  if (way != DaemonWay::kGrpcInline) {
+  if (way == DaemonWay::kChannelCpuWaits || way == DaemonWay::kChannelStreamOrder) {
     // A whole step of descriptors fits (entries: a power of two): the CPU can run a step ahead.
     uint32_t entries = 2;
     while (entries < static_cast<uint32_t>(d.layers) + 1) entries *= 2;
@@ -269,6 +321,8 @@ absl::StatusOr<Timing> RunThroughDaemon(const Dims& d, DaemonWay way, bool graph
   }
   GrpcLayer grpc_layer;
   VERIFYD_RETURN_IF_ERROR(grpc_layer.Init(d));
+  SharedMemoryLayer shm_layer;
+  if (way == DaemonWay::kGrpcSharedMemory) VERIFYD_RETURN_IF_ERROR(shm_layer.Init(client, d));
   Gemm gemm;
   VERIFYD_RETURN_IF_ERROR(gemm.Init(absl::GetFlag(FLAGS_gemm_n), model));
   LayerClock clock;
@@ -286,6 +340,8 @@ absl::StatusOr<Timing> RunThroughDaemon(const Dims& d, DaemonWay way, bool graph
       VERIFYD_RETURN_IF_ERROR(gemm.Run(model));
       if (way == DaemonWay::kGrpcInline) {
         VERIFYD_RETURN_IF_ERROR(grpc_layer.Run(client, l, parents, commit, base, r, model));
+      } else if (way == DaemonWay::kGrpcSharedMemory) {
+        VERIFYD_RETURN_IF_ERROR(shm_layer.Run(client, l, parents, commit, base, r, model));
       } else if (way == DaemonWay::kChannelCpuWaits) {
         VERIFYD_CUDA_CHECK(cudaStreamSynchronize(model));
         VERIFYD_RETURN_IF_ERROR(

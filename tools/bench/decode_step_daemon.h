@@ -4,6 +4,9 @@
 // (Append naming a registered region: no host copy), then per layer runs its GEMM and Verify:
 //   gRPC inline         q and tree KV copied to the host, a Verify RPC, out copied back: the
 //                       model's CPU blocks every layer (today's reference path)
+//   gRPC shared memory  the same, but q and tree KV copied straight into a daemon-made host
+//                       region and out read back from it (VerifySharedInPlace: no bytes in
+//                       the messages; plans/0010, 0012)
 //   channel, CPU waits  device tensors + a channel descriptor, no flags: the CPU waits for the
 //                       model's stream, enqueues, and waits for the completion record
 //   channel + stream    device tensors + a channel + stream order: the model's stream writes the
@@ -18,7 +21,7 @@
 
 namespace verifyd::decode_step {
 
-enum class DaemonWay { kGrpcInline, kChannelCpuWaits, kChannelStreamOrder };
+enum class DaemonWay { kGrpcInline, kGrpcSharedMemory, kChannelCpuWaits, kChannelStreamOrder };
 
 const char* DaemonWayName(DaemonWay way);
 
