@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/shm_file.h"
 #include "channel/ring.h"
 
 namespace verifyd::channel {
@@ -58,33 +59,9 @@ inline absl::StatusOr<RingMapping> CreateRingFile(const std::string& name, uint3
                                                    ", ", kMaxEntries, "]"));
   }
   const uint64_t bytes = RingFileBytes(entries);
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("shm_open '", name, "': ", std::strerror(errno)));
-  }
-  absl::Status status;
-  void* data = MAP_FAILED;
-  if (fchmod(fd, 0600) != 0) {
-    status = absl::InternalError(absl::StrCat("fchmod '", name, "': ", std::strerror(errno)));
-  } else if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    status = absl::ResourceExhaustedError(
-        absl::StrCat("ftruncate '", name, "' to ", bytes, " bytes: ", std::strerror(errno)));
-  } else if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
-    status = absl::ResourceExhaustedError(
-        absl::StrCat("allocating the ", bytes, " bytes of a channel: ", std::strerror(err)));
-  } else {
-    data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (data == MAP_FAILED) {
-      status = absl::ResourceExhaustedError(
-          absl::StrCat("mmap of ", bytes, " bytes: ", std::strerror(errno)));
-    }
-  }
-  close(fd);
-  if (!status.ok()) {
-    shm_unlink(name.c_str());
-    return status;
-  }
-  RingMapping mapping(data, bytes, entries);
+  absl::StatusOr<void*> data = CreateSharedMemoryFile(name, bytes, "a channel");
+  if (!data.ok()) return data.status();
+  RingMapping mapping(*data, bytes, entries);
   mapping.view().Initialize();
   return mapping;
 }

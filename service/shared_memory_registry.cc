@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/shm_file.h"
 
 namespace verifyd {
 namespace {
@@ -37,36 +38,11 @@ absl::StatusOr<std::string> RandomToken() {
   return token;
 }
 
-// Creates, sizes and maps a fresh region. Pages are allocated now (posix_fallocate), so a full
-// /dev/shm is an error here instead of a SIGBUS when the daemon later writes an output.
+// A fresh region (base/shm_file.h: pages allocated now, so a full /dev/shm is an error here).
 absl::StatusOr<uint8_t*> CreateMapping(const std::string& path, uint64_t bytes) {
-  const int fd = shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("shm_open '", path, "': ", std::strerror(errno)));
-  }
-  absl::Status status;
-  void* data = MAP_FAILED;
-  if (fchmod(fd, 0600) != 0) {  // the mode survives any umask, and nothing wider
-    status = absl::InternalError(absl::StrCat("fchmod '", path, "': ", std::strerror(errno)));
-  } else if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    status = absl::ResourceExhaustedError(
-        absl::StrCat("ftruncate '", path, "' to ", bytes, " bytes: ", std::strerror(errno)));
-  } else if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
-    status = absl::ResourceExhaustedError(
-        absl::StrCat("allocating ", bytes, " bytes of shared memory: ", std::strerror(err)));
-  } else {
-    data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (data == MAP_FAILED) {
-      status = absl::ResourceExhaustedError(
-          absl::StrCat("mmap of ", bytes, " bytes: ", std::strerror(errno)));
-    }
-  }
-  close(fd);
-  if (!status.ok()) {
-    shm_unlink(path.c_str());
-    return status;
-  }
-  return static_cast<uint8_t*>(data);
+  absl::StatusOr<void*> data = CreateSharedMemoryFile(path, bytes, "shared memory");
+  if (!data.ok()) return data.status();
+  return static_cast<uint8_t*>(*data);
 }
 
 }  // namespace

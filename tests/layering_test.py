@@ -18,7 +18,7 @@ ALLOWED = {
     "base": set(),
     # The data plane's shared-memory wire format (ring, descriptors): header-only, std + absl,
     # used by the client library and the executor alike (plans/0017-data-plane.md).
-    "channel": set(),
+    "channel": {"base"},
     "verify": {"base"},
     "kernels": {"base", "verify"},
     "kvstore": {"base", "verify"},
