@@ -314,16 +314,18 @@ void ChannelServer::Handle(const uint8_t* copy, uint64_t number, bool closing) {
     absl::Status status;
     uint64_t committed = 0;
     if (!work->refused.ok()) {
-      status = ops.FailExternal(work->failure, work->refused);
+      // Recorded before the backend sees it: a close while the call is in there (the executor
+      // may block behind the device's wait for this very flag) must still release it.
       shared->RecordEnqueued(work->failure.order.ready, work->pins);
+      status = ops.FailExternal(work->failure, work->refused);
     } else if (work->kind == DescriptorKind::kCommit) {
       absl::StatusOr<CommitResult> result = ops.Commit(work->commit);
       status = result.status();
       if (result.ok()) committed = static_cast<uint64_t>(result->committed_length);
       counters->commits.fetch_add(1, std::memory_order_relaxed);
     } else {
-      status = ops.VerifyExternal(work->verify, work->order).status();
       shared->RecordEnqueued(work->order.ready, work->pins);
+      status = ops.VerifyExternal(work->verify, work->order).status();
       counters->verifies.fetch_add(1, std::memory_order_relaxed);
     }
     if (!status.ok()) counters->failed.fetch_add(1, std::memory_order_relaxed);

@@ -207,10 +207,10 @@ class CudaBackend : public ComputeBackend {
                           absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
                           const SlotMirrorPlan& slots, std::chrono::steady_clock::time_point clock,
                           ExternalRun* external = nullptr);
-  // The failure half of the external contract: the ready wait (unless enqueued already), 0xFF
-  // over out and lse, the done write.
+  // The failure half of the external contract: the ready wait (unless enqueued already, or its
+  // channel closed: `skip_ready_wait`), 0xFF over out and lse, the done write.
   absl::Status EnqueueFailure(const ExternalFailure& failure, const CudaDriverApi& driver,
-                              bool ready_enqueued);
+                              bool skip_ready_wait);
 
   // Pinned staging of external calls (class comment): buffer `layer % size`, reusable once
   // `uploaded` (recorded after the call's launch) has completed.

@@ -89,14 +89,16 @@ absl::Status CudaBackend::FailVerifyExternal(const ExternalFailure& failure) {
                                                    " must be >= 0"));
   }
   ++external_counters_.failures;
-  return EnqueueFailure(failure, *driver, /*ready_enqueued=*/false);
+  // A closed channel's scheduler is gone: waiting for its ready flag could wedge the stream.
+  const bool cancelled = failure.order.cancelled != nullptr && failure.order.cancelled->load();
+  return EnqueueFailure(failure, *driver, /*skip_ready_wait=*/cancelled);
 }
 
 absl::Status CudaBackend::EnqueueFailure(const ExternalFailure& failure,
-                                         const CudaDriverApi& driver, bool ready_enqueued) {
+                                         const CudaDriverApi& driver, bool skip_ready_wait) {
   cudaStream_t stream = stream_->get();
   const ExternalFlag& ready = failure.order.ready;
-  if (!ready_enqueued && ready.word != nullptr) {
+  if (!skip_ready_wait && ready.word != nullptr) {
     VERIFYD_CU_CHECK(driver.stream_wait_value32(stream, reinterpret_cast<CUdeviceptr>(ready.word),
                                                 ready.value, CU_STREAM_WAIT_VALUE_GEQ));
   }
@@ -179,7 +181,10 @@ absl::Status CudaBackend::ComputeVerifyExternal(const ExternalVerify& call,
   const int64_t rows = p.total_q > 0 && p.num_heads > 0 ? int64_t{p.total_q} * p.num_heads : 0;
   const ExternalFailure failure{p.out, rows * kVDim, p.lse, p.lse != nullptr ? rows : 0,
                                 call.order};
-  if (absl::Status signalled = EnqueueFailure(failure, *run.driver, run.ready_enqueued);
+  // No wait for the ready flag of a closed channel's call (its scheduler is gone).
+  const bool cancelled = call.order.cancelled != nullptr && call.order.cancelled->load();
+  if (absl::Status signalled =
+          EnqueueFailure(failure, *run.driver, run.ready_enqueued || cancelled);
       !signalled.ok()) {
     return absl::InternalError(absl::StrCat(
         status.message(), "; and signalling the failure failed: ", signalled.message()));
