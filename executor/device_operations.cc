@@ -185,10 +185,12 @@ absl::StatusOr<VerifyResult> DeviceOperations::VerifyExternal(const VerifyCall& 
   const absl::Time start = absl::Now();
   const absl::Status computed = backend_->ComputeVerifyExternal(external, slot_lists_);
   metrics_->RecordKernel(KernelKind::kVerify, absl::Now() - start);
-  // A ready flag that never came is the scheduler's doing, not a defect: its own code. The layer
-  // stays unwritten in the store, so a Commit of the tree is refused until it is verified again.
+  // A ready flag that never came, or tensors out of SPEC §1's bound (checked once ready), are the
+  // scheduler's doing, not a defect: their own code. The layer stays unwritten in the store, so a
+  // Commit of the tree is refused until it is verified again.
   if (computed.code() == absl::StatusCode::kDeadlineExceeded ||
-      computed.code() == absl::StatusCode::kAborted) {
+      computed.code() == absl::StatusCode::kAborted ||
+      computed.code() == absl::StatusCode::kInvalidArgument) {
     return computed;
   }
   if (!computed.ok()) return AfterPrepare(computed, "compute");

@@ -173,26 +173,9 @@ absl::StatusOr<const bf16_bits*> CheckPayload(const Tensor& t, const std::string
 }
 
 // SPEC §1: no value outside [-2^16, 2^16] (so no NaN, no Inf) enters the store or a computation.
-// One vectorized pass over the payload, before any state is touched; the message names the tensor,
-// the first bad element's index (every dimension) and its value.
+// One vectorized pass over the payload, before any state is touched (verify/value_bound.h).
 absl::Status CheckValues(const Tensor& t, const std::string& field, const bf16_bits* data) {
-  int64_t elements = 1;
-  for (int64_t d : t.shape()) elements *= d;
-  const int64_t bad = FirstOutOfBound(data, elements);
-  if (bad < 0) return absl::OkStatus();
-  std::vector<int64_t> index(t.shape_size());
-  for (int64_t k = bad, d = t.shape_size() - 1; d >= 0; --d) {
-    index[d] = k % t.shape(static_cast<int>(d));
-    k /= t.shape(static_cast<int>(d));
-  }
-  std::string at;
-  for (size_t d = 0; d < index.size(); ++d) absl::StrAppend(&at, d ? ", " : "", index[d]);
-  const float value = Bf16ToFloat(data[bad]);
-  return Invalid(
-      absl::StrCat(field, "[", at, "] = ", value,
-                   std::isfinite(value) ? " is outside" : " is not finite; values must lie in",
-                   " [-65536, 65536] (SPEC §1: NaN and Inf are rejected, and finite "
-                   "values beyond 2^16 could overflow the scores); nothing was kept"));
+  return CheckValueBound(data, absl::MakeConstSpan(t.shape().data(), t.shape_size()), field);
 }
 
 CommitSpecView CommitView(const v1::CommitSpec& spec) {

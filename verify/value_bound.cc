@@ -1,5 +1,10 @@
 #include "verify/value_bound.h"
 
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
 namespace verifyd {
 namespace {
 
@@ -40,6 +45,27 @@ int64_t FirstOutOfBound(const bf16_bits* data, int64_t n) {
     if (OutOfBound(data[i])) return i;
   }
   return -1;
+}
+
+absl::Status CheckValueBound(const bf16_bits* data, absl::Span<const int64_t> shape,
+                             const std::string& field) {
+  int64_t elements = 1;
+  for (int64_t d : shape) elements *= d;
+  const int64_t bad = FirstOutOfBound(data, elements);
+  if (bad < 0) return absl::OkStatus();
+  std::vector<int64_t> index(shape.size());
+  for (int64_t k = bad, d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    index[d] = k % shape[d];
+    k /= shape[d];
+  }
+  std::string at;
+  for (size_t d = 0; d < index.size(); ++d) absl::StrAppend(&at, d ? ", " : "", index[d]);
+  const float value = Bf16ToFloat(data[bad]);
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, "[", at, "] = ", value,
+                   std::isfinite(value) ? " is outside" : " is not finite; values must lie in",
+                   " [-65536, 65536] (SPEC §1: NaN and Inf are rejected, and finite "
+                   "values beyond 2^16 could overflow the scores); nothing was kept"));
 }
 
 }  // namespace verifyd

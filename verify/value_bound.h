@@ -6,6 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
 
 #include "verify/bf16.h"
 
@@ -26,5 +30,10 @@ inline bool OutOfBound(bf16_bits v) { return (v & 0x7fffu) > kMaxInputMagnitudeB
 // One pass over the bytes (vectorized); the exact index is searched only inside a block that has a
 // bad value.
 int64_t FirstOutOfBound(const bf16_bits* data, int64_t n);
+
+// The check as every path answers it: OK, or INVALID_ARGUMENT naming `field`, the first bad
+// element's index in every dimension of `shape` and its value. data: host, shape's product values.
+absl::Status CheckValueBound(const bf16_bits* data, absl::Span<const int64_t> shape,
+                             const std::string& field);
 
 }  // namespace verifyd

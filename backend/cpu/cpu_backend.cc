@@ -4,9 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/cpu_external.h"
-#include "verify/mla_dims.h"
-#include "verify/verify_reference.h"
 #include "kvstore/kv_storage.h"
+#include "verify/mla_dims.h"
+#include "verify/value_bound.h"
+#include "verify/verify_reference.h"
 
 namespace verifyd {
 
@@ -46,12 +47,22 @@ absl::Status CpuBackend::ComputeVerifyExternal(const ExternalVerify& call,
   if (status.ok() && storage_ == nullptr) {
     status = absl::FailedPreconditionError("CpuBackend has no storage");
   }
-  if (status.ok() && call.tree_kv == nullptr) {
-    status = absl::InvalidArgumentError("tree_kv must not be null");
+  if (status.ok() && (call.tree_kv == nullptr || p.q == nullptr)) {
+    status = absl::InvalidArgumentError("q and tree_kv must not be null");
   }
   if (status.ok() && static_cast<int64_t>(call.tree_slots.size()) != p.total_q) {
-    status = absl::InvalidArgumentError(absl::StrCat(
-        "tree_slots has ", call.tree_slots.size(), " slots, must equal total_q = ", p.total_q));
+    status = absl::InvalidArgumentError(absl::StrCat("tree_slots has ", call.tree_slots.size(),
+                                                     " slots, must equal total_q = ", p.total_q));
+  }
+  // SPEC §1 on the scheduler's tensors, once they are ready and before any of them is kept: the
+  // gRPC path's check and message (verify/value_bound.h).
+  if (status.ok()) {
+    const int64_t q_shape[] = {p.total_q, p.num_heads, kKvDim};
+    status = CheckValueBound(p.q, q_shape, "q");
+  }
+  if (status.ok()) {
+    const int64_t kv_shape[] = {p.total_q, kKvDim};
+    status = CheckValueBound(call.tree_kv, kv_shape, "tree_kv");
   }
   if (status.ok()) status = storage_->WriteRows(call.layer, call.tree_slots, call.tree_kv);
   if (status.ok()) status = ComputeVerify(call.layer, p, slot_lists);
@@ -64,7 +75,8 @@ absl::Status CpuBackend::FailVerifyExternal(const ExternalFailure& failure) {
   // The outputs are the scheduler's until its ready flag: a NaN written earlier could land under
   // a kernel of its own still reading the previous layer's out. A ready flag that never comes
   // still ends (the bounded wait), and the fill and the flag happen anyway.
-  const absl::Status waited = WaitReadyFlag(failure.order.ready, ready_timeout_, failure.order.cancelled);
+  const absl::Status waited =
+      WaitReadyFlag(failure.order.ready, ready_timeout_, failure.order.cancelled);
   FillOutputsWithNan(failure);
   WriteDoneFlag(failure.order.done);
   return waited;

@@ -340,6 +340,52 @@ TEST(DataPlaneTest, ErrorsMatchTheGrpcPathAndChangeNothing) {
   EXPECT_EQ(h.model.CheckVerify(good, ResponseFrom(good, scratch, h.model)), "");
 }
 
+// SPEC §1 on the channel: q and tree_kv are the scheduler's until its ready flag, so they are
+// checked once it is up, before anything of them is kept. The completion has the gRPC path's code
+// and message for the same tensors, the outputs are NaN, the done flag is written, and the same
+// layer verified again with good tensors matches the reference (nothing bad stuck in the pool).
+TEST(DataPlaneTest, ValuesOutOfBoundAreRefusedLikeGrpcAndNeverKept) {
+  SCOPED_TRACE(absl::StrCat("seed ", Harness::Seed()));
+  Harness h(testing::SmallOptions("dp-values"));
+  Scratch scratch(4 << 20);
+  const uint64_t region =
+      h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
+  std::unique_ptr<Channel> channel = *h.client->OpenChannel(4);
+  const uint16_t bad_bits[] = {0x7fc0 /*NaN*/, 0xff80 /*-Inf*/, 0x4789 /*70144*/, 0xf149 /*-1e30*/};
+  uint32_t step = 0;
+  for (int k = 0; k < 4; ++k) {
+    const bool in_q = k % 2 == 0;
+    SCOPED_TRACE(absl::StrCat(in_q ? "q" : "tree_kv", " bits ", bad_bits[k]));
+    const uint64_t seq = 10 + k;
+    h.AppendSequence(seq, 17);
+    const v1::VerifyRequest good = h.model.MakeVerify(
+        0, {{seq, h.model.RandomParents(1 + static_cast<int>(h.model.rng()() % 6)), std::nullopt}},
+        true);
+    v1::VerifyRequest bad = good;
+    std::string* bytes = in_q ? bad.mutable_q()->mutable_inline_data()
+                              : bad.mutable_tree_kv()->mutable_inline_data();
+    const size_t element = h.model.rng()() % (bytes->size() / 2);
+    std::memcpy(bytes->data() + 2 * element, &bad_bits[k], 2);
+    grpc::ClientContext context;
+    v1::VerifyResponse ignored;
+    const absl::Status grpc_status = RawStatus(h.server.stub().Verify(&context, bad, &ignored));
+    ASSERT_EQ(grpc_status.code(), absl::StatusCode::kInvalidArgument) << grpc_status;
+    ++step;
+    const Channel::VerifyDescriptor d = DescriptorFor(bad, region, scratch, step, step);
+    const Channel::Completion done = RunOnChannel(*channel, d, scratch);
+    EXPECT_EQ(done.status.code(), absl::StatusCode::kInvalidArgument) << done.status;
+    EXPECT_EQ(done.status.message(), grpc_status.message());
+    EXPECT_EQ(scratch.word(d.done.offset).load(), step);
+    EXPECT_TRUE(OutputsAreNan(scratch, TotalQ(bad), 4, true));
+    ++step;
+    const Channel::VerifyDescriptor again = DescriptorFor(good, region, scratch, step, step);
+    const Channel::Completion fine = RunOnChannel(*channel, again, scratch);
+    ASSERT_TRUE(fine.status.ok()) << fine.status;
+    h.model.AcceptVerify(good);
+    EXPECT_EQ(h.model.CheckVerify(good, ResponseFrom(good, scratch, h.model)), "");
+  }
+}
+
 // What only the channel can get wrong: references to memory. A clear code naming the field, NaN
 // outputs where they resolve, the done flag, nothing changed.
 TEST(DataPlaneTest, BadReferencesAreRefusedByName) {
