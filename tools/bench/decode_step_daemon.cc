@@ -154,6 +154,22 @@ absl::Status Prefill(Client& client, const Dims& d, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
+// One layer's Verify of the bench's sequence, the commit riding when given; tensors are the
+// caller's to add.
+v1::VerifyRequest LayerRequest(int layer, const std::vector<int32_t>& parents,
+                               const std::optional<std::vector<int32_t>>& commit) {
+  v1::VerifyRequest request;
+  request.set_layer(static_cast<uint32_t>(layer));
+  v1::VerifySequence* s = request.add_sequences();
+  s->set_sequence_id(kSequence);
+  for (int32_t p : parents) s->add_parents(p);
+  if (commit.has_value()) {
+    s->mutable_commit_previous()->set_commit_length(static_cast<uint32_t>(commit->size()));
+    for (int32_t n : *commit) s->mutable_commit_previous()->add_accepted_path(n);
+  }
+  return request;
+}
+
 // One layer's Verify through gRPC with inline tensors: the model's CPU blocks on its stream, the
 // RPC and the copy back.
 class GrpcLayer {
@@ -176,15 +192,7 @@ class GrpcLayer {
     VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host + q_bytes_, base + r.kv[layer], kv_bytes_,
                                        cudaMemcpyDeviceToHost, stream));
     VERIFYD_CUDA_CHECK(cudaStreamSynchronize(stream));
-    v1::VerifyRequest request;
-    request.set_layer(static_cast<uint32_t>(layer));
-    v1::VerifySequence* s = request.add_sequences();
-    s->set_sequence_id(kSequence);
-    for (int32_t p : parents) s->add_parents(p);
-    if (commit.has_value()) {
-      s->mutable_commit_previous()->set_commit_length(static_cast<uint32_t>(commit->size()));
-      for (int32_t n : *commit) s->mutable_commit_previous()->add_accepted_path(n);
-    }
+    v1::VerifyRequest request = LayerRequest(layer, parents, commit);
     v1::Tensor* q = request.mutable_q();
     q->set_dtype(v1::DTYPE_BF16);
     for (int64_t dim : {int64_t{d_.nodes}, int64_t{d_.heads}, int64_t{kKvDim}}) q->add_shape(dim);
@@ -239,15 +247,7 @@ class SharedMemoryLayer {
     VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host + layout_.tree_kv, base + r.kv[layer], kv_bytes,
                                        cudaMemcpyDeviceToHost, stream));
     VERIFYD_CUDA_CHECK(cudaStreamSynchronize(stream));
-    v1::VerifyRequest request;
-    request.set_layer(static_cast<uint32_t>(layer));
-    v1::VerifySequence* s = request.add_sequences();
-    s->set_sequence_id(kSequence);
-    for (int32_t p : parents) s->add_parents(p);
-    if (commit.has_value()) {
-      s->mutable_commit_previous()->set_commit_length(static_cast<uint32_t>(commit->size()));
-      for (int32_t n : *commit) s->mutable_commit_previous()->add_accepted_path(n);
-    }
+    v1::VerifyRequest request = LayerRequest(layer, parents, commit);
     VERIFYD_RETURN_IF_ERROR(client.VerifySharedInPlace(request, layout_, *region_).status());
     VERIFYD_CUDA_CHECK(cudaMemcpyAsync(base + r.out[layer], host + layout_.out, out_bytes,
                                        cudaMemcpyHostToDevice, stream));
