@@ -4,20 +4,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "verify/simd_clones.h"
 
 namespace verifyd {
 namespace {
-
-// Not under TSan: GCC instruments the ifunc resolver, which the loader runs before TSan's runtime
-// is up, and the binary crashes at startup (plans/0016-integrity-and-test-infra.md).
-#if defined(__x86_64__) && defined(__has_attribute) && !defined(__SANITIZE_THREAD__)
-#if __has_attribute(target_clones)
-#define VERIFYD_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef VERIFYD_SIMD_CLONES
-#define VERIFYD_SIMD_CLONES
-#endif
 
 constexpr int64_t kBlock = 256;  // values per reduction: one early exit per 512 bytes
 

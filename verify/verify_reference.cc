@@ -19,8 +19,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "verify/mla_dims.h"
 #include "base/status_macros.h"
+#include "verify/mla_dims.h"
+#include "verify/simd_clones.h"
 #include "verify/tree_mask.h"
 
 namespace verifyd {
@@ -30,18 +31,8 @@ constexpr int kTileColumns = 64;  // 64 x 576 fp32 = 144 KiB: stays in L2 while 
 constexpr int kMaxBlockRows = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// The hot loop is compiled twice, for AVX2 and for baseline x86-64, and the loader picks one. Both
+// The hot loop is compiled twice (VERIFYD_SIMD_CLONES, verify/simd_clones.h). Both versions
 // do the same roundings in the same order (explicit lanes, no FMA), so results are bit-identical.
-// Not under TSan: GCC instruments the ifunc resolver, which the loader runs before TSan's runtime
-// is up, and the binary crashes at startup (plans/0016-integrity-and-test-infra.md).
-#if defined(__x86_64__) && defined(__has_attribute) && !defined(__SANITIZE_THREAD__)
-#if __has_attribute(target_clones)
-#define VERIFYD_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef VERIFYD_SIMD_CLONES
-#define VERIFYD_SIMD_CLONES
-#endif
 #define VERIFYD_INLINE inline __attribute__((always_inline))
 
 absl::Status Invalid(auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); }

@@ -5,11 +5,11 @@
 #include <functional>
 #include <future>
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "service/verifyd_service.h"
 #include "tests/service/rpc_helpers.h"
@@ -49,21 +49,7 @@ class BadInputTest : public ::testing::Test {
   }
 
   // Sequences 1 and 2 with their pending trees, or new trees committing a path of the old.
-  std::vector<VerifyPart> Parts(bool commit) {
-    std::vector<VerifyPart> parts;
-    for (uint64_t seq : {1, 2}) {
-      VerifyPart part{seq, {}, std::nullopt};
-      if (commit) {
-        part.commit_previous = model_.RandomPath(model_.sequences().at(seq).parents);
-        part.parents = model_.RandomParents(9);
-      } else {
-        part.parents =
-            model_.has_tree(seq) ? model_.sequences().at(seq).parents : model_.RandomParents(7);
-      }
-      parts.push_back(part);
-    }
-    return parts;
-  }
+  std::vector<VerifyPart> Parts(bool commit) { return model_.StepParts({1, 2}, commit, 9, 7); }
 
   // The sequences the cases must not have touched still verify, commit and verify again.
   void ExpectOthersStillVerify() {
@@ -254,7 +240,8 @@ TEST_F(BadInputTest, MalformedRequestsAreNamedAndCounted) {
       prometheus::TextSerializer().Serialize(server_.server().metrics().registry()->Collect());
   for (const char* method : {"Append", "Verify", "Commit", "Release", "Stats"}) {
     EXPECT_THAT(text, HasSubstr(absl::StrCat("verifyd_rpc_requests_total{code=\"INVALID_ARGUMENT\","
-                                             "method=\"", method, "\"} 1")))
+                                             "method=\"",
+                                             method, "\"} 1")))
         << method;
   }
   const v1::StatsResponse after = rpc_.Stats();
@@ -319,10 +306,16 @@ TEST_F(BadInputTest, OversizedRequestsAreNamedCountedAndChangeNothing) {
   create.set_bytes(4096);
   v1::ListSequencesRequest list;
   const std::vector<std::pair<const char*, google::protobuf::Message*>> requests = {
-      {"Append", &append},   {"Verify", &verify},   {"Commit", &commit},
-      {"Release", &release}, {"Fork", &fork},       {"Compact", &compact},
-      {"GetCompaction", &get_compaction},           {"Stats", &stats},
-      {"CreateSharedMemory", &create},              {"ListSequences", &list}};
+      {"Append", &append},
+      {"Verify", &verify},
+      {"Commit", &commit},
+      {"Release", &release},
+      {"Fork", &fork},
+      {"Compact", &compact},
+      {"GetCompaction", &get_compaction},
+      {"Stats", &stats},
+      {"CreateSharedMemory", &create},
+      {"ListSequences", &list}};
   for (const auto& [method, request] : requests) {
     SCOPED_TRACE(method);
     const grpc::Status status = RawCall(server_.channel(), method, PaddedTo(*request, limit + 1));

@@ -39,10 +39,7 @@ using testing::ShadowModel;
 using testing::VerifyPart;
 using Health = grpc::health::v1::HealthCheckResponse;
 
-const std::string kBinary = [] {
-  const char* env = std::getenv("VERIFYD_BINARY");
-  return std::string(env != nullptr && *env != '\0' ? env : VERIFYD_BINARY);
-}();
+const std::string kBinary = testing::DaemonBinary(VERIFYD_BINARY);
 
 // The test client to kill; VERIFYD_DYING_CLIENT points elsewhere (the GPU bundle).
 const std::string kDyingClient = [] {
@@ -57,9 +54,9 @@ constexpr int kNodes = 32;
 constexpr int kCalls = 64;
 
 std::vector<std::string> HeavyDaemonFlags(const std::string& address) {
-  return {"--listen=" + address, "--backend=cpu", "--layers=1", "--heads=16",
-          "--compute-threads=1", "--kv-capacity-tokens=8192", "--max-tree-nodes=64",
-          "--softmax-scale=0.0625"};
+  return {"--listen=" + address, "--backend=cpu",         "--layers=1",
+          "--heads=16",          "--compute-threads=1",   "--kv-capacity-tokens=8192",
+          "--max-tree-nodes=64", "--softmax-scale=0.0625"};
 }
 
 std::string MetricsAddress(const DaemonProcess& daemon) {
@@ -114,8 +111,8 @@ TEST(DaemonEdgeTest, AKilledClientsQueuedVerifiesAreNotComputedAndCountCancelled
 
   // The client runs in a process of its own, so that SIGKILL closes its connection the way a
   // crashed scheduler does.
-  const std::string command = absl::StrCat(kDyingClient, " ", address, " ", kTokens, " ",
-                                           kNodes, " ", kCalls, " & echo $!");
+  const std::string command = absl::StrCat(kDyingClient, " ", address, " ", kTokens, " ", kNodes,
+                                           " ", kCalls, " & echo $!");
   FILE* out = popen(command.c_str(), "r");
   ASSERT_NE(out, nullptr);
   std::string pid_line, sent;
@@ -136,8 +133,9 @@ TEST(DaemonEdgeTest, AKilledClientsQueuedVerifiesAreNotComputedAndCountCancelled
   ASSERT_TRUE(driver.Append(model.MakeAppend(2, 64)).ok());
   std::string mismatch;
   ASSERT_TRUE(
-      driver.Verify(model.MakeVerify(0, {VerifyPart{2, model.RandomParents(8), std::nullopt}}, true),
-                    &mismatch)
+      driver
+          .Verify(model.MakeVerify(0, {VerifyPart{2, model.RandomParents(8), std::nullopt}}, true),
+                  &mismatch)
           .ok());
   EXPECT_EQ(mismatch, "");
   const double ok = VerifyCount(metrics, "OK");
@@ -184,7 +182,8 @@ TEST(DaemonEdgeTest, SigtermWithAFullQueueEndsWithinTheDrain) {
   void* tag = nullptr;
   bool ok = false;
   ASSERT_TRUE(cq.Next(&tag, &ok));
-  ASSERT_TRUE(static_cast<Pending*>(tag)->status.ok()) << static_cast<Pending*>(tag)->status.error_message();
+  ASSERT_TRUE(static_cast<Pending*>(tag)->status.ok())
+      << static_cast<Pending*>(tag)->status.error_message();
   daemon->Signal(SIGTERM);
   // Old behaviour: every queued call was computed before the exit (kCalls x a heavy call, past
   // the drain by far). Now the drain's deadline cancels what is left and the device skips it.
@@ -261,11 +260,10 @@ TEST(DaemonEdgeTest, TheSocketIsNeverLooserThan0660EvenUnderUmask000) {
     }
   });
   std::string error;
-  auto daemon = StartUnderShell(
-      "umask 000",
-      {"--listen=" + address, "--metrics=", "--layers=1", "--heads=2", "--compute-threads=1",
-       "--kv-capacity-tokens=1024"},
-      &error);
+  auto daemon = StartUnderShell("umask 000",
+                                {"--listen=" + address, "--metrics=", "--layers=1", "--heads=2",
+                                 "--compute-threads=1", "--kv-capacity-tokens=1024"},
+                                &error);
   stop = true;
   watcher.join();
   ASSERT_NE(daemon, nullptr) << error;
@@ -273,10 +271,10 @@ TEST(DaemonEdgeTest, TheSocketIsNeverLooserThan0660EvenUnderUmask000) {
   // Nothing of the private bind directory is left next to the socket.
   const std::string dir = path.substr(0, path.rfind('/'));
   std::string listing;
-  EXPECT_EQ(testing::RunToExit("/bin/sh",
-                               {"-c", "ls -a " + dir + " | grep -c '^.verifyd-bind-' >&2 || true"},
-                               &listing),
-            0);
+  EXPECT_EQ(
+      testing::RunToExit(
+          "/bin/sh", {"-c", "ls -a " + dir + " | grep -c '^.verifyd-bind-' >&2 || true"}, &listing),
+      0);
   EXPECT_EQ(absl::StripAsciiWhitespace(listing), "0");
   // The default address is not in /tmp, where another user could take the name first.
   EXPECT_FALSE(absl::StartsWith(DefaultListenAddress(0), "unix:///tmp/"));
@@ -332,18 +330,19 @@ TEST(DaemonEdgeTest, TheAdminTokenComesFromAPrivateFileOnly) {
   const std::string path = testing::WriteTokenFile("s3cret");
   ASSERT_EQ(chmod(path.c_str(), 0644), 0);
   const std::string address = testing::TempSocketAddress("token");
-  EXPECT_EQ(testing::RunToExit(kBinary,
-                               {"--listen=" + address, "--metrics=", "--admin-token-file=" + path},
-                               &output),
-            1);
+  EXPECT_EQ(
+      testing::RunToExit(
+          kBinary, {"--listen=" + address, "--metrics=", "--admin-token-file=" + path}, &output),
+      1);
   EXPECT_THAT(output, HasSubstr("is readable by every user (mode 0644)"));
   output.clear();
-  EXPECT_EQ(testing::RunToExit(kBinary,
-                               {"--listen=" + address, "--metrics=",
-                                "--admin-token-file=/nonexistent/token"},
-                               &output),
-            1);
-  EXPECT_THAT(output, HasSubstr("--admin-token-file = '/nonexistent/token' is not a readable file"));
+  EXPECT_EQ(
+      testing::RunToExit(
+          kBinary, {"--listen=" + address, "--metrics=", "--admin-token-file=/nonexistent/token"},
+          &output),
+      1);
+  EXPECT_THAT(output,
+              HasSubstr("--admin-token-file = '/nonexistent/token' is not a readable file"));
   unlink(path.c_str());
 }
 

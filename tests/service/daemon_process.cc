@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -154,6 +155,11 @@ std::string HttpGet(const std::string& host_port, const std::string& path) {
   close(fd);
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+std::string DaemonBinary(const char* built) {
+  const char* env = std::getenv("VERIFYD_BINARY");
+  return std::string(env != nullptr && *env != '\0' ? env : built);
 }
 
 }  // namespace verifyd::testing

@@ -34,6 +34,10 @@ class DaemonProcess {
   std::string startup_line_;
 };
 
+// The daemon the tests start: $VERIFYD_BINARY when set (the GPU bundle's), else `built` (the
+// build's, which each test target passes as its VERIFYD_BINARY definition).
+std::string DaemonBinary(const char* built);
+
 // Runs binary+args to completion; returns the exit code, stderr in *output.
 int RunToExit(const std::string& binary, const std::vector<std::string>& args, std::string* output);
 

@@ -34,10 +34,7 @@ using testing::VerifyPart;
 using Health = grpc::health::v1::HealthCheckResponse;
 
 // The build's daemon; VERIFYD_BINARY in the environment points elsewhere (the GPU bundle).
-const std::string kBinary = [] {
-  const char* env = std::getenv("VERIFYD_BINARY");
-  return std::string(env != nullptr && *env != '\0' ? env : VERIFYD_BINARY);
-}();
+const std::string kBinary = testing::DaemonBinary(VERIFYD_BINARY);
 
 std::string MetricsAddress(const DaemonProcess& daemon) {
   const std::string field = daemon.StartupField("metrics");
@@ -235,9 +232,10 @@ TEST(DaemonProcessTest, LeaseExpiryFreesSilentClientsAndMetricsPassPromtool) {
   EXPECT_THAT(text,
               ::testing::ContainsRegex("verifyd_build_info\\{backend=\"(cpu|cuda)\",version=\""));
   // The DCGM join key (plans/0003): "" on cpu, nvidia-smi's form on cuda.
-  EXPECT_THAT(text, ::testing::ContainsRegex(
-                        "verifyd_device_info\\{device=\"0\",gpu_uuid=\""
-                        "(GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})?\"\\} 1"));
+  EXPECT_THAT(text,
+              ::testing::ContainsRegex(
+                  "verifyd_device_info\\{device=\"0\",gpu_uuid=\""
+                  "(GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})?\"\\} 1"));
   if (text.find("backend=\"cpu\"") != std::string::npos) {
     EXPECT_THAT(text, HasSubstr("verifyd_device_info{device=\"0\",gpu_uuid=\"\"} 1"));
   }

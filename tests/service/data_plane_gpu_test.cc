@@ -42,10 +42,7 @@ constexpr int kHeads = 4;
 constexpr float kScale = 0.0625f;  // ShadowModel's scale, given to the daemon too
 constexpr uint64_t kRegionBytes = 8 << 20;
 
-std::string Binary() {
-  const char* env = std::getenv("VERIFYD_BINARY");
-  return std::string(env != nullptr && *env != '\0' ? env : VERIFYD_BINARY);
-}
+std::string Binary() { return testing::DaemonBinary(VERIFYD_BINARY); }
 
 bool HaveCudaDevice() {
   int count = 0;

@@ -76,16 +76,10 @@ class ForkServerTest : public ::testing::Test {
       grpc::ClientContext context;
       ASSERT_TRUE(server_.stub().Compact(&context, v1::CompactRequest(), &started).ok());
     }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    do {
-      grpc::ClientContext context;
-      v1::GetCompactionRequest get;
-      get.set_operation_id(started.operation_id());
-      ASSERT_TRUE(server_.stub().GetCompaction(&context, get, &status).ok());
-      if (status.state() == v1::CompactionStatus::DONE) break;
-      ASSERT_NE(status.state(), v1::CompactionStatus::FAILED) << status.error();
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    } while (std::chrono::steady_clock::now() < deadline);
+    ASSERT_TRUE(testing::WaitForCompaction(server_.stub(), started.operation_id(),
+                                           std::chrono::seconds(30), &status)
+                    .ok());
+    ASSERT_NE(status.state(), v1::CompactionStatus::FAILED) << status.error();
     ASSERT_EQ(status.state(), v1::CompactionStatus::DONE);
   }
 

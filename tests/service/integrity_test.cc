@@ -60,21 +60,7 @@ class IntegrityTest : public ::testing::Test {
   }
 
   // Sequences 1 and 2 with their pending trees, or new trees committing a path of the old.
-  std::vector<VerifyPart> Parts(bool commit) {
-    std::vector<VerifyPart> parts;
-    for (uint64_t seq : {1, 2}) {
-      VerifyPart part{seq, {}, std::nullopt};
-      if (commit) {
-        part.commit_previous = model_.RandomPath(model_.sequences().at(seq).parents);
-        part.parents = model_.RandomParents(5);
-      } else {
-        part.parents =
-            model_.has_tree(seq) ? model_.sequences().at(seq).parents : model_.RandomParents(7);
-      }
-      parts.push_back(part);
-    }
-    return parts;
-  }
+  std::vector<VerifyPart> Parts(bool commit) { return model_.StepParts({1, 2}, commit, 5, 7); }
 
   void ExpectOthersStillVerify() {
     ASSERT_EQ(rpc_.Step(Parts(false), true), "");

@@ -1,5 +1,7 @@
 #include "tests/service/rpc_helpers.h"
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 
 namespace verifyd::testing {
@@ -110,6 +112,23 @@ grpc::health::v1::HealthCheckResponse::ServingStatus CheckHealth(
   const grpc::Status status = stub->Check(context.get(), request, &response);
   *ok = status.ok();
   return status.ok() ? response.status() : grpc::health::v1::HealthCheckResponse::UNKNOWN;
+}
+
+grpc::Status WaitForCompaction(v1::Verifyd::Stub& stub, const std::string& operation_id,
+                               std::chrono::milliseconds timeout, v1::CompactionStatus* status) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    grpc::ClientContext context;
+    v1::GetCompactionRequest get;
+    get.set_operation_id(operation_id);
+    const grpc::Status s = stub.GetCompaction(&context, get, status);
+    if (!s.ok() || status->state() == v1::CompactionStatus::DONE ||
+        status->state() == v1::CompactionStatus::FAILED ||
+        std::chrono::steady_clock::now() >= deadline) {
+      return s;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 }  // namespace verifyd::testing

@@ -42,6 +42,11 @@ class RpcDriver {
 grpc::health::v1::HealthCheckResponse::ServingStatus CheckHealth(
     const std::shared_ptr<grpc::Channel>& channel, const std::string& service, bool* ok);
 
+// Polls GetCompaction(`operation_id`) until DONE or FAILED or `timeout`; *status is the last
+// answer. Not OK only when a GetCompaction call failed.
+grpc::Status WaitForCompaction(v1::Verifyd::Stub& stub, const std::string& operation_id,
+                               std::chrono::milliseconds timeout, v1::CompactionStatus* status);
+
 std::unique_ptr<grpc::ClientContext> ContextWithDeadline(std::chrono::milliseconds timeout);
 
 }  // namespace verifyd::testing

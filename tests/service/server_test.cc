@@ -6,10 +6,10 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "verify/mla_dims.h"
 #include "tests/service/rpc_helpers.h"
 #include "tests/service/shadow_model.h"
 #include "tests/service/test_server.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
@@ -137,16 +137,10 @@ TEST_F(ServerTest, CompactionWhileVerifyingChangesNoResult) {
     ASSERT_EQ(rpc_.Step({NextPart(4, 8, true), NextPart(5, 8, true)}, step == 1), "");
   }
   v1::CompactionStatus status;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  do {
-    grpc::ClientContext context;
-    v1::GetCompactionRequest get;
-    get.set_operation_id(started.operation_id());
-    ASSERT_TRUE(server_.stub().GetCompaction(&context, get, &status).ok());
-    if (status.state() == v1::CompactionStatus::DONE) break;
-    ASSERT_NE(status.state(), v1::CompactionStatus::FAILED) << status.error();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  } while (std::chrono::steady_clock::now() < deadline);
+  ASSERT_TRUE(testing::WaitForCompaction(server_.stub(), started.operation_id(),
+                                         std::chrono::seconds(20), &status)
+                  .ok());
+  ASSERT_NE(status.state(), v1::CompactionStatus::FAILED) << status.error();
   ASSERT_EQ(status.state(), v1::CompactionStatus::DONE);
   EXPECT_EQ(status.operation_id(), started.operation_id());
   EXPECT_GT(status.bytes_moved(), 0u);

@@ -246,4 +246,20 @@ std::string ShadowModel::CheckVerify(const v1::VerifyRequest& request,
   return "";
 }
 
+std::vector<VerifyPart> ShadowModel::StepParts(const std::vector<uint64_t>& sequences, bool commit,
+                                               int new_nodes, int first_nodes) {
+  std::vector<VerifyPart> parts;
+  for (uint64_t seq : sequences) {
+    VerifyPart part{seq, {}, std::nullopt};
+    if (commit) {
+      part.commit_previous = RandomPath(sequences_.at(seq).parents);
+      part.parents = RandomParents(new_nodes);
+    } else {
+      part.parents = has_tree(seq) ? sequences_.at(seq).parents : RandomParents(first_nodes);
+    }
+    parts.push_back(part);
+  }
+  return parts;
+}
+
 }  // namespace verifyd::testing

@@ -60,6 +60,11 @@ class ShadowModel {
   // Random trees: chains and bushes; a random root-to-node path for commits.
   std::vector<int32_t> RandomParents(int nodes);
   std::vector<int32_t> RandomPath(const std::vector<int32_t>& parents);
+  // One step's parts for `sequences`: with `commit`, a new tree of `new_nodes` nodes riding a
+  // commit of a random path of the pending one; else the pending tree (or a new one of
+  // `first_nodes` when none is pending).
+  std::vector<VerifyPart> StepParts(const std::vector<uint64_t>& sequences, bool commit,
+                                    int new_nodes, int first_nodes);
 
  private:
   std::vector<bf16_bits> RandomRows(int64_t rows);
