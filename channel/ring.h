@@ -76,6 +76,10 @@ struct RingHeader {
   // completion_bell with producer_sleeping = 1; the daemon rings it after writing a record.
   alignas(64) std::atomic<uint32_t> completion_bell;
   std::atomic<uint32_t> producer_sleeping;
+  // Set to 1 by a client once it holds a shared flock(2) on the ring's file for as long as its
+  // process lives: the daemon then learns of the client's death from the lock (RingMapping::
+  // ClientGone) within a sweep, not a lease. A client that never sets it keeps the lease alone.
+  alignas(64) std::atomic<uint32_t> client_attached;
 };
 static_assert(sizeof(RingHeader) <= kRingHeaderBytes);
 

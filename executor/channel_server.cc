@@ -264,6 +264,15 @@ void ChannelServer::Loop() {
 
 bool ChannelServer::ExpireIfIdle(std::chrono::steady_clock::time_point now) {
   if (finished()) return true;
+  if (shared_->mapping.ClientGone()) {
+    // The client's process ended (its lock on the ring went with it): what it left waiting is
+    // released now rather than when the lease runs out, since a device wait it left may hold
+    // every other client's synchronous work on this GPU (plans/0018).
+    consumer_.Close(absl::StatusCode::kCancelled);
+    shared_->cancelled.store(true, std::memory_order_relaxed);
+    finished_.store(true, std::memory_order_release);
+    return true;
+  }
   const channel::RingHeader& header = shared_->mapping.view().header();
   const uint64_t activity = header.submit_tail.load(std::memory_order_relaxed) +
                             header.complete_head.load(std::memory_order_relaxed) +

@@ -67,7 +67,9 @@ class ChannelServer {
   void Close(absl::StatusCode reason);
 
   // The lease: true (and the ring closed, waits cancelled) when the client neither enqueued, read
-  // completions nor sent a heartbeat for options.lease. One thread only (the table's sweeper).
+  // completions nor sent a heartbeat for options.lease, or at once when the client's process has
+  // ended (it held a lock on the ring: channel::RingMapping::ClientGone). One thread only (the
+  // table's sweeper).
   bool ExpireIfIdle(std::chrono::steady_clock::time_point now);
   // The lease passed or the ring was corrupt (the thread stopped). The table reaps it.
   bool finished() const { return finished_.load(std::memory_order_acquire); }

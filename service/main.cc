@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -138,6 +139,12 @@ void RaiseDescriptorLimit() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Every kernel loaded when CUDA starts, not at its first launch: loading a kernel lazily waits
+  // for the device, and a device stream may be waiting on a flag that only a scheduler (or the
+  // channel sweeper's release, which needs the driver lock the loading thread holds) will write.
+  // A scheduler killed mid-step deadlocked the daemon that way on the H200 (plans/0018). Set
+  // before anything touches CUDA; it changes when kernels load, not what they compute.
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/1);
   absl::SetProgramUsageMessage(
       "verifyd: per-GPU verify attention for tree speculative decoding (MLA)\n"
       "usage: verifyd [--listen=unix:///run/verifyd/verifyd-0.sock] [--backend=cuda] ...");

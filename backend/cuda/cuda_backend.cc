@@ -47,6 +47,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(CudaBackendOpti
       new CudaBackend(std::move(options), std::move(stream), num_sms));
   backend->mps_active_ = mps;
   backend->gpu_uuid_ = std::move(uuid);
+  // Made now: creating a stream takes the driver's context lock, which a thread blocked behind a
+  // scheduler's device wait may hold when the release is needed (plans/0018).
+  VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&backend->rescue_stream_, cudaStreamNonBlocking));
   return backend;
 }
 

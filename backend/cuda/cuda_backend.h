@@ -248,7 +248,7 @@ class CudaBackend : public ComputeBackend {
   ExternalCallCounters external_counters_;
   bool mps_active_ = false;
   std::string gpu_uuid_;  // "GPU-...", read at creation
-  // ReleaseExternalWait's stream, created on first use; it runs on the daemon's channel threads.
+  // ReleaseExternalWait's stream, made by Create; it runs on the daemon's channel threads.
   std::mutex rescue_mu_;
   cudaStream_t rescue_stream_ = nullptr;
   std::function<void(GraphEvent)> graph_observer_;

@@ -125,9 +125,6 @@ absl::Status CudaBackend::ReleaseExternalWait(const ExternalFlag& ready) {
   VERIFYD_ASSIGN_OR_RETURN(const CudaDriverApi* driver, GetCudaDriverApi());
   VERIFYD_RETURN_IF_ERROR(CheckFlags(ExternalOrder{ready, {}}));
   std::lock_guard<std::mutex> lock(rescue_mu_);
-  if (rescue_stream_ == nullptr) {
-    VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&rescue_stream_, cudaStreamNonBlocking));
-  }
   // Another stream: the backend's own is the one blocked on this flag.
   VERIFYD_CU_CHECK(driver->stream_write_value32(rescue_stream_,
                                                 reinterpret_cast<CUdeviceptr>(ready.word),

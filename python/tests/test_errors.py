@@ -123,8 +123,6 @@ def test_verify_client_side_shape_checks(client, live, rng):
            lambda: client.append(live, random_bf16(rng, (3, 2, 500)), expected_fill=30))
 
 
-@pytest.mark.xfail(strict=False, reason="SPEC §1: non-finite tree_kv/kv must be rejected "
-                   "(INVALID_ARGUMENT naming the tensor); the daemon does not check it yet")
 def test_non_finite_inputs_rejected(client, live, rng):
     q, tkv = tree_inputs(rng, 3)
     tkv[1, 7] = 0x7FC0  # bf16 NaN

@@ -1,9 +1,7 @@
 """SPEC §2's expected-position rule: the client fills AppendRequest.expected_position for every
 chunk; a chunk never re-creates a sequence released or expired meanwhile.
 
-The daemon-side enforcement (FAILED_PRECONDITION naming both numbers) is being built on main;
-until it lands, the daemon ignores the field and the tests marked xfail(strict=False) fail
-(XFAIL); once it lands they pass (XPASS), with no edit here."""
+The daemon enforces it (FAILED_PRECONDITION naming both numbers), so these are plain tests."""
 import time
 
 import pytest
@@ -12,9 +10,6 @@ import verifyd
 from verifyd.tensors import random_bf16
 
 from conftest import LAYERS
-
-ENFORCEMENT = ("server-side enforcement of AppendRequest.expected_position (SPEC §2) is not in "
-               "this daemon yet: it re-creates the sequence silently")
 
 
 class RecordingStub:
@@ -54,7 +49,6 @@ def test_every_chunk_states_its_position(daemon, seq_ids, rng):
         c.release(sid)
 
 
-@pytest.mark.xfail(strict=False, reason=ENFORCEMENT)
 def test_chunked_append_across_a_release(daemon, seq_ids, rng):
     with small_client(daemon) as c, daemon.client() as other:
         sid = next(seq_ids)
@@ -68,7 +62,6 @@ def test_chunked_append_across_a_release(daemon, seq_ids, rng):
             other.release(sid)
 
 
-@pytest.mark.xfail(strict=False, reason=ENFORCEMENT)
 def test_chunked_append_across_a_lease_expiry(short_lease_daemon, seq_ids, rng):
     with small_client(short_lease_daemon) as c:
         sid = next(seq_ids)
@@ -80,7 +73,6 @@ def test_chunked_append_across_a_lease_expiry(short_lease_daemon, seq_ids, rng):
             c.release(sid)
 
 
-@pytest.mark.xfail(strict=False, reason=ENFORCEMENT)
 def test_create_of_a_live_sequence(client, seq_ids, rng):
     sid = next(seq_ids)
     client.append(sid, random_bf16(rng, (LAYERS, 4, 576)))
@@ -92,7 +84,6 @@ def test_create_of_a_live_sequence(client, seq_ids, rng):
         client.release(sid)
 
 
-@pytest.mark.xfail(strict=False, reason=ENFORCEMENT)
 def test_wrong_expected_fill_names_both_numbers(client, seq_ids, rng):
     sid = next(seq_ids)
     client.append(sid, random_bf16(rng, (LAYERS, 4, 576)))
@@ -104,7 +95,6 @@ def test_wrong_expected_fill_names_both_numbers(client, seq_ids, rng):
         client.release(sid)
 
 
-@pytest.mark.xfail(strict=False, reason=ENFORCEMENT)
 def test_expected_fill_of_an_unknown_sequence(client, seq_ids, rng):
     sid = next(seq_ids)
     with pytest.raises((verifyd.FailedPrecondition, verifyd.NotFound)):

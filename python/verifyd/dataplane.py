@@ -41,7 +41,7 @@ import os
 import secrets
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import numpy as np
@@ -74,6 +74,9 @@ class _TensorRef(ctypes.Structure):
 class _Flag(ctypes.Structure):
     _fields_ = [("region", ctypes.c_uint64), ("offset", ctypes.c_uint64),
                 ("value", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
+
+
+_NO_TENSOR, _NO_FLAG = _TensorRef(0, 0), _Flag(0, 0, 0, 0)
 
 
 class _Sequence(ctypes.Structure):
@@ -477,16 +480,18 @@ def _shape(x: Any) -> Tuple[int, ...]:
     return tuple(shape)
 
 
-_TORCH_DTYPES: Optional[Tuple[Any, Any]] = None
+# (torch.Tensor, torch.bfloat16, torch.float32) once torch has been seen: the hot path compares
+# against them without importing torch (which a numpy-only scheduler may not have).
+_TORCH_CLASSES: Optional[Tuple[Any, Any, Any]] = None
 
 
 def _dtype_ok(x: Any, bf16: bool) -> bool:
-    global _TORCH_DTYPES
+    global _TORCH_CLASSES
     if _torch_tensor(x):
-        if _TORCH_DTYPES is None:
+        if _TORCH_CLASSES is None:
             import torch  # noqa: PLC0415
-            _TORCH_DTYPES = (torch.bfloat16, torch.float32)
-        return x.dtype is _TORCH_DTYPES[0 if bf16 else 1]
+            _TORCH_CLASSES = (torch.Tensor, torch.bfloat16, torch.float32)
+        return x.dtype is _TORCH_CLASSES[1 if bf16 else 2]
     if isinstance(x, np.ndarray):
         return x.dtype == (np.uint16 if bf16 else np.float32)
     t = np.dtype(x.__cuda_array_interface__["typestr"])
@@ -702,26 +707,22 @@ class Channel:
         prepared = sequences if isinstance(sequences, PreparedSequences) \
             else PreparedSequences(sequences)
         d = self._descriptor  # reused: the library copies it into the ring before returning
-        ctypes.memset(ctypes.byref(d), 0, ctypes.sizeof(d))
+        # Every field is written (no memset): the per-layer call is the hot path.
         d.id = self._take_id(id)
         d.layer = int(layer)
         d.num_sequences = len(prepared.sequences)
         d.sequences = prepared._pointer
-        d.q.region, d.q.offset = q.region, q.offset
-        d.tree_kv.region, d.tree_kv.offset = tree_kv.region, tree_kv.offset
-        d.out.region, d.out.offset = out.region, out.offset
-        if lse is not None:
-            d.lse.region, d.lse.offset = lse.region, lse.offset
+        d.q = _TensorRef(q.region, q.offset)
+        d.tree_kv = _TensorRef(tree_kv.region, tree_kv.offset)
+        d.out = _TensorRef(out.region, out.offset)
+        d.lse = _TensorRef(lse.region, lse.offset) if lse is not None else _NO_TENSOR
         d.return_lse = int(lse is not None if return_lse is None else bool(return_lse))
-        if softmax_scale is not None:
-            d.has_softmax_scale = 1
-            d.softmax_scale = float(softmax_scale)
-        if ready is not None:
-            d.ready.region, d.ready.offset = ready[0].region, ready[0].offset
-            d.ready.value = int(ready[1]) & 0xFFFFFFFF
-        if done is not None:
-            d.done.region, d.done.offset = done[0].region, done[0].offset
-            d.done.value = int(done[1]) & 0xFFFFFFFF
+        d.has_softmax_scale = int(softmax_scale is not None)
+        d.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
+        d.ready = _NO_FLAG if ready is None else \
+            _Flag(ready[0].region, ready[0].offset, int(ready[1]) & 0xFFFFFFFF, 0)
+        d.done = _NO_FLAG if done is None else \
+            _Flag(done[0].region, done[0].offset, int(done[1]) & 0xFFFFFFFF, 0)
         if self._lib.vd_enqueue_verify(self._handle, ctypes.byref(d)) != 0:
             _check(-1, "Verify")
         self._methods[d.id] = "Verify"
@@ -743,7 +744,67 @@ class Channel:
             else PreparedSequences(sequences)
         if not prepared.sequences:
             raise invalid_argument("sequences must not be empty", "Verify")
-        self._check_tensors(prepared.total_q, q, tree_kv, out, lse)
+        refs = self._torch_refs(prepared.total_q, q, tree_kv, out, lse, ready, done)
+        if refs is None:  # not plain torch tensors, or something to refuse: the general path
+            refs = self._checked_refs(prepared.total_q, q, tree_kv, out, lse, ready, done)
+        rq, rkv, rout, rlse, rready, rdone, ready_value, done_value = refs
+        descriptor_id = self.enqueue_verify(
+            layer, prepared, q=rq[0], tree_kv=rkv[0], out=rout[0],
+            lse=None if rlse is None else rlse[0], ready=(rready[0], ready_value),
+            done=(rdone[0], done_value), softmax_scale=softmax_scale, id=id)
+        ready_value &= 0xFFFFFFFF
+        if rq[2]:
+            handle = _stream_handle(stream)
+            if self._lib.vd_stream_write_value32(handle, rready[1], ready_value) != 0 or \
+                    self._lib.vd_stream_wait_value32(handle, rdone[1], done_value & 0xFFFFFFFF):
+                _check(-1, "Verify")
+        else:
+            ctypes.c_uint32.from_address(rready[1]).value = ready_value
+        return descriptor_id
+
+    def _torch_refs(self, total_q: int, q, tree_kv, out, lse, ready, done):
+        """verify()'s hot path (the per-layer call of a Python scheduler, plans/0013): plain torch
+        tensors of the right shapes, dtypes and layout whose places are known (the plane's cache),
+        checked in straight-line code. None for anything else; the general path then accepts it
+        or says what is wrong."""
+        tensor = _TORCH_CLASSES[0] if _TORCH_CLASSES else None
+        if tensor is None or type(q) is not tensor or type(tree_kv) is not tensor or \
+                type(out) is not tensor or (lse is not None and type(lse) is not tensor) or \
+                type(ready) is not tuple or type(done) is not tuple or len(ready) != 2 or \
+                len(done) != 2 or type(ready[0]) is not tensor or type(done[0]) is not tensor:
+            return None
+        heads = self.plane.heads
+        bf16 = _TORCH_CLASSES[1]
+        rows = total_q * heads if heads is not None else -1
+        if q.shape != (total_q, heads, ROW) or tree_kv.shape != (total_q, ROW) or \
+                out.shape != (total_q, heads, V_DIM) or q.dtype is not bf16 or \
+                tree_kv.dtype is not bf16 or out.dtype is not bf16 or not q.is_contiguous() or \
+                not tree_kv.is_contiguous() or not out.is_contiguous():
+            return None
+        if lse is not None and (lse.shape != (total_q, heads) or lse.dtype is not _TORCH_CLASSES[2]
+                                or not lse.is_contiguous()):
+            return None
+        known = self.plane._refs
+        on_device = q.is_cuda
+        rq = known.get((q.data_ptr(), rows * ROW * 2, on_device))
+        rkv = known.get((tree_kv.data_ptr(), total_q * ROW * 2, tree_kv.is_cuda))
+        rout = known.get((out.data_ptr(), rows * V_DIM * 2, out.is_cuda))
+        rlse = None if lse is None else known.get((lse.data_ptr(), rows * 4, lse.is_cuda))
+        word, done_word = ready[0], done[0]
+        rready = known.get((word.data_ptr(), word.numel() * word.element_size(), word.is_cuda))
+        rdone = known.get((done_word.data_ptr(), done_word.numel() * done_word.element_size(),
+                           done_word.is_cuda))
+        if rq is None or rkv is None or rout is None or rready is None or rdone is None or \
+                (lse is not None and rlse is None) or not word.is_contiguous() or \
+                not done_word.is_contiguous():
+            return None  # first sight of a tensor (the general path resolves and keeps it)
+        if rkv[2] != on_device or rout[2] != on_device or rready[2] != on_device or \
+                rdone[2] != on_device or (rlse is not None and rlse[2] != on_device):
+            return None
+        return rq, rkv, rout, rlse, rready, rdone, int(ready[1]), int(done[1])
+
+    def _checked_refs(self, total_q: int, q, tree_kv, out, lse, ready, done):
+        self._check_tensors(total_q, q, tree_kv, out, lse)
         ready_word, ready_value = _flag_parts(ready, "ready")
         done_word, done_value = _flag_parts(done, "done")
         resolve = self.plane._resolve
@@ -755,19 +816,7 @@ class Channel:
             if r is not None and r[2] != on_device:
                 raise invalid_argument("q, tree_kv, out, lse and the flags must all be device "
                                        "memory or all host memory", "Verify")
-        descriptor_id = self.enqueue_verify(
-            layer, prepared, q=rq[0], tree_kv=rkv[0], out=rout[0],
-            lse=None if rlse is None else rlse[0], ready=(rready[0], ready_value),
-            done=(rdone[0], done_value), softmax_scale=softmax_scale, id=id)
-        ready_value &= 0xFFFFFFFF
-        if on_device:
-            handle = _stream_handle(stream)
-            if self._lib.vd_stream_write_value32(handle, rready[1], ready_value) != 0 or \
-                    self._lib.vd_stream_wait_value32(handle, rdone[1], done_value & 0xFFFFFFFF):
-                _check(-1, "Verify")
-        else:
-            ctypes.c_uint32.from_address(rready[1]).value = ready_value
-        return descriptor_id
+        return rq, rkv, rout, rlse, rready, rdone, ready_value, done_value
 
     def _check_tensors(self, total_q: int, q, tree_kv, out, lse) -> None:
         heads = self.plane.heads
@@ -870,12 +919,23 @@ class Channel:
             pass
 
 
+_CURRENT_RAW_STREAM: Optional[Callable[[], int]] = None
+
+
 def _stream_handle(stream: Any) -> Optional[int]:
     """A cudaStream_t as an int: given (int, torch.cuda.Stream, or anything with .cuda_stream),
     or torch's current stream."""
     if stream is None:
-        import torch  # noqa: PLC0415
-        return int(torch.cuda.current_stream().cuda_stream) or None
+        global _CURRENT_RAW_STREAM
+        if _CURRENT_RAW_STREAM is None:
+            import torch  # noqa: PLC0415
+            raw, device = (getattr(torch._C, "_cuda_getCurrentRawStream", None),
+                           getattr(torch._C, "_cuda_getDevice", None))
+            # What torch.cuda.current_stream() returns, without its Stream object (~µs a call
+            # on the GPU hosts); torch builds without these private calls take the public way.
+            _CURRENT_RAW_STREAM = (lambda: raw(device())) if raw and device else \
+                (lambda: torch.cuda.current_stream().cuda_stream)
+        return int(_CURRENT_RAW_STREAM()) or None
     if hasattr(stream, "cuda_stream"):
         return int(stream.cuda_stream) or None
     return int(stream) or None

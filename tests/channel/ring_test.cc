@@ -365,6 +365,7 @@ TEST(RingTest, WriterKilledMidDescriptorPublishesNothingHalfWritten) {
   const std::string name = absl::StrCat("/verifyd-ring-test-", getpid(), "-", Seed() % 100000);
   absl::StatusOr<RingMapping> created = CreateRingFile(name, 8);
   ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_FALSE(created->ClientGone()) << "no client attached yet: the lease decides";
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -396,9 +397,12 @@ TEST(RingTest, WriterKilledMidDescriptorPublishesNothingHalfWritten) {
       c.Sleep(std::chrono::milliseconds(10));
     }
   }
+  EXPECT_FALSE(created->ClientGone()) << "the writer lives and holds its lock";
+  EXPECT_FALSE(created->ClientGone()) << "a test of the lock does not take it";
   kill(child, SIGKILL);
   int status = 0;
   waitpid(child, &status, 0);
+  EXPECT_TRUE(created->ClientGone()) << "the writer's lock ended with its process";
   EXPECT_EQ(ids, (std::vector<uint64_t>{100, 101, 102}));
   uint64_t n = 0;
   std::string why;

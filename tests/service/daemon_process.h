@@ -24,6 +24,7 @@ class DaemonProcess {
   // The value of `key=` in the startup line ("" when absent).
   std::string StartupField(const std::string& key) const;
   void Signal(int signal_number);
+  pid_t pid() const { return pid_; }
   // The exit code, or -1 on timeout / abnormal end.
   int Wait(std::chrono::milliseconds timeout);
 

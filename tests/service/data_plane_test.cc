@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -563,6 +564,70 @@ TEST(DataPlaneTest, LeaseEndsWhatADeadSchedulerLeft) {
   }
   EXPECT_EQ(h.Stats().channels(), 0u);
   EXPECT_EQ(h.Stats().external_regions(), 0u);
+}
+
+// A scheduler whose process ends (here: its ring descriptor closed, which drops the lock the
+// client library holds on the ring for its process's life) is noticed within a sweep of the
+// tables, long before its lease: its waiting call completes ABORTED with NaN outputs and its done
+// flag, and the channel is gone. A device wait it left would otherwise hold every other client's
+// synchronous work on that GPU for the whole lease (plans/0018).
+TEST(DataPlaneTest, ADeadSchedulersChannelEndsWithoutWaitingForItsLease) {
+  ServiceOptions options = testing::SmallOptions("dp-dead");
+  options.lease_seconds = 120;
+  Harness h(options);
+  Scratch scratch(4 << 20);
+  const uint64_t region =
+      h.client->RegisterExternalMemory(scratch.path(), scratch.bytes())->region();
+  h.AppendSequence(1, 10);
+  grpc::ClientContext context;
+  context.AddMetadata("x-verifyd-client", "scheduler-a");
+  v1::OpenChannelRequest open;
+  open.set_entries(4);
+  v1::OpenChannelResponse opened;
+  ASSERT_TRUE(h.server.stub().OpenChannel(&context, open, &opened).ok());
+  std::optional<channel::RingMapping> ring;
+  {
+    absl::StatusOr<channel::RingMapping> mapped = channel::OpenRingFile(opened.path(),
+                                                                        opened.entries());
+    ASSERT_TRUE(mapped.ok()) << mapped.status();
+    ring.emplace(*std::move(mapped));
+  }
+  EXPECT_EQ(ring->view().header().client_attached.load(), 1u);
+  const v1::VerifyRequest request = h.model.MakeVerify(0, {{1, {-1, 0}, std::nullopt}}, false);
+  const Channel::VerifyDescriptor made = DescriptorFor(request, region, scratch, 5, 1);
+  channel::Descriptor d;
+  d.id = made.id;
+  d.sequences.push_back({1, {-1, 0}, false, 0, {}});
+  d.q = {region, made.q.offset};
+  d.tree_kv = {region, made.tree_kv.offset};
+  d.out = {region, made.out.offset};
+  d.ready = {region, made.ready.offset, 5, 0};  // never raised
+  d.done = {region, made.done.offset, 5, 0};
+  EXPECT_EQ(h.Stats().channels(), 1u);
+  ASSERT_TRUE(channel::RingProducer(ring->view()).Push(d).ok());
+  // Longer than a sweep (the lease / 4, at most 250 ms): a live client's channel stays open.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_EQ(scratch.word(d.done.offset).load(), 0u) << "the call did not wait for its ready flag";
+  EXPECT_EQ(ring->view().header().closed.load(), 0u) << "a live client's channel was closed";
+
+  ring.reset();  // the scheduler's end, as its process's exit would do it
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((scratch.word(d.done.offset).load() != 5 || h.Stats().channels() != 0) &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3))
+      << "the dead scheduler's channel waited for its lease";
+  EXPECT_EQ(scratch.word(d.done.offset).load(), 5u);
+  EXPECT_TRUE(OutputsAreNan(scratch, 2, h.model.heads(), false));
+  EXPECT_EQ(h.Stats().channels(), 0u);
+  // Nothing of the call was kept: the tree is pending but unwritten; verified again through
+  // gRPC, it is right.
+  const v1::VerifyRequest again = h.model.MakeVerify(0, {{1, {-1, 0}, std::nullopt}}, true);
+  absl::StatusOr<v1::VerifyResponse> verified = h.client->Verify(again);
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  h.model.AcceptVerify(again);
+  EXPECT_EQ(h.model.CheckVerify(again, *verified), "");
 }
 
 // Back-pressure through the daemon: a ring of 2 holds 2 descriptors in flight; the third is

@@ -58,13 +58,8 @@ daemon_report plain
 timeout -s KILL 280 "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_plain.txt" 2>"$OUT/bench_plain.err"
 echo "bench (no MPS) rc=$?"
 
-# MPS: private directories; stopped on every exit path.
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/verifyd-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/verifyd-mps-log
-mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-stop_mps() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; }
-trap stop_mps EXIT
-if nvidia-cuda-mps-control -d; then
-  sleep 1
+source tools/device/mps.sh
+if start_mps; then
   run_test cuda_external_verify_test "_mps"
   daemon_report mps
   timeout -s KILL 280 "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_mps.txt" 2>"$OUT/bench_mps.err"
@@ -77,11 +72,7 @@ if nvidia-cuda-mps-control -d; then
   ls "$CUDA_MPS_PIPE_DIRECTORY" >"$OUT/mps_pipe_dir.txt" 2>&1
   cp "$CUDA_MPS_LOG_DIRECTORY"/control.log "$OUT/mps_control.log" 2>/dev/null
   stop_mps
-  trap - EXIT
-else
-  echo "nvidia-cuda-mps-control -d failed"
 fi
-unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 echo "== bench logs (short)"; grep -E "failed|rror" "$OUT/bench_plain.err" "$OUT/bench_mps.err" 2>/dev/null | head -5
 echo "== tests"; printf '%s' "$summary"
 echo "== bench logs"; cat "$OUT/bench_plain.err" "$OUT/bench_mps.err" 2>/dev/null | grep -v '^$' | tail -30
