@@ -16,6 +16,7 @@ from verifyd.reference import check_close, verify_reference
 from verifyd.tensors import bf16_to_float32, random_bf16
 
 from conftest import HEADS, LAYERS, REPO
+from helpers import DLPackOnly, HandmadeDLPack
 
 H = HEADS
 
@@ -159,6 +160,103 @@ def test_torch_views_and_softmax_scale(client, plane, seq_ids, rng):
     check_close(out_bits(step.out), o, lse=step.lse.numpy(), ref_lse=ref_lse)
     client.release(sid)
     buf.release()
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_dlpack_only_objects_in_a_channel_verify(client, plane, seq_ids, rng, kind):
+    """q, tree_kv, out, lse and both flag words as objects offering only DLPack (views of the host
+    buffer underneath): the same output bytes as the plain views, which match float64."""
+    torch = pytest.importorskip("torch") if kind == "torch" else None
+    sid = next(seq_ids)
+    kv = random_bf16(rng, (LAYERS, 17, 576))
+    client.append(sid, kv)
+    scale = client.stats().softmax_scale
+    parents = [-1, 0, 0, 1]
+    n = len(parents)
+    buf = plane.host_buffer(1 << 20, torch=torch is not None)
+    step = Step(buf, n, torch=torch is not None)
+    q, tkv = random_bf16(rng, (n, H, 576)), random_bf16(rng, (n, 576))
+    if torch is None:
+        step.q[...], step.tree_kv[...] = q, tkv
+    else:
+        step.q.copy_(torch.from_numpy(q.view(np.int16)).view(torch.bfloat16))
+        step.tree_kv.copy_(torch.from_numpy(tkv.view(np.int16)).view(torch.bfloat16))
+    results, wrapped = [], []
+    with plane.open_channel() as ch:
+        for value, wrap in ((1, lambda x: x), (2, DLPackOnly)):
+            if torch is None:
+                step.out[...], step.lse[...] = 0xFFFF, 0.0  # NaN bits: must be overwritten
+            else:
+                step.out.view(torch.int16).fill_(-1)
+                step.lse.fill_(0.0)
+            args = [wrap(x) for x in (step.q, step.tree_kv, step.out, step.lse, step.ready,
+                                      step.done)]
+            i = ch.verify(1, [(sid, parents)], *args[:4], ready=(args[4], value),
+                          done=(args[5], value))
+            assert ch.result(i).ok
+            assert int(step.done[0]) == value
+            lse = step.lse.numpy() if torch is not None else step.lse
+            results.append((out_bits(step.out).copy(), np.array(lse)))
+            wrapped = args
+    assert all(w.calls > 0 and set(w.streams) == {None} for w in wrapped)  # read through DLPack
+    o, ref_lse = verify_reference(kv[1], tkv, q, parents, scale)
+    check_close(results[0][0], o, "plain views", lse=results[0][1], ref_lse=ref_lse)
+    assert results[1][0].tobytes() == results[0][0].tobytes(), "DLPack out != plain out"
+    assert results[1][1].tobytes() == results[0][1].tobytes(), "DLPack lse != plain lse"
+    client.release(sid)
+    buf.release()
+
+
+class _RecordingLib:
+    """The library with vd_register_cuda / vd_release_memory recorded instead of done (no GPU
+    here): what register() asks of it."""
+
+    def __init__(self, real):
+        self._real = real
+        self.registered = []
+
+    def vd_register_cuda(self, handle, pointer, nbytes, region, base):
+        self.registered.append((pointer, nbytes))
+        region._obj.value = 900 + len(self.registered)
+        base._obj.value = pointer - 4096  # the allocation starts before the tensor
+        return 0
+
+    def vd_release_memory(self, handle, region, out):
+        return 0
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def test_register_takes_a_dlpack_cuda_object_as_a_cuda_array_interface_one(plane):
+    address, shape = 0x7F0000010000, (64, 576)
+
+    class Cai:
+        __cuda_array_interface__ = {"shape": shape, "typestr": "<u2", "data": (address, False),
+                                    "version": 2}
+    dl = HandmadeDLPack(address, shape, device=(2, 0))
+    real, plane._lib = plane._lib, _RecordingLib(plane._lib)
+    try:
+        m_cai = plane.register(Cai())
+        m_cai.release()
+        m = plane.register(dl)
+        assert plane._lib.registered == [(address, 64 * 576 * 2)] * 2
+        assert (m.base, m.bytes, m.device) == (m_cai.base, m_cai.bytes, True)
+        assert m._keep is dl  # the object, not its capsule, keeps the memory registered
+        # A tensor inside it: the same region, and a Ref into it.
+        inner = HandmadeDLPack(address + 1152, (3, 2, 576), code=4, bits=16, device=(2, 0))
+        assert plane.register(inner) is m and len(plane._lib.registered) == 2
+        ref, at, on_device = plane.ref(inner, "q")
+        assert (ref, at, on_device) == (dataplane.Ref(m.region, 4096 + 1152), address + 1152, True)
+        with pytest.raises(verifyd.InvalidArgument, match="host_buffer"):
+            plane.register(HandmadeDLPack(address, shape))  # kDLCPU: not device memory
+        with pytest.raises(verifyd.InvalidArgument, match="tensor is on DLPack device type 10"):
+            plane.register(HandmadeDLPack(address, shape, device=(10, 0)))
+        with pytest.raises(verifyd.InvalidArgument, match="tensor is not C-contiguous"):
+            plane.register(HandmadeDLPack(address, (4, 4), strides=(1, 4), device=(2, 0)))
+        m.release()
+    finally:
+        plane._lib = real
 
 
 def _nan(bits):

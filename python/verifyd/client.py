@@ -474,8 +474,8 @@ class Client:
         return self._data_plane
 
     def register(self, tensor: Any):
-        """Registers device memory (a torch CUDA tensor or a __cuda_array_interface__ object) with
-        the daemon: data_plane().register(tensor)."""
+        """Registers device memory (a torch CUDA tensor, a __cuda_array_interface__ object, or a
+        DLPack kDLCUDA object) with the daemon: data_plane().register(tensor)."""
         return self.data_plane().register(tensor)
 
     def host_buffer(self, nbytes: int, *, torch: bool = False):

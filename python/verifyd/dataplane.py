@@ -9,7 +9,7 @@ the loader's search path (ldconfig, LD_LIBRARY_PATH). Where it is found changes 
 computes. Missing or of another ABI: `DataPlaneUnavailable` saying which and why.
 
     plane = client.data_plane()                    # one per Client (its client_id owns regions)
-    # cuda backend: any torch CUDA tensor / __cuda_array_interface__ object
+    # cuda backend: any torch CUDA tensor / __cuda_array_interface__ / DLPack kDLCUDA object
     mem = plane.register(pool)                     # CUDA IPC handle made inside the library
     # cpu backend: memory the daemon can map = a file in /dev/shm
     buf = plane.host_buffer(8 << 20)               # created, mapped, registered
@@ -41,7 +41,8 @@ import os
 import secrets
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
 
 import grpc
 import numpy as np
@@ -237,17 +238,25 @@ def host_pointer(x: Any) -> Tuple[int, int]:
     return x.__array_interface__["data"][0], x.nbytes
 
 
-def device_pointer(tensor: Any) -> Tuple[int, int, int]:
-    """(device pointer, bytes, device index or -1) of a contiguous CUDA tensor: torch, or
-    anything exposing `__cuda_array_interface__`. Never touches the data."""
+def device_pointer(tensor: Any, name: str = "tensor", method: str = "") -> Tuple[int, int, int]:
+    """(device pointer, bytes, device index or -1) of a contiguous CUDA tensor: torch, anything
+    exposing `__cuda_array_interface__`, or a DLPack kDLCUDA object (`__dlpack__`). Never touches
+    the data."""
     if is_torch(tensor):
         if not tensor.is_cuda or not tensor.is_contiguous():
             raise invalid_argument("need a contiguous CUDA tensor")
         return tensor.data_ptr(), _nbytes(tensor), tensor.device.index
     cai = getattr(tensor, "__cuda_array_interface__", None)
     if cai is None:
-        raise invalid_argument("need a torch CUDA tensor or an object with "
-                               "__cuda_array_interface__")
+        if _uses_dlpack(tensor):
+            t = _dlpack_tensor(tensor, name, method)
+            if not t.device:
+                raise invalid_argument(f"{name} is host memory (DLPack device type "
+                                       f"{_dl_device_name(t.device_type)}); need a CUDA tensor",
+                                       method)
+            return t.address, t.nbytes, t.device_id
+        raise invalid_argument("need a torch CUDA tensor, an object with "
+                               "__cuda_array_interface__ or a DLPack kDLCUDA tensor")
     if cai.get("strides") not in (None,):
         expected = []
         step = np.dtype(cai["typestr"]).itemsize
@@ -260,17 +269,165 @@ def device_pointer(tensor: Any) -> Tuple[int, int, int]:
     return int(cai["data"][0]), nbytes, -1
 
 
-def _is_cuda(x: Any) -> bool:
+# -- DLPack (the Python array API standard's data interchange) ----------------------------------
+# The last way in, for objects that are neither torch tensors nor numpy arrays and have no
+# __cuda_array_interface__ (JAX, TensorFlow, wrappers): the capsule of `__dlpack__()` is read with
+# ctypes. Its layout is dlpack.h's unversioned DLManagedTensor in a "dltensor" capsule: what a
+# producer returns when the consumer passes no `max_version` (the versioned struct, in a
+# "dltensor_versioned" capsule, goes only to consumers that ask for it).
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+_KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST = 1, 2, 3  # DLDeviceType; 3 is pinned host memory
+_DL_DEVICE_NAMES = {1: "kDLCPU", 2: "kDLCUDA", 3: "kDLCUDAHost", 4: "kDLOpenCL", 7: "kDLVulkan",
+                    8: "kDLMetal", 9: "kDLVPI", 10: "kDLROCM", 11: "kDLROCMHost",
+                    12: "kDLExtDev", 13: "kDLCUDAManaged", 14: "kDLOneAPI", 15: "kDLWebGPU",
+                    16: "kDLHexagon"}
+# (DLDataTypeCode, bits) -> name: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4. uint16 is bf16's
+# bits, as numpy's uint16 arrays are; int32/uint32 are the flag words.
+_DL_DTYPES = {(4, 16): "bfloat16", (1, 16): "uint16", (2, 32): "float32", (0, 32): "int32",
+              (1, 32): "uint32"}
+_DLTENSOR = b"dltensor"
+# Own function objects (pythonapi[...] makes a fresh one; attribute access would share, and set
+# the types of, the one every other ctypes user of pythonapi gets). PyDLL: called with the GIL.
+_capsule_is_valid = ctypes.pythonapi["PyCapsule_IsValid"]
+_capsule_is_valid.restype = ctypes.c_int
+_capsule_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_pointer = ctypes.pythonapi["PyCapsule_GetPointer"]
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+class DLPackTensor(NamedTuple):
+    """What an object's DLPack capsule says (read by _dlpack_tensor)."""
+    address: int             # data + byte_offset
+    nbytes: int
+    shape: Tuple[int, ...]
+    dtype: str               # a _DL_DTYPES name, or "code C bits B" for any other
+    device: bool             # CUDA memory (kDLCUDA); False: host (kDLCPU, kDLCUDAHost)
+    device_type: int
+    device_id: int
+
+
+def _dl_device_name(device_type: int) -> str:
+    return f"{device_type} ({_DL_DEVICE_NAMES.get(device_type, 'unknown')})"
+
+
+def _uses_dlpack(x: Any) -> bool:
+    """Whether x is reached through DLPack: it has `__dlpack__` and none of the other ways in
+    (torch, numpy, `__cuda_array_interface__`) applies."""
+    return hasattr(x, "__dlpack__") and not is_torch(x) and not isinstance(x, np.ndarray) and \
+        not hasattr(x, "__cuda_array_interface__")
+
+
+def _dlpack_device(x: Any, name: str, method: str = "") -> Tuple[int, int]:
+    """`__dlpack_device__()`, refusing devices other than the CPU, CUDA and CUDA host memory."""
+    query = getattr(x, "__dlpack_device__", None)
+    if query is None:
+        raise invalid_argument(f"{name} has __dlpack__ but no __dlpack_device__", method)
+    device_type, device_id = query()
+    device_type, device_id = int(device_type), int(device_id)
+    if device_type not in (_KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST):
+        raise invalid_argument(f"{name} is on DLPack device type {_dl_device_name(device_type)}; "
+                               "the data plane takes kDLCPU (1), kDLCUDA (2) and kDLCUDAHost (3) "
+                               "memory", method)
+    return device_type, device_id
+
+
+def _dlpack_tensor(x: Any, name: str = "tensor", method: str = "") -> DLPackTensor:
+    """Address, bytes, shape, dtype and device of a DLPack object, from its capsule; refuses
+    (InvalidArgument naming `name`) other devices and non-row-major layouts. The data is not
+    touched. The caller keeps `x` for as long as the address is used, as for any other kind: the
+    producer owns the memory, and the capsule is gone when this returns."""
+    expected_type, _ = _dlpack_device(x, name, method)  # first, as the standard's consumers do
+    # stream=None (the default): for CPU memory the only value allowed; for CUDA "the legacy
+    # default stream". Nothing here reads or writes the data: the daemon's accesses are ordered by
+    # the ready/done flags on verify()'s stream, not by this export.
+    try:
+        capsule = x.__dlpack__(stream=None)
+    except TypeError:  # a __dlpack__ without the stream keyword (older or hand-written producers)
+        capsule = x.__dlpack__()
+    if not _capsule_is_valid(capsule, _DLTENSOR):
+        raise invalid_argument(f"{name}.__dlpack__() returned {capsule!r}; need an unconsumed "
+                               "\"dltensor\" capsule", method)
+    # The capsule is read, not consumed. Consuming it (renaming it "used_dltensor") is how a
+    # consumer takes the DLManagedTensor over for an array of its own that views the memory, and
+    # it makes calling the deleter the consumer's job. Nothing made here views the memory after
+    # this call: the address goes to the daemon while the caller keeps `x`, and the producer keeps
+    # owning the memory. So the capsule keeps its name, and the destructor that the protocol has
+    # producers give every capsule (it calls the deleter while the name is still "dltensor")
+    # frees it exactly once when the last reference goes: at the return below, or with the
+    # exception of a refusal. Consuming and calling the deleter here would free it no better, and
+    # would need a foreign function pointer called through ctypes (PYFUNCTYPE: a CFUNCTYPE call
+    # drops the GIL that deleters which Py_DECREF need) and a try/finally around every refusal.
+    t = _DLManagedTensor.from_address(_capsule_pointer(capsule, _DLTENSOR)).dl_tensor
+    device_type, device_id = int(t.device.device_type), int(t.device.device_id)
+    if device_type not in (_KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST):
+        raise invalid_argument(f"{name} is on DLPack device type {_dl_device_name(device_type)}; "
+                               "the data plane takes kDLCPU (1), kDLCUDA (2) and kDLCUDAHost (3) "
+                               "memory", method)
+    if device_type != expected_type:
+        raise invalid_argument(f"{name}: __dlpack_device__() says device type "
+                               f"{_dl_device_name(expected_type)}, its capsule "
+                               f"{_dl_device_name(device_type)}", method)
+    ndim = int(t.ndim)
+    if ndim < 0 or (ndim and not t.shape):
+        raise invalid_argument(f"{name}: DLPack tensor with ndim = {ndim} and no shape", method)
+    shape = tuple(int(t.shape[i]) for i in range(ndim))
+    code, bits, lanes = int(t.dtype.code), int(t.dtype.bits), int(t.dtype.lanes)
+    if lanes != 1 or bits == 0 or bits % 8:
+        raise invalid_argument(f"{name} has DLPack dtype code {code}, bits {bits}, lanes {lanes}; "
+                               "need whole bytes and one lane", method)
+    if t.strides and 0 not in shape:  # NULL strides: compact row-major
+        strides = tuple(int(t.strides[i]) for i in range(ndim))
+        step = 1
+        for n, s in zip(reversed(shape), reversed(strides)):
+            if n != 1 and s != step:  # a dimension of 1 may have any stride
+                raise invalid_argument(f"{name} is not C-contiguous (DLPack shape {list(shape)}, "
+                                       f"strides {list(strides)} in elements)", method)
+            step *= n
+    count = 1
+    for n in shape:
+        count *= n
+    return DLPackTensor((t.data or 0) + int(t.byte_offset), count * bits // 8, shape,
+                        _DL_DTYPES.get((code, bits), f"code {code} bits {bits}"),
+                        device_type == _KDL_CUDA, device_type, device_id)
+
+
+def _is_cuda(x: Any, name: str = "tensor", method: str = "") -> bool:
     if is_torch(x):
         return bool(x.is_cuda)
-    return hasattr(x, "__cuda_array_interface__")
+    if hasattr(x, "__cuda_array_interface__"):
+        return True
+    if isinstance(x, np.ndarray) or not hasattr(x, "__dlpack__"):
+        return False
+    return _dlpack_device(x, name, method)[0] == _KDL_CUDA
 
 
-def _pointer(x: Any) -> Tuple[int, int, bool]:
+def _pointer(x: Any, name: str = "tensor", method: str = "") -> Tuple[int, int, bool]:
     """(address, bytes, on the device) of a tensor/array."""
-    if _is_cuda(x):
-        p, n, _ = device_pointer(x)
+    if _is_cuda(x, name, method):
+        p, n, _ = device_pointer(x, name, method)
         return p, n, True
+    if _uses_dlpack(x):  # host memory through DLPack
+        t = _dlpack_tensor(x, name, method)
+        return t.address, t.nbytes, t.device
     p, n = host_pointer(x)
     return p, n, False
 
@@ -473,9 +630,11 @@ def _flag_parts(x: Any, name: str) -> Tuple[Any, int]:
     raise invalid_argument(f"{name} must be a Flag or a (word, value) tuple", "Verify")
 
 
-def _shape(x: Any) -> Tuple[int, ...]:
+def _shape(x: Any, name: str = "tensor") -> Tuple[int, ...]:
     shape = getattr(x, "shape", None)
     if shape is None:
+        if _uses_dlpack(x):
+            return _dlpack_tensor(x, name, "Verify").shape
         shape = x.__cuda_array_interface__["shape"]
     return tuple(shape)
 
@@ -485,7 +644,7 @@ def _shape(x: Any) -> Tuple[int, ...]:
 _TORCH_CLASSES: Optional[Tuple[Any, Any, Any]] = None
 
 
-def _dtype_ok(x: Any, bf16: bool) -> bool:
+def _dtype_ok(x: Any, bf16: bool, name: str = "tensor") -> bool:
     global _TORCH_CLASSES
     if _torch_tensor(x):
         if _TORCH_CLASSES is None:
@@ -494,6 +653,9 @@ def _dtype_ok(x: Any, bf16: bool) -> bool:
         return x.dtype is _TORCH_CLASSES[1 if bf16 else 2]
     if isinstance(x, np.ndarray):
         return x.dtype == (np.uint16 if bf16 else np.float32)
+    if _uses_dlpack(x):
+        dtype = _dlpack_tensor(x, name, "Verify").dtype
+        return dtype in ("bfloat16", "uint16") if bf16 else dtype == "float32"
     t = np.dtype(x.__cuda_array_interface__["typestr"])
     if bf16:
         return t == np.uint16 or (t.itemsize == 2 and t.kind == "V")
@@ -529,20 +691,22 @@ class DataPlane:
         return m
 
     def register(self, tensor: Any) -> RegisteredMemory:
-        """Registers device memory: a torch CUDA tensor or an object with
-        `__cuda_array_interface__` (the CUDA IPC handle of its allocation is made inside the
-        library; nothing crosses the host). The region is the CUDA allocation holding the tensor,
+        """Registers device memory: a torch CUDA tensor, an object with
+        `__cuda_array_interface__`, or a DLPack object (`__dlpack__` + `__dlpack_device__`) on
+        kDLCUDA; contiguous. The CUDA IPC handle of its allocation is made inside the library;
+        nothing crosses the host. The region is the CUDA allocation holding the tensor,
         from its base (what the daemon's cudaIpcOpenMemHandle maps), so register one tensor per
         allocation — a pool the engine carves its buffers from — and keep it alive while
         registered; a tensor inside an already registered range gets that region back. Host
         memory must come from host_buffer()."""
         if isinstance(tensor, HostBuffer):
             return tensor.memory
-        if not _is_cuda(tensor):
-            raise invalid_argument("register() takes device memory (a CUDA tensor or "
-                                   "__cuda_array_interface__); host memory for the cpu backend "
-                                   "comes from host_buffer(bytes)", "RegisterExternalMemory")
-        pointer, nbytes, _ = device_pointer(tensor)
+        method = "RegisterExternalMemory"
+        if not _is_cuda(tensor, "tensor", method):
+            raise invalid_argument("register() takes device memory (a CUDA tensor, "
+                                   "__cuda_array_interface__ or DLPack kDLCUDA); host memory for "
+                                   "the cpu backend comes from host_buffer(bytes)", method)
+        pointer, nbytes, _ = device_pointer(tensor, "tensor", method)
         for m in self._memory:  # inside a registered allocation already: the same region
             if m.device and m.contains(pointer, nbytes):
                 return m
@@ -576,7 +740,7 @@ class DataPlane:
         elif isinstance(x, Ref):
             return x, 0, False
         else:
-            key = _pointer(x)
+            key = _pointer(x, name, method)
         hit = self._refs.get(key)
         if hit is not None:
             return hit
@@ -734,7 +898,11 @@ class Channel:
                softmax_scale: Optional[float] = None, id: Optional[int] = None) -> int:
         """Verify attention of `layer` into `out` (and `lse`), all in registered memory:
         q bf16 [sum Q, H, 576], tree_kv bf16 [sum Q, 576], out bf16 [sum Q, H, 512], lse fp32
-        [sum Q, H]; ready/done: (uint32 word, value). `sequences`: a list of VerifySequence /
+        [sum Q, H]; ready/done: (uint32 word, value). Each tensor and word: a torch tensor, a
+        numpy array (bf16 as uint16 bits), an object with `__cuda_array_interface__`, or a DLPack
+        object (`__dlpack__` + `__dlpack_device__`; kDLCUDA is device memory, kDLCPU and
+        kDLCUDAHost host memory; bf16 as kDLBfloat or uint16 bits), C-contiguous, inside
+        registered memory (keep it alive until done). `sequences`: a list of VerifySequence /
         (id, parents[, commit]) or a PreparedSequences (prepare(); what the layers of a step
         share). Device memory: the descriptor is enqueued, then "write ready" and "wait done"
         are recorded on `stream` (default: torch's current stream) — nothing blocks the CPU.
@@ -820,7 +988,7 @@ class Channel:
 
     def _check_tensors(self, total_q: int, q, tree_kv, out, lse) -> None:
         heads = self.plane.heads
-        q_shape = _shape(q)
+        q_shape = _shape(q, "q")
         h = q_shape[1] if len(q_shape) == 3 else -1
         if heads is not None and h != heads:
             raise invalid_argument(f"q has shape {list(q_shape)}; need [sum Q = {total_q}, "
@@ -831,11 +999,11 @@ class Channel:
                                     ("lse", lse, (total_q, h), False)):
             if x is None:
                 continue
-            shape = q_shape if x is q else _shape(x)
+            shape = q_shape if x is q else _shape(x, name)
             if shape != want:
                 raise invalid_argument(f"{name} has shape {list(shape)}; need {list(want)} "
                                        f"(sum Q = {total_q})", "Verify")
-            if not _dtype_ok(x, bf16):
+            if not _dtype_ok(x, bf16, name):
                 what = "bfloat16 (numpy: uint16 bits)" if bf16 else "float32"
                 raise invalid_argument(f"{name} must be {what}", "Verify")
 
