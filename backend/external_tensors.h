@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -64,12 +65,32 @@ struct ExternalOrder {
 // ComputeVerify); `tree_kv` [total_q][576] bf16 lies in an opened region too and is written into
 // `tree_slots` (one per tree node, batch order) of `layer` before attention, inside the same
 // stream order.
+// SPEC §1's value check of a call whose q and tree_kv the host cannot read before the call runs
+// (device memory, written by the scheduler's stream after the call was enqueued): the device
+// checks them in the call's own stream order, NaN-fills the outputs of a refused call, and the
+// answer reaches the host later, through this. Thread-safe; the executor and a channel thread
+// ask it.
+class ExternalValueCheck {
+ public:
+  virtual ~ExternalValueCheck() = default;
+  // OK or INVALID_ARGUMENT (CheckValueBound's message, naming the tensor), or nullopt while the
+  // device has not run the call yet. Never blocks.
+  virtual std::optional<absl::Status> Poll() = 0;
+  // The same, waiting for the device as long as it takes (the call's ready flag first: a caller
+  // waits only for a call whose scheduler raises it, or whose channel's close releases it).
+  virtual absl::Status Wait() = 0;
+};
+
 struct ExternalVerify {
   int layer = 0;
   VerifyProblem problem;
   const bf16_bits* tree_kv = nullptr;
   absl::Span<const int32_t> tree_slots;
   ExternalOrder order;
+  // Out, optional: a backend that checks q and tree_kv on the device sets it when the call was
+  // enqueued; its answer is the call's (OK means: computed; INVALID_ARGUMENT: its outputs are
+  // NaN and its tree rows must not be committed). Left null, the returned Status is the answer.
+  std::shared_ptr<ExternalValueCheck>* value_check = nullptr;
 };
 
 // A call that fails before its compute (bad input found after the descriptor was taken, a channel

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -34,6 +35,69 @@ struct ChannelServer::Shared {
     std::lock_guard<std::mutex> lock(mu);
     enqueued_ready.push_back(Enqueued{ready, pins});
     if (enqueued_ready.size() > 256) enqueued_ready.pop_front();
+  }
+
+  // Verify calls whose answer the device gives later (their inputs' SPEC §1 check,
+  // ExternalValueCheck), in descriptor order: the channel thread writes each record once its
+  // answer is in (WriteAnswered). After the close nobody polls, so a call deferred then is
+  // answered at once.
+  struct Deferred {
+    uint64_t number = 0;
+    uint64_t id = 0;
+    std::shared_ptr<ExternalValueCheck> check;
+  };
+  std::deque<Deferred> deferred;  // guarded by mu
+  bool closed = false;            // guarded by mu
+  std::atomic<int> deferred_count{0};
+  std::shared_ptr<ChannelCounters> counters;
+  std::function<void(bool)> on_completion;
+
+  void WriteRecord(const Deferred& d, const absl::Status& status) {
+    if (!status.ok()) counters->failed.fetch_add(1, std::memory_order_relaxed);
+    if (on_completion) on_completion(status.ok());
+    mapping.view().WriteCompletion(d.number, d.id, static_cast<uint32_t>(status.code()),
+                                   status.message().data(), status.message().size(), 0);
+  }
+  void Defer(Deferred d) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (closed) {
+      WriteRecord(d, d.check->Poll().value_or(absl::AbortedError(
+                         "the channel closed before the device checked this call's q and "
+                         "tree_kv (SPEC §1); its tree layer is not committed until verified "
+                         "again")));
+      return;
+    }
+    deferred.push_back(std::move(d));
+    deferred_count.fetch_add(1, std::memory_order_release);
+  }
+  // Writes the records whose answers are in, in order; true when it wrote any.
+  bool WriteAnswered() {
+    if (deferred_count.load(std::memory_order_acquire) == 0) return false;
+    std::lock_guard<std::mutex> lock(mu);
+    bool wrote = false;
+    while (!deferred.empty()) {
+      std::optional<absl::Status> answer = deferred.front().check->Poll();
+      if (!answer) break;
+      WriteRecord(deferred.front(), *answer);
+      deferred.pop_front();
+      deferred_count.fetch_sub(1, std::memory_order_release);
+      wrote = true;
+    }
+    return wrote;
+  }
+  // The close: what is still unanswered is answered now (the device may be behind a released
+  // wait; the client is going away).
+  void AnswerAllNow() {
+    std::lock_guard<std::mutex> lock(mu);
+    closed = true;
+    for (const Deferred& d : deferred) {
+      WriteRecord(d, d.check->Poll().value_or(absl::AbortedError(
+                         "the channel closed before the device checked this call's q and "
+                         "tree_kv (SPEC §1); its tree layer is not committed until verified "
+                         "again")));
+    }
+    deferred.clear();
+    deferred_count.store(0, std::memory_order_release);
   }
 };
 
@@ -227,7 +291,10 @@ ChannelServer::ChannelServer(uint64_t id, std::string name, ChannelOptions optio
       regions_(regions),
       shared_(std::make_shared<Shared>(std::move(mapping))),
       counters_(std::make_shared<ChannelCounters>()),
-      consumer_(shared_->mapping.view()) {}
+      consumer_(shared_->mapping.view()) {
+  shared_->counters = counters_;
+  shared_->on_completion = options_.on_completion;
+}
 
 ChannelServer::~ChannelServer() { Close(absl::StatusCode::kCancelled); }
 
@@ -245,6 +312,10 @@ void ChannelServer::Loop() {
       spin_until = Clock::now() + spin;
       continue;
     }
+    if (shared_->WriteAnswered()) {
+      spin_until = Clock::now() + spin;
+      continue;
+    }
     if (take == channel::RingConsumer::Take::kCorrupt) {
       // A client that writes impossible indices gets its channel closed; nothing else changes.
       consumer_.Close(absl::StatusCode::kDataLoss);
@@ -257,7 +328,10 @@ void ChannelServer::Loop() {
 #endif
       continue;
     }
-    consumer_.Sleep(absl::ToChronoNanoseconds(options_.sleep_slice));
+    // While the device owes answers, a short nap: each is a record the client may wait for.
+    consumer_.Sleep(shared_->deferred_count.load(std::memory_order_acquire) > 0
+                        ? std::chrono::nanoseconds(std::chrono::microseconds(50))
+                        : absl::ToChronoNanoseconds(options_.sleep_slice));
     spin_until = Clock::now() + spin;
   }
 }
@@ -334,8 +408,15 @@ void ChannelServer::Handle(const uint8_t* copy, uint64_t number, bool closing) {
       counters->commits.fetch_add(1, std::memory_order_relaxed);
     } else {
       shared->RecordEnqueued(work->order.ready, work->pins);
-      status = ops.VerifyExternal(work->verify, work->order).status();
+      absl::StatusOr<VerifyResult> verified = ops.VerifyExternal(work->verify, work->order);
       counters->verifies.fetch_add(1, std::memory_order_relaxed);
+      if (verified.ok() && verified->value_check != nullptr) {
+        // The device answers this one (its inputs' check): the channel thread writes the record.
+        shared->Defer({number, id, std::move(verified->value_check)});
+        shared->mapping.view().WakeConsumer();
+        return;
+      }
+      status = verified.status();
     }
     if (!status.ok()) counters->failed.fetch_add(1, std::memory_order_relaxed);
     if (on_completion) on_completion(status.ok());
@@ -378,6 +459,7 @@ void ChannelServer::Close(absl::StatusCode reason) {
   header.doorbell.fetch_add(1, std::memory_order_seq_cst);
   channel::FutexWake(&header.doorbell);
   if (thread_.joinable()) thread_.join();
+  shared_->AnswerAllNow();
   // What was published before the close completes with ABORTED, so no done flag stays unwritten.
   std::vector<uint8_t> copy(channel::kDescriptorBytes);
   for (;;) {

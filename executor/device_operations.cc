@@ -105,7 +105,31 @@ VerifyProblem DeviceOperations::GatheredProblem(const VerifyCall& call) const {
   return problem;
 }
 
+void DeviceOperations::SettleValueChecks(SequenceId seq) {
+  auto it = unsettled_.find(seq);
+  if (it == unsettled_.end()) return;
+  for (const auto& [layer, check] : it->second) {
+    // A refused layer stays unwritten: the store's commit check names it.
+    if (check->Wait().ok()) (void)store_->MarkTreeLayerWritten(seq, layer);
+  }
+  unsettled_.erase(it);
+}
+
+void DeviceOperations::SettleValueChecks(absl::Span<const VerifyItem> items) {
+  if (unsettled_.empty()) return;
+  for (const VerifyItem& item : items) {
+    if (!item.commit) continue;
+    // An empty path keeps none of the tree's rows: nothing to wait for, nothing to mark.
+    if (item.commit->accepted_path.empty()) {
+      unsettled_.erase(item.sequence);
+    } else {
+      SettleValueChecks(item.sequence);
+    }
+  }
+}
+
 absl::StatusOr<VerifyResult> DeviceOperations::Verify(const VerifyCall& call) {
+  SettleValueChecks(call.items);
   VERIFYD_RETURN_IF_ERROR(store_->PrepareVerify(call.layer, call.items));
   VerifyResult result;
   const int batch = static_cast<int>(call.items.size());
@@ -142,6 +166,11 @@ absl::StatusOr<VerifyResult> DeviceOperations::Verify(const VerifyCall& call) {
 }
 
 absl::StatusOr<CommitResult> DeviceOperations::Commit(const CommitCall& call) {
+  if (call.path.accepted_path.empty()) {
+    unsettled_.erase(call.sequence);  // keeps none of the tree's rows
+  } else {
+    SettleValueChecks(call.sequence);
+  }
   VERIFYD_RETURN_IF_ERROR(store_->Commit(call.sequence, call.path));
   CommitResult result;
   VERIFYD_ASSIGN_OR_RETURN(result.committed_length, store_->CommittedLength(call.sequence));
@@ -165,6 +194,7 @@ absl::StatusOr<VerifyResult> DeviceOperations::VerifyExternal(const VerifyCall& 
   const int64_t rows = int64_t{call.total_q} * call.num_heads;
   const ExternalFailure failure{call.out_destination, rows * kVDim, call.lse_destination,
                                 call.lse_destination != nullptr ? rows : 0, order};
+  SettleValueChecks(call.items);
   const absl::Status prepared = store_->PrepareVerify(call.layer, call.items);
   if (!prepared.ok()) return FailExternal(failure, prepared);
   VerifyResult result;
@@ -182,6 +212,8 @@ absl::StatusOr<VerifyResult> DeviceOperations::VerifyExternal(const VerifyCall& 
   external.tree_kv = call.tree_kv;
   external.tree_slots = tree_slots_;
   external.order = order;
+  std::shared_ptr<ExternalValueCheck> value_check;
+  external.value_check = &value_check;
   const absl::Time start = absl::Now();
   const absl::Status computed = backend_->ComputeVerifyExternal(external, slot_lists_);
   metrics_->RecordKernel(KernelKind::kVerify, absl::Now() - start);
@@ -195,11 +227,27 @@ absl::StatusOr<VerifyResult> DeviceOperations::VerifyExternal(const VerifyCall& 
   }
   if (!computed.ok()) return AfterPrepare(computed, "compute");
   // The backend wrote the rows inside the call's order; the store records that this layer of
-  // each pending tree is written (so a later Commit accepts it).
+  // each pending tree is written (so a later Commit accepts it) — once the device's value check
+  // says so where it answers later (unsettled_).
   for (int b = 0; b < batch; ++b) {
-    const absl::Status marked = store_->MarkTreeLayerWritten(call.items[b].sequence, call.layer);
-    if (!marked.ok()) return AfterPrepare(marked, absl::StrCat(Item(b), " tree"));
+    const SequenceId seq = call.items[b].sequence;
+    if (value_check == nullptr) {
+      const absl::Status marked = store_->MarkTreeLayerWritten(seq, call.layer);
+      if (!marked.ok()) return AfterPrepare(marked, absl::StrCat(Item(b), " tree"));
+      continue;
+    }
+    const absl::Status unmarked = store_->MarkTreeLayerUnwritten(seq, call.layer);
+    if (!unmarked.ok()) return AfterPrepare(unmarked, absl::StrCat(Item(b), " tree"));
+    auto& layers = unsettled_[seq];
+    auto same = std::find_if(layers.begin(), layers.end(),
+                             [&](const auto& entry) { return entry.first == call.layer; });
+    if (same != layers.end()) {
+      same->second = value_check;
+    } else {
+      layers.emplace_back(call.layer, value_check);
+    }
   }
+  result.value_check = std::move(value_check);
   return result;
 }
 
@@ -207,6 +255,7 @@ absl::StatusOr<ReleaseResult> DeviceOperations::Release(const ReleaseCall& call)
   const int64_t free_before = store_->Stats().free_slots;
   VERIFYD_RETURN_IF_ERROR(store_->Release(call.sequence));
   backend_->ForgetSequence(call.sequence);
+  unsettled_.erase(call.sequence);
   return ReleaseResult{store_->Stats().free_slots - free_before};
 }
 
@@ -233,7 +282,10 @@ SequencePage DeviceOperations::ListSequences(const ListSequencesCall& call) cons
 
 int64_t DeviceOperations::ExpireLeases() {
   const std::vector<SequenceId> released = store_->ExpireLeases();
-  for (SequenceId sequence : released) backend_->ForgetSequence(sequence);
+  for (SequenceId sequence : released) {
+    backend_->ForgetSequence(sequence);
+    unsettled_.erase(sequence);
+  }
   const int64_t expired = static_cast<int64_t>(released.size());
   if (expired > 0) metrics_->RecordLeaseExpiries(expired);
   return expired;

@@ -4,8 +4,10 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "backend/compute_backend.h"
@@ -68,6 +70,11 @@ class DeviceOperations {
   VerifyProblem GatheredProblem(const VerifyCall& call) const;
   // The caller's name of Verify's b-th item ("sequences[2]"), for messages.
   std::string Item(int b) const;
+  // Before `seq`'s pending tree is committed: the device's answers for its layers written by
+  // checked data-plane calls (waiting for them where they are not in yet); a layer whose check
+  // said OK is marked written, one it refused stays unwritten, so the store refuses the commit.
+  void SettleValueChecks(SequenceId seq);
+  void SettleValueChecks(absl::Span<const VerifyItem> items);
 
   std::unique_ptr<ComputeBackend> backend_;
   std::unique_ptr<KvStore> store_;
@@ -77,6 +84,12 @@ class DeviceOperations {
   std::vector<VerifySlotList> slot_lists_;
   std::vector<uint64_t> mask_bits_;
   std::vector<int32_t> tree_slots_;
+  // Per sequence, the pending tree's layers last written by a data-plane call whose SPEC §1 check
+  // the device answers later (ExternalValueCheck), with that answer: until it is in, the layer
+  // is not marked written, so no commit takes rows the check may refuse.
+  absl::flat_hash_map<SequenceId,
+                      std::vector<std::pair<int, std::shared_ptr<ExternalValueCheck>>>>
+      unsettled_;
 };
 
 }  // namespace verifyd

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "backend/external_tensors.h"
 #include "kvstore/kv_store.h"
 #include "verify/bf16.h"
 
@@ -88,6 +90,9 @@ struct VerifyResult {
   // bytes fields without a copy. Empty where the call gave a destination (or without return_lse).
   std::string out_bytes;
   std::string lse_bytes;
+  // A data-plane call whose inputs the device checks (SPEC §1) answers later, through this: its
+  // completion waits for it (null: the call's answer is the returned status).
+  std::shared_ptr<ExternalValueCheck> value_check;
 };
 
 struct CommitResult {

@@ -1,9 +1,12 @@
 // Math: element i is out of bound when (bits & 0x7fff) > 0x4780 (2^16 as bf16), which also
-// catches Inf and NaN; the answer is the smallest such i (atomicMin), as on the host.
+// catches Inf and NaN; the answer is the smallest such i (atomicMin of (i << 16) | bits, so the
+// value comes with it), as on the host. The NaN fill writes 0xFFFF (bf16 NaN) / 0xFFFFFFFF (fp32
+// NaN) when any check found something.
 // Tiling: one 16-byte word (8 bf16) per thread per step, a grid-stride loop over n / 8 words, the
-// tail (n % 8) by the first thread. Schedule: a bounded grid (at most 1024 CTAs of 256 threads),
-// no shared memory; a CTA skips its atomic when it found nothing, so a clean tensor costs one
-// read of its bytes. Shared memory: none.
+// tail (n % 8) by the first thread; the fill, one element per thread per step. Schedule: a
+// bounded grid (at most 1024 CTAs of 256 threads); a CTA skips its atomic when it found nothing,
+// so a clean tensor costs one read of its bytes, and the fill one read of `count` words per
+// thread. Shared memory: none.
 #include "kernels/value_bound_check.h"
 
 #include "absl/strings/str_cat.h"
@@ -32,7 +35,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < 8; ++k) {
       const uint32_t bits = (parts[k / 2] >> (16 * (k % 2))) & 0xffffu;
       if (Bad(bits)) {
-        found = static_cast<unsigned long long>(w * 8 + k);
+        found = (static_cast<unsigned long long>(w * 8 + k) << 16) | bits;
         break;
       }
     }
@@ -40,10 +43,32 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     for (int64_t i = words * 8; i < n && found == ~0ull; ++i) {
-      if (Bad(data[i])) found = static_cast<unsigned long long>(i);
+      if (Bad(data[i])) found = (static_cast<unsigned long long>(i) << 16) | data[i];
     }
   }
   if (found != ~0ull) atomicMin(first, found);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    NanIfOutOfBoundKernel(const unsigned long long* firsts, int count, bf16_bits* out,
+                          int64_t out_n, float* lse, int64_t lse_n) {
+  bool bad = false;
+  for (int k = 0; k < count; ++k) bad |= firsts[k] != kNoneOutOfBound;
+  if (!bad) return;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < out_n;
+       i += stride) {
+    out[i] = 0xffffu;
+  }
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < lse_n;
+       i += stride) {
+    lse[i] = __int_as_float(-1);
+  }
+}
+
+unsigned BlocksFor(int64_t threads_wanted) {
+  const int64_t wanted = (threads_wanted + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(wanted < kMaxBlocks ? wanted : kMaxBlocks);
 }
 
 }  // namespace
@@ -58,10 +83,26 @@ absl::Status LaunchFirstOutOfBound(const bf16_bits* data, int64_t n, unsigned lo
   if (reinterpret_cast<uintptr_t>(data) % 16 != 0) {
     return absl::InvalidArgumentError("data must be 16-byte aligned");
   }
-  const int64_t words = (n + 7) / 8;
-  const int64_t wanted = (words + kThreads - 1) / kThreads;
-  const unsigned blocks = static_cast<unsigned>(wanted < kMaxBlocks ? wanted : kMaxBlocks);
-  FirstOutOfBoundKernel<<<blocks, kThreads, 0, stream>>>(data, n, first);
+  if (n >= (int64_t{1} << 48)) {
+    return absl::InvalidArgumentError(absl::StrCat("n = ", n, " must be < 2^48"));
+  }
+  FirstOutOfBoundKernel<<<BlocksFor((n + 7) / 8), kThreads, 0, stream>>>(data, n, first);
+  VERIFYD_CUDA_CHECK(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status LaunchNanIfOutOfBound(const unsigned long long* firsts, int count, bf16_bits* out,
+                                   int64_t out_n, float* lse, int64_t lse_n, cudaStream_t stream) {
+  if (count <= 0 || firsts == nullptr || out_n < 0 || lse_n < 0 || (out_n > 0 && out == nullptr) ||
+      (lse_n > 0 && lse == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("count = ", count, ", out_n = ", out_n,
+                                                   ", lse_n = ", lse_n,
+                                                   ": firsts and every non-empty output must be set"));
+  }
+  const int64_t longest = out_n > lse_n ? out_n : lse_n;
+  if (longest == 0) return absl::OkStatus();
+  NanIfOutOfBoundKernel<<<BlocksFor(longest), kThreads, 0, stream>>>(firsts, count, out, out_n,
+                                                                     lse, lse_n);
   VERIFYD_CUDA_CHECK(cudaGetLastError());
   return absl::OkStatus();
 }

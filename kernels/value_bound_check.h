@@ -1,7 +1,7 @@
 // SPEC §1's input rule (verify/value_bound.h) for tensors that are already in device memory: the
 // co-located data plane's registered regions, which the host cannot read. Same rule, same answer
 // as FirstOutOfBound on the host: the index of the first value whose magnitude exceeds 2^16 (NaN
-// and Inf included), or none.
+// and Inf included) with its value, or none; and the NaN outputs of a call so refused.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -13,10 +13,25 @@
 
 namespace verifyd {
 
-// Sets *first (device, uint64) to min(*first, index of every out-of-bound element of
-// data[0, n)); the caller initialises *first to UINT64_MAX before the launch. data: device,
-// 16-byte aligned. Allocates nothing, never synchronizes.
+// The first out-of-bound element of data[0, n), packed so that one atomicMin finds it and its
+// value together: (index << 16) | bits, or kNoneOutOfBound when every value is inside.
+inline constexpr unsigned long long kNoneOutOfBound = ~0ull;
+inline int64_t OutOfBoundIndex(unsigned long long packed) { return static_cast<int64_t>(packed >> 16); }
+inline bf16_bits OutOfBoundBits(unsigned long long packed) {
+  return static_cast<bf16_bits>(packed & 0xffffu);
+}
+
+// Sets *first (device, uint64) to the min of itself and the packed (index << 16) | bits of every
+// out-of-bound element of data[0, n) (n < 2^48); the caller initialises *first to
+// kNoneOutOfBound (bytes 0xff) before the launch. data: device, 16-byte aligned. Allocates nothing,
+// never synchronizes.
 absl::Status LaunchFirstOutOfBound(const bf16_bits* data, int64_t n, unsigned long long* first,
                                    cudaStream_t stream);
+
+// A refused call's outputs: when any of firsts[0, count) (device, set by LaunchFirstOutOfBound)
+// found a bad value, out[0, out_n) (bf16) and lse[0, lse_n) (fp32, may be null) become NaN;
+// otherwise nothing is written. For calls whose inputs the host cannot see before they run.
+absl::Status LaunchNanIfOutOfBound(const unsigned long long* firsts, int count, bf16_bits* out,
+                                   int64_t out_n, float* lse, int64_t lse_n, cudaStream_t stream);
 
 }  // namespace verifyd

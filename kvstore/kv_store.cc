@@ -339,6 +339,14 @@ absl::Status KvStore::WriteTreeLayer(SequenceId seq, int layer, const bf16_bits*
 }
 
 absl::Status KvStore::MarkTreeLayerWritten(SequenceId seq, int layer) {
+  return SetTreeLayerWritten(seq, layer, true);
+}
+
+absl::Status KvStore::MarkTreeLayerUnwritten(SequenceId seq, int layer) {
+  return SetTreeLayerWritten(seq, layer, false);
+}
+
+absl::Status KvStore::SetTreeLayerWritten(SequenceId seq, int layer, bool written) {
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer, "layer"));
   VERIFYD_ASSIGN_OR_RETURN(Sequence * sequence, Find(seq, names().sequence));
   if (!sequence->pending) {
@@ -346,11 +354,12 @@ absl::Status KvStore::MarkTreeLayerWritten(SequenceId seq, int layer) {
         absl::StrCat("sequence ", seq, " has no pending tree; PrepareVerify begins one"));
   }
   PendingTree& tree = *sequence->pending;
-  if (!tree.layer_written[layer]) {
-    tree.layer_written[layer] = true;
-    ++tree.layers_written;
+  if (tree.layer_written[layer] != written) {
+    tree.layer_written[layer] = written;
+    tree.layers_written += written ? 1 : -1;
   }
-  Renew(*sequence);
+  // Writing renews the lease as any call does; the undoing is the daemon's, not the client's.
+  if (written) Renew(*sequence);
   return absl::OkStatus();
 }
 

@@ -199,6 +199,9 @@ class KvStore {
   // The same bookkeeping as WriteTreeLayer when the backend itself writes the rows (the data
   // plane: tree KV in the scheduler's memory, written inside the call's stream order).
   absl::Status MarkTreeLayerWritten(SequenceId seq, int layer);
+  // Its undoing: the layer's rows are being rewritten by a call whose inputs are not checked yet
+  // (the data plane's device check answers later), so a Commit must not take them meanwhile.
+  absl::Status MarkTreeLayerUnwritten(SequenceId seq, int layer);
   absl::StatusOr<VerifyView> GetVerifyView(SequenceId seq) const;
 
   // Commits the pending tree (see CommitPath). FAILED_PRECONDITION when no tree is pending or a
@@ -256,6 +259,7 @@ class KvStore {
   const KvStorage& storage() const { return *storage_; }
 
  private:
+  absl::Status SetTreeLayerWritten(SequenceId seq, int layer, bool written);
   // Defined in kvstore/sequence.h.
   struct PendingTree;
   struct Sequence;

@@ -43,6 +43,11 @@ absl::Status CheckValueBound(const bf16_bits* data, absl::Span<const int64_t> sh
   for (int64_t d : shape) elements *= d;
   const int64_t bad = FirstOutOfBound(data, elements);
   if (bad < 0) return absl::OkStatus();
+  return OutOfBoundError(shape, bad, data[bad], field);
+}
+
+absl::Status OutOfBoundError(absl::Span<const int64_t> shape, int64_t bad, bf16_bits bits,
+                             const std::string& field) {
   std::vector<int64_t> index(shape.size());
   for (int64_t k = bad, d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
     index[d] = k % shape[d];
@@ -50,7 +55,7 @@ absl::Status CheckValueBound(const bf16_bits* data, absl::Span<const int64_t> sh
   }
   std::string at;
   for (size_t d = 0; d < index.size(); ++d) absl::StrAppend(&at, d ? ", " : "", index[d]);
-  const float value = Bf16ToFloat(data[bad]);
+  const float value = Bf16ToFloat(bits);
   return absl::InvalidArgumentError(
       absl::StrCat(field, "[", at, "] = ", value,
                    std::isfinite(value) ? " is outside" : " is not finite; values must lie in",

@@ -36,4 +36,9 @@ int64_t FirstOutOfBound(const bf16_bits* data, int64_t n);
 absl::Status CheckValueBound(const bf16_bits* data, absl::Span<const int64_t> shape,
                              const std::string& field);
 
+// CheckValueBound's answer for a bad element found elsewhere (the device's check of tensors the
+// host cannot read): `bad` is its flat index into `shape`, `bits` its value.
+absl::Status OutOfBoundError(absl::Span<const int64_t> shape, int64_t bad, bf16_bits bits,
+                             const std::string& field);
+
 }  // namespace verifyd

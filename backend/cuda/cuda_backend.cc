@@ -7,6 +7,8 @@
 #include "base/cuda_check.h"
 #include "kernels/mla_verify_launch.h"
 #include "kernels/tree_kv_write.h"
+#include "kernels/value_bound_check.h"
+#include "verify/mla_dims.h"
 #include "base/status_macros.h"
 #include "verify/verify_reference.h"
 
@@ -50,6 +52,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(CudaBackendOpti
   // Made now: creating a stream takes the driver's context lock, which a thread blocked behind a
   // scheduler's device wait may hold when the release is needed (plans/0018).
   VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&backend->rescue_stream_, cudaStreamNonBlocking));
+  // Growing a buffer waits for the stream, which an external call's ready wait may hold: the
+  // value check's words are sized once, here.
+  const size_t value_words = 2 * kExternalStagingRing * sizeof(unsigned long long);
+  VERIFYD_RETURN_IF_ERROR(
+      backend->external_value_words_.Reserve(value_words, *backend->stream_).status());
+  VERIFYD_RETURN_IF_ERROR(
+      backend->external_value_host_.Reserve(value_words, *backend->stream_).status());
   return backend;
 }
 
@@ -207,8 +216,13 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
   // call's ring buffer is free once its last upload ran.
   RingStaging* ring = nullptr;
   PinnedBuffer* staging = &staging_;
+  unsigned long long* value_words = nullptr;       // device [2]: q's and tree_kv's first bad
+  unsigned long long* value_words_host = nullptr;  // their pinned copy
   if (external != nullptr) {
-    ring = &external_staging_[layer % kExternalStagingRing];
+    const int position = layer % kExternalStagingRing;
+    ring = &external_staging_[position];
+    value_words = external_value_words_.as<unsigned long long>(position * 2 * sizeof(uint64_t));
+    value_words_host = external_value_host_.as<unsigned long long>(position * 2 * sizeof(uint64_t));
     staging = &ring->buffer;
     if (ring->uploaded == nullptr) {
       VERIFYD_CUDA_CHECK(cudaEventCreateWithFlags(&ring->uploaded, cudaEventDisableTiming));
@@ -223,6 +237,12 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
         Lap(&clock, &phase_times_.wait_ns);
       }
       ring->pending = false;
+    }
+    // The last call here has run (its event was waited for or found complete above, the only way
+    // `pending` clears): its check reads its words now, before this call's copy replaces them.
+    if (ring->value_check != nullptr) {
+      ring->value_check->Settle();
+      ring->value_check.reset();
     }
   }
   VERIFYD_RETURN_IF_ERROR(staging->Reserve(layout.upload_copy_bytes, *stream_).status());
@@ -261,7 +281,17 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
                                               inputs_.as<SlotScatterRun>(layout.slot_runs),
                                               inputs_.as<int32_t>(layout.slot_values), arena,
                                               stream));
+    const int64_t rows = int64_t{problem.total_q} * problem.num_heads;
     if (external != nullptr) {
+      // SPEC §1 on tensors the host cannot read: the device finds q's and tree_kv's first value
+      // beyond 2^16 (or NaN/Inf) before anything reads them; a refused call's outputs become NaN
+      // below and its answer reaches the host through the pinned copy (CudaValueCheck).
+      VERIFYD_CUDA_CHECK(
+          cudaMemsetAsync(value_words, 0xff, 2 * sizeof(unsigned long long), stream));
+      VERIFYD_RETURN_IF_ERROR(
+          LaunchFirstOutOfBound(problem.q, rows * kKvDim, value_words, stream));
+      VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBound(
+          external->call->tree_kv, int64_t{problem.total_q} * kKvDim, value_words + 1, stream));
       // The tree KV goes into the pool before the attention reads it (stream order).
       VERIFYD_RETURN_IF_ERROR(LaunchTreeKvWrite(
           const_cast<bf16_bits*>(problem.kv), problem.num_slots, external->call->tree_kv,
@@ -270,6 +300,14 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
     }
     VERIFYD_RETURN_IF_ERROR(
         LaunchMlaVerify(device_problem, plan.plan, plan.layout, workspace, stream));
+    if (external != nullptr) {
+      VERIFYD_RETURN_IF_ERROR(LaunchNanIfOutOfBound(value_words, 2, problem.out, rows * kVDim,
+                                                    problem.lse,
+                                                    problem.lse != nullptr ? rows : 0, stream));
+      VERIFYD_CUDA_CHECK(cudaMemcpyAsync(value_words_host, value_words,
+                                         2 * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                                         stream));
+    }
     if (readback.bytes > 0) {
       VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host_outputs_.as<void>(readback.offset),
                                          outputs_.as<void>(readback.offset), readback.bytes,
@@ -302,6 +340,12 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
       const ExternalFlag& done = external->call->order.done;
       VERIFYD_CUDA_CHECK(cudaEventRecord(ring->uploaded, stream_->get()));
       ring->pending = true;
+      const int64_t tq = problem.total_q;
+      ring->value_check = std::make_shared<CudaValueCheck>(
+          options_.device, ring->uploaded, value_words_host,
+          std::vector<int64_t>{tq, int64_t{problem.num_heads}, int64_t{kKvDim}},
+          std::vector<int64_t>{tq, int64_t{kKvDim}});
+      external->value_check = ring->value_check;
       if (done.word != nullptr) {
         VERIFYD_CU_CHECK(external->driver->stream_write_value32(
             stream_->get(), reinterpret_cast<CUdeviceptr>(done.word), done.value,

@@ -57,6 +57,7 @@
 #include "backend/cuda/cuda_graph_cache.h"
 #include "backend/cuda/cuda_plan_cache.h"
 #include "backend/cuda/cuda_slot_mirror.h"
+#include "backend/cuda/cuda_value_check.h"
 #include "backend/cuda/host_copy_pool.h"
 
 namespace verifyd {
@@ -186,6 +187,7 @@ class CudaBackend : public ComputeBackend {
     const ExternalVerify* call = nullptr;
     const CudaDriverApi* driver = nullptr;
     bool ready_enqueued = false;  // the ready wait is on the stream
+    std::shared_ptr<CudaValueCheck> value_check;  // set once the whole call is enqueued
   };
   // A call validated and planned: its lists (the caller's or the concatenated arrays as lists),
   // its split plan and what the mirror uploads.
@@ -221,6 +223,9 @@ class CudaBackend : public ComputeBackend {
     PinnedBuffer buffer;
     cudaEvent_t uploaded = nullptr;
     bool pending = false;
+    // The value check of the call that last used this position: settled before `uploaded` is
+    // recorded again (cuda_value_check.h).
+    std::shared_ptr<CudaValueCheck> value_check;
   };
 
   CudaBackendOptions options_;
@@ -245,6 +250,10 @@ class CudaBackend : public ComputeBackend {
   CudaBackendPhaseTimes phase_times_;
   DirectCopyCounters direct_copies_;
   RingStaging external_staging_[kExternalStagingRing];
+  // SPEC §1 on external calls: per ring position, the device's two packed first-bad words
+  // (q, tree_kv) and their pinned host copy (kernels/value_bound_check.h), made by Create.
+  DeviceBuffer external_value_words_;
+  PinnedBuffer external_value_host_;
   ExternalCallCounters external_counters_;
   bool mps_active_ = false;
   std::string gpu_uuid_;  // "GPU-...", read at creation

@@ -163,20 +163,15 @@ absl::Status CudaKvStorage::WriteDeviceRows(int layer, absl::Span<const int32_t>
   auto* first = scratch_.as<unsigned long long>(first_offset);
   VERIFYD_CUDA_CHECK(cudaMemsetAsync(first, 0xff, sizeof(uint64_t), stream_->get()));
   VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBound(rows, elements, first, stream_->get()));
-  VERIFYD_RETURN_IF_ERROR(
-      read_back_.Reserve(sizeof(uint64_t) + sizeof(bf16_bits), *stream_).status());
+  VERIFYD_RETURN_IF_ERROR(read_back_.Reserve(sizeof(uint64_t), *stream_).status());
   auto* found = static_cast<unsigned long long*>(read_back_.get());
   VERIFYD_CUDA_CHECK(
       cudaMemcpyAsync(found, first, sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_->get()));
   VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
   ring_used_ = 0;  // the stream is idle: every copy out of the ring has happened
-  if (*found != ~0ull) {
-    const int64_t bad = static_cast<int64_t>(*found);
-    auto* value = reinterpret_cast<bf16_bits*>(found + 1);
-    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(value, rows + bad, sizeof(bf16_bits), cudaMemcpyDeviceToHost,
-                                       stream_->get()));
-    VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
-    const float v = Bf16ToFloat(*value);
+  if (*found != kNoneOutOfBound) {
+    const int64_t bad = OutOfBoundIndex(*found);
+    const float v = Bf16ToFloat(OutOfBoundBits(*found));
     return absl::InvalidArgumentError(absl::StrCat(
         "row ", bad / kKvDim, " element ", bad % kKvDim, " = ", v,
         std::isfinite(v) ? " is outside" : " is not finite; values must lie in",

@@ -29,6 +29,7 @@
 #include "tests/service/shadow_model.h"
 #include "tests/testing/test_seed.h"
 #include "verify/mla_dims.h"
+#include "verify/value_bound.h"
 
 namespace verifyd {
 namespace {
@@ -77,6 +78,16 @@ Slot SlotFor(int layer) {
 constexpr uint64_t kReady = 7 << 20;
 constexpr uint64_t kDone = kReady + 256;
 constexpr uint64_t kAppendAt = 4 << 20;
+
+// One Verify of a step: a layer's call, or an extra one that must fail (kTree: another tree than
+// the pending one; kQ, kTreeKv: a value out of SPEC §1's bound there).
+enum class Bad { kNone, kTree, kQ, kTreeKv };
+struct Call {
+  int layer, slot;
+  v1::VerifyRequest request;
+  Bad bad;
+  std::string message;  // the gRPC path's answer to a value out of bound
+};
 
 // What one run of the scenario produced: every layer's out and lse bytes, in order.
 struct RunResult {
@@ -168,23 +179,26 @@ class Scheduler {
       // The whole step is enqueued before anything is read back (the CPU runs a step ahead).
       // In step 2 an extra call after layer 1 names a different tree: it fails (the gRPC path's
       // FAILED_PRECONDITION), its outputs become NaN, and the rest of the step goes on.
-      struct Call {
-        int layer, slot;
-        v1::VerifyRequest request;
-        bool bad;
-      };
+      // SPEC §1 on the device: in step 0 (layer 0) and step 1 (layer 2) a call with a value out
+      // of bound in tree_kv, resp. q, goes first, the layer's good call after it (the same tree
+      // verified again): the bad one answers INVALID_ARGUMENT with the gRPC path's message and
+      // NaN outputs, and the next step's riding commits are accepted.
       std::vector<Call> calls;
       for (int layer = 0; layer < kLayers; ++layer) {
         if (layer == 1) {
           for (VerifyPart& p : parts) p.commit_previous.reset();  // commits ride on layer 0
         }
         const bool lse = (step + layer) % 2 == 0;
-        calls.push_back({layer, layer, model_.MakeVerify(layer, parts, lse), false});
-        if (step == 2 && layer == 1) calls.push_back({layer, kLayers, calls.back().request, true});
+        const v1::VerifyRequest request = model_.MakeVerify(layer, parts, lse);
+        if ((step == 0 && layer == 0) || (step == 1 && layer == 2)) {
+          calls.push_back(OutOfBound(request, layer, step == 0 ? Bad::kTreeKv : Bad::kQ));
+        }
+        calls.push_back({layer, layer, request, Bad::kNone, ""});
+        if (step == 2 && layer == 1) calls.push_back({layer, kLayers, request, Bad::kTree, ""});
       }
       for (const Call& call : calls) {
         Channel::VerifyDescriptor d = Place(call.request, call.layer, call.slot, ++value, ++id);
-        if (call.bad) d.sequences[0].parents.push_back(0);  // not the pending tree
+        if (call.bad == Bad::kTree) d.sequences[0].parents.push_back(0);  // not the pending tree
         Status(channel_->EnqueueVerify(d));
       }
       EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess) << "the step's stream must finish";
@@ -194,13 +208,19 @@ class Scheduler {
         const Slot s = SlotFor(call.slot);
         const int64_t tq = TotalQ(call.request);
         const auto* out = static_cast<const uint8_t*>(host_) + s.out;
-        if (call.bad) {
+        if (call.bad != Bad::kNone) {
           ++result.refused;
-          EXPECT_EQ(c->status.code(), absl::StatusCode::kFailedPrecondition) << c->status;
+          if (call.bad == Bad::kTree) {
+            EXPECT_EQ(c->status.code(), absl::StatusCode::kFailedPrecondition) << c->status;
+          } else {
+            EXPECT_EQ(c->status.code(), absl::StatusCode::kInvalidArgument) << c->status;
+            EXPECT_EQ(c->status.message(), call.message);
+          }
           const auto* v = reinterpret_cast<const uint16_t*>(out);
-          // The bad call's tree has one node more than the pending one.
+          // The wrong-tree call's tree has one node more than the pending one.
+          const int64_t nodes = call.bad == Bad::kTree ? tq + 1 : tq;
           int64_t not_nan = 0;
-          for (int64_t i = 0; i < (tq + 1) * kHeads * kVDim; ++i) {
+          for (int64_t i = 0; i < nodes * kHeads * kVDim; ++i) {
             not_nan += (v[i] & 0x7F80) != 0x7F80 || (v[i] & 0x7F) == 0;
           }
           EXPECT_EQ(not_nan, 0) << "the failed call's outputs must all be NaN";
@@ -233,6 +253,26 @@ class Scheduler {
       for (const VerifyPart& p : parts) pending[p.sequence] = p.parents;
     }
     return result;
+  }
+
+  // `request` with one value beyond SPEC §1's bound in q or tree_kv (an Inf, a NaN or a finite
+  // value past 2^16, at a random element), as an extra call into slot kLayers, with the message
+  // the gRPC path answers for it.
+  Call OutOfBound(v1::VerifyRequest request, int layer, Bad bad) {
+    const bool in_q = bad == Bad::kQ;
+    v1::Tensor* t = in_q ? request.mutable_q() : request.mutable_tree_kv();
+    std::string& bytes = *t->mutable_inline_data();
+    const int64_t elements = static_cast<int64_t>(bytes.size() / 2);
+    const uint16_t planted[] = {0x7F80, 0xFFC1, 0x4800};  // +Inf, a NaN, 131072
+    const int64_t at = static_cast<int64_t>(model_.rng()() % elements);
+    const uint16_t v = planted[model_.rng()() % 3];
+    std::memcpy(bytes.data() + 2 * at, &v, 2);
+    const std::vector<int64_t> shape(t->shape().begin(), t->shape().end());
+    const std::string message =
+        std::string(CheckValueBound(reinterpret_cast<const bf16_bits*>(bytes.data()), shape,
+                                    in_q ? "q" : "tree_kv")
+                        .message());
+    return Call{layer, kLayers, std::move(request), bad, message};
   }
 
   void Close() {
@@ -339,7 +379,7 @@ TEST(DataPlaneGpuTest, StreamOrderedStepsMatchFloat64AndGraphsOnAndOffAgree) {
   SCOPED_TRACE(absl::StrCat("VERIFYD_TEST_SEED=", seed));
   const RunResult with_graphs = RunAgainstDaemon(true, seed);
   ASSERT_FALSE(::testing::Test::HasFailure());
-  EXPECT_EQ(with_graphs.refused, 1);
+  EXPECT_EQ(with_graphs.refused, 3);
   EXPECT_EQ(with_graphs.outputs.size(), size_t{4 * kLayers});
   const RunResult eager = RunAgainstDaemon(false, seed);
   ASSERT_EQ(eager.outputs.size(), with_graphs.outputs.size());

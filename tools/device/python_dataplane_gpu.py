@@ -23,6 +23,8 @@ Checks:
                     the device, done written, the stream not stuck
   adapter_loop      VerifyAttention(transport="device") in 4 decode steps with a GEMM between
                     layers producing q (engine-like), outputs against float64
+  dlpack            a CUDA buffer registered and named only through __dlpack__ (as JAX/CuPy
+                    arrays are): the channel's out bit-identical to the gRPC Verify's
   cost              per-layer host cost of Channel.verify() against the bare C calls it makes
                     (enqueue + two stream operations), and the per-layer wall time (printed)
 """
@@ -397,8 +399,66 @@ def check_cost(target: str, rng, bursts: int = 20, per_burst: int = 32) -> str:
             f"{wall['py'] / calls * 1e6:.1f} / {wall['c'] / calls * 1e6:.1f} us")
 
 
+class _DLPackOnly:
+    """A CUDA tensor seen only through DLPack (as a JAX or CuPy array would be)."""
+
+    def __init__(self, tensor):
+        self._t = tensor
+
+    def __dlpack__(self, stream=None):
+        return self._t.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+
+def check_dlpack(target: str, rng) -> str:
+    """Device memory registered and named through DLPack alone: the channel's outputs are the
+    same bytes as the gRPC Verify's for the same inputs."""
+    import numpy as np
+    import torch
+    import verifyd
+    from verifyd.tensors import random_bf16
+
+    with verifyd.Client(target) as c:
+        s = 7401
+        c.append(s, random_bf16(rng, (LAYERS, 90, 576)))
+        raw = torch.empty(4 << 20, dtype=torch.uint8, device="cuda")
+        _KEEP.append(raw)
+        memory = c.register(_DLPackOnly(raw))
+        parents = [-1, 0, 0, 1]
+
+        def take(off, shape, dtype):
+            size = int(np.prod(shape)) * torch.tensor([], dtype=dtype).element_size()
+            return raw[off:off + size].view(dtype).view(*shape)
+        q = take(0, (4, HEADS, 576), torch.bfloat16)
+        tkv = take(1 << 20, (4, 576), torch.bfloat16)
+        out = take(2 << 20, (4, HEADS, 512), torch.bfloat16)
+        flags = take(3 << 20, (128,), torch.int32)
+        qb, kb = random_bf16(rng, (4, HEADS, 576)), random_bf16(rng, (4, 576))
+        q.copy_(_t(qb).cuda())
+        tkv.copy_(_t(kb).cuda())
+        flags.zero_()
+        with c.open_channel() as ch:
+            ch.verify(0, [(s, parents)], _DLPackOnly(q), _DLPackOnly(tkv), _DLPackOnly(out),
+                      ready=(_DLPackOnly(flags[0:1]), 1), done=(_DLPackOnly(flags[64:65]), 1))
+            torch.cuda.current_stream().synchronize()
+            for comp in ch.poll():
+                comp.raise_for_status()
+        got = _bits(out)
+        want = np.asarray(c.verify(0, [(s, parents)], qb, kb).out)
+        c.release(s)
+        memory.release()
+    same = int(np.sum(got.reshape(-1) == want.reshape(-1)))
+    if same != want.size:
+        raise AssertionError(f"{want.size - same} of {want.size} out elements differ from gRPC")
+    return f"registered and verified through DLPack alone: {same} of {want.size} out elements " \
+           "bit-identical to the gRPC Verify"
+
+
 CHECKS = {"stream_order": check_stream_order, "errors": check_errors,
-          "adapter_loop": check_adapter_loop, "cost": check_cost}
+          "adapter_loop": check_adapter_loop, "cost": check_cost,
+          "dlpack": check_dlpack}
 
 
 def run(binary: str, names=None, ld_path: str | None = None) -> tuple[int, int]:
