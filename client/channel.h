@@ -7,7 +7,13 @@
 // registered region reaching `value`) before it reads q and tree_kv, and writes `done` after the
 // last write of out and lse. Every descriptor completes: on failure the outputs are NaN, `done`
 // is still written, and the completion record carries the gRPC code and message (the same as the
-// gRPC Verify's for the same mistake).
+// gRPC Verify's for the same mistake). On the cuda backend a Verify's record is written once the
+// device has run it: q and tree_kv are checked there (SPEC §1, values beyond 2^16 or not finite:
+// INVALID_ARGUMENT naming the element, outputs NaN, and the tree's commit is refused until that
+// layer is verified again), so a record is the call's final word.
+// The client library holds a lock on the channel's ring for as long as the channel lives: when the
+// scheduler's process ends, the daemon closes the channel within a fraction of a second and
+// releases what it left waiting, without waiting for its lease.
 //
 //   auto client = *verifyd::Client::Connect("unix:///tmp/verifyd-0.sock");
 //   // cudaIpcGetMemHandle(&h, buffer) on the cuda backend; a /dev/shm file on the cpu backend
