@@ -191,7 +191,9 @@ absl::Status RawStatus(const grpc::Status& s) {
 // scheduler's "q is ready").
 Channel::Completion RunOnChannel(Channel& channel, const Channel::VerifyDescriptor& d,
                                  const Scratch& scratch) {
-  scratch.word(d.ready.offset).store(d.ready.value, std::memory_order_release);
+  if (d.ready.offset % 4 == 0) {
+    scratch.word(d.ready.offset).store(d.ready.value, std::memory_order_release);
+  }  // else: a misaligned flag the daemon refuses without reading it (a test of that refusal)
   EXPECT_TRUE(channel.EnqueueVerify(d).ok());
   absl::StatusOr<Channel::Completion> c = channel.WaitCompletion(absl::Seconds(30));
   EXPECT_TRUE(c.ok()) << c.status();
