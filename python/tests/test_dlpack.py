@@ -231,3 +231,15 @@ def test_the_deleter_runs_exactly_once_for_torch_to_dlpack():
     del t
     gc.collect()
     assert sys.getrefcount(base) == alone
+
+
+def test_the_adapter_takes_dlpack_cuda_tensors_for_device_memory():
+    """The adapter's device transport picks its flag memory by where q lives: a DLPack kDLCUDA q
+    is device memory as a torch CUDA tensor is; a DLPack host q, numpy and a torch CPU tensor are
+    not."""
+    from verifyd.adapter import on_device_memory
+    assert on_device_memory(HandmadeDLPack(0x60000, (2, 2, 576), code=4, device=(2, 0)))
+    assert not on_device_memory(HandmadeDLPack(0x60000, (2, 2, 576), code=4, device=(1, 0)))
+    assert not on_device_memory(np.zeros((2, 2, 576), np.uint16))
+    torch = pytest.importorskip("torch")
+    assert not on_device_memory(torch.zeros(2, 2, 576, dtype=torch.bfloat16))

@@ -66,6 +66,7 @@ import grpc
 import numpy as np
 
 from .client import Client, VerifySequence
+from .dataplane import _is_cuda
 from .errors import ResourceExhausted, VerifydError, invalid_argument, make_error
 from .shared_memory import SharedMemoryRegion, shared_verify_layout
 from .tensors import ROW, copy_bf16_into, is_torch
@@ -74,7 +75,9 @@ __all__ = ["VerifyAttention"]
 
 
 def on_device_memory(x: Any) -> bool:
-    return (is_torch(x) and bool(x.is_cuda)) or hasattr(x, "__cuda_array_interface__")
+    """CUDA memory: a torch CUDA tensor, a `__cuda_array_interface__` object or a DLPack kDLCUDA
+    one (the data plane's own test, verifyd.dataplane)."""
+    return _is_cuda(x, "q", "Verify")
 
 
 def _capturing() -> bool:
@@ -243,10 +246,11 @@ class VerifyAttention:
         if self._flags is not None:
             return
         plane = self.client.data_plane()
-        on_device = is_torch(q) and q.is_cuda
-        if on_device:
-            import torch  # noqa: PLC0415
-            words = torch.zeros(32, dtype=torch.int32, device=q.device)  # ready [0], done [16]
+        if on_device_memory(q):
+            import torch  # noqa: PLC0415 - the flag words are made with torch on every kind of q
+            # ready [0], done [16]; on q's device where torch can tell, else the current one
+            device = q.device if is_torch(q) else torch.device("cuda", torch.cuda.current_device())
+            words = torch.zeros(32, dtype=torch.int32, device=device)
             self._flag_owner = plane.register(words)
         else:
             self._flag_owner = plane.host_buffer(4096)
