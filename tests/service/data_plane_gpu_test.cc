@@ -347,16 +347,19 @@ class Scheduler {
   uint64_t region_id_ = 0;
 };
 
+// The daemon both tests start: this bundle's verifyd on cuda, the scheduler's dimensions.
+std::vector<std::string> DaemonArgs(const std::string& socket, const std::string& extra) {
+  return {"--backend=cuda", absl::StrCat("--listen=unix://", socket),
+          "--metrics=", absl::StrCat("--layers=", kLayers), absl::StrCat("--heads=", kHeads),
+          absl::StrCat("--softmax-scale=", kScale), "--max-tree-nodes=64",
+          "--kv-capacity-tokens=8192", extra};
+}
+
 RunResult RunAgainstDaemon(bool graphs, uint64_t seed) {
   const std::string socket = absl::StrCat("/tmp/verifyd-dp-gpu-", getpid(), graphs ? "-g" : "-e");
   std::string error;
   std::unique_ptr<DaemonProcess> daemon = DaemonProcess::Start(
-      Binary(),
-      {"--backend=cuda", absl::StrCat("--listen=unix://", socket),
-       "--metrics=", absl::StrCat("--layers=", kLayers), absl::StrCat("--heads=", kHeads),
-       absl::StrCat("--softmax-scale=", kScale), "--max-tree-nodes=64", "--kv-capacity-tokens=8192",
-       absl::StrCat("--cuda-graphs=", graphs ? "on" : "off")},
-      &error);
+      Binary(), DaemonArgs(socket, absl::StrCat("--cuda-graphs=", graphs ? "on" : "off")), &error);
   EXPECT_NE(daemon, nullptr) << error;
   if (daemon == nullptr) return {};
   EXPECT_NE(daemon->startup_line().find("backend=cuda"), std::string::npos)
@@ -432,13 +435,8 @@ TEST(DataPlaneGpuTest, AKilledSchedulersWaitIsReleasedAndOthersAreServed) {
   SCOPED_TRACE(absl::StrCat("VERIFYD_TEST_SEED=", seed));
   const std::string socket = absl::StrCat("/tmp/verifyd-dp-kill-", getpid());
   std::string error;
-  std::unique_ptr<DaemonProcess> daemon = DaemonProcess::Start(
-      Binary(),
-      {"--backend=cuda", absl::StrCat("--listen=unix://", socket),
-       "--metrics=", absl::StrCat("--layers=", kLayers), absl::StrCat("--heads=", kHeads),
-       absl::StrCat("--softmax-scale=", kScale), "--max-tree-nodes=64", "--kv-capacity-tokens=8192",
-       "--lease-seconds=6"},
-      &error);
+  std::unique_ptr<DaemonProcess> daemon =
+      DaemonProcess::Start(Binary(), DaemonArgs(socket, "--lease-seconds=6"), &error);
   ASSERT_NE(daemon, nullptr) << error;
   // The dying scheduler: this binary in a fresh process (CUDA does not survive a fork).
   char self[4096];

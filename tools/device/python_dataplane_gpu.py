@@ -126,6 +126,20 @@ class Pool:
         return self.raw[off:off + size].view(dtype).view(*shape)
 
 
+def _one_layer(pool, rng, total: int):
+    """q, tree_kv (random bf16, on the device), out and the flag words of one call of `total`
+    nodes, carved from `pool`."""
+    import torch
+    from verifyd.tensors import random_bf16
+    q = pool.take((total, HEADS, 576), torch.bfloat16)
+    tkv = pool.take((total, 576), torch.bfloat16)
+    out = pool.take((total, HEADS, 512), torch.bfloat16)
+    flags = pool.take((128,), torch.int32)
+    q.copy_(_t(random_bf16(rng, (total, HEADS, 576))).cuda())
+    tkv.copy_(_t(random_bf16(rng, (total, 576))).cuda())
+    return q, tkv, out, flags
+
+
 # -- checks --------------------------------------------------------------------------------------
 def check_stream_order(target: str, rng) -> str:
     import numpy as np
@@ -228,12 +242,7 @@ def check_errors(target: str, rng) -> str:
     with verifyd.Client(target) as c:
         c.append(7101, random_bf16(rng, (LAYERS, 40, 576)))
         pool = Pool(c, 8 << 20)
-        q = pool.take((2, HEADS, 576), torch.bfloat16)
-        tkv = pool.take((2, 576), torch.bfloat16)
-        out = pool.take((2, HEADS, 512), torch.bfloat16)
-        flags = pool.take((128,), torch.int32)
-        q.copy_(_t(random_bf16(rng, (2, HEADS, 576))).cuda())
-        tkv.copy_(_t(random_bf16(rng, (2, 576))).cuda())
+        q, tkv, out, flags = _one_layer(pool, rng, 2)
         with c.open_channel() as ch:
             for n, seqs in enumerate(([(999999, [-1, 0])], [(7101, [-1, 7])]), start=1):
                 out.fill_(1.0)
@@ -329,12 +338,7 @@ def check_cost(target: str, rng, bursts: int = 20, per_burst: int = 32) -> str:
         s = 7301
         c.append(s, random_bf16(rng, (LAYERS, 64, 576)))
         pool = Pool(c, 8 << 20)
-        q = pool.take((1, HEADS, 576), torch.bfloat16)
-        tkv = pool.take((1, 576), torch.bfloat16)
-        out = pool.take((1, HEADS, 512), torch.bfloat16)
-        flags = pool.take((128,), torch.int32)
-        q.copy_(_t(random_bf16(rng, (1, HEADS, 576))).cuda())
-        tkv.copy_(_t(random_bf16(rng, (1, 576))).cuda())
+        q, tkv, out, flags = _one_layer(pool, rng, 1)
         plane = c.data_plane()
         lib = plane._lib
         stream = torch.cuda.current_stream().cuda_stream
