@@ -92,9 +92,7 @@ static_assert(kHopperFlashThreads == 256, "two warpgroups");
 // same output; kNoGathers drops the main loop's KV gathers (tiles after the first are stale: the
 // time of the math and the barriers alone) and kNoMath its wgmma (the time of the gathers, the
 // softmax and the barriers): both write garbage on purpose.
-// kN32S is the A/B baseline of plans/0004 v17: S as v16 computed it (each warpgroup 32 columns
-// over all 576 dims, m64n32k16), same output up to rounding.
-enum class Sm90Probe { kNone, kTimeline, kNoGathers, kNoMath, kN32S };
+enum class Sm90Probe { kNone, kTimeline, kNoGathers, kNoMath };
 
 // kTimeline's stamps, at timeline[blockIdx.x * kTimelineStride + ...]: [0] globaltimer ns at the
 // start, [1] clock64 at the start, [2 + k] clock64 once tile k's data is in (k < kTimelineTiles),
@@ -127,15 +125,6 @@ __device__ __forceinline__ void LoadKvTile(const bf16_bits* kv, int slot_lo, int
   CpAsyncCommit();
 }
 
-// Barrier `id` (1..15; 0 is __syncthreads) over `threads` threads, whole warps.
-__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-constexpr int kPairBarrier = 1;  // + (warp & 3): warps w and w + 4 hold the same 16 rows
-constexpr int kWarpgroup1Barrier = 5;
-constexpr int kRopeChunk = kKvChunks - 1;
-constexpr int kHalfKSteps = kKvDim / 32;  // k-steps of 16 dims in each warpgroup's half of S
-
 __device__ __forceinline__ int SlotAt(const int32_t* slots, int col, int col_end) {
   return col < col_end ? slots[col] : 0;
 }
@@ -153,8 +142,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   constexpr bool kTimeline = kProbe == Sm90Probe::kTimeline;
   constexpr bool kGathers = kProbe != Sm90Probe::kNoGathers;
   constexpr bool kMath = kProbe != Sm90Probe::kNoMath;
-  constexpr bool kSplitK = kProbe != Sm90Probe::kN32S;
-  constexpr int kSAccs = kSplitK ? 32 : 16;
   uint64_t* stamps = kTimeline ? timeline + blockIdx.x * kTimelineStride : nullptr;
   if (kTimeline && threadIdx.x == 0) {
     stamps[0] = GlobalTimerNs();
@@ -234,36 +221,20 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     // Stamp k + 2: tile k's data is in (k = 0: the prologue, Q and the first tile, is over).
     if (kTimeline && threadIdx.x == 0 && tile < kTimelineTiles) stamps[2 + tile] = clock64();
 
-    float acc[kSAccs];
+    float s[16];
 #pragma unroll
-    for (int i = 0; i < kSAccs; ++i) acc[i] = 0.f;
-    wgmma::PinRegisters(acc);
+    for (int i = 0; i < 16; ++i) s[i] = 0.f;
+    wgmma::PinRegisters(s);
     wgmma::Fence();
-    if constexpr (kSplitK) {
-      // Warpgroup w: all 64 columns over its half of k (dims 288w .. 288w+287), A = Q, B = K.
-      const uint64_t k_desc = wgmma::MakeDescriptor(kv_tile, 16, 1024);
-      if (kMath)
+    const uint64_t k_desc =
+        wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
+    if (kMath)
 #pragma unroll
-        for (int ks = 0; ks < kHalfKSteps; ++ks) {
-          const int k0 = ks;
-          const int k1 = ks + kHalfKSteps;
-          const uint32_t off0 = (k0 / 4) * kChunkBytes + (k0 % 4) * 32;
-          const uint32_t off1 = (k1 / 4) * kChunkBytes + (k1 % 4) * 32;
-          const uint32_t off = wg == 0 ? off0 : off1;
-          wgmma::MmaM64N64K16(acc, wgmma::AdvanceDescriptor(q_desc, off),
-                              wgmma::AdvanceDescriptor(k_desc, off));
-        }
-    } else {
-      const uint64_t k_desc =
-          wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
-      if (kMath)
-#pragma unroll
-        for (int ks = 0; ks < kKvDim / 16; ++ks) {
-          const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
-          wgmma::MmaM64N32K16(acc, wgmma::AdvanceDescriptor(q_desc, off),
-                              wgmma::AdvanceDescriptor(k_desc, off));
-        }
-    }
+      for (int ks = 0; ks < kKvDim / 16; ++ks) {
+        const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
+        wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
+                            wgmma::AdvanceDescriptor(k_desc, off));
+      }
     wgmma::Commit();
     // The gather of tile j+1 is issued while the tensor cores run S: its address arithmetic and
     // cp.async issue then cost no tensor time.
@@ -274,47 +245,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
     }
     wgmma::WaitAll();
-    wgmma::PinRegisters(acc);
-
-    float s[16];
-    if constexpr (kSplitK) {
-      // The two halves of k meet: each warpgroup sends the partial of the other's 32 columns and
-      // adds the one it receives (p0 + p1 in both, so both add the same two floats). Thread t of
-      // warpgroup 0 and thread t of warpgroup 1 hold the same places, so warps w and w + 4 pair
-      // up: pair w's 2 KB are the P chunk's rows 16w .. 16w+15 (free until P is written, after
-      // the max barrier of the same pair) for warpgroup 0's half, and the same bytes of this
-      // stage's rope chunk (read by warpgroup 1's S alone, next written by the gather two tiles
-      // on) for warpgroup 1's.
-      float* const to_wg1 = reinterpret_cast<float*>(p_smem);
-      float* const to_wg0 =
-          reinterpret_cast<float*>(smem + kKvOffset + (tile & 1) * kTileBytes +
-                                   kRopeChunk * kChunkBytes);
-      const int slot = (warp & 3) * 512 + lane * 4;  // float4 e at slot + 128 e
-      if (wg == 1) NamedBarrierSync(kWarpgroup1Barrier, 128);  // its S is done with the rope chunk
-      float* const mine = wg == 0 ? to_wg1 : to_wg0;
-      const float* const theirs = wg == 0 ? to_wg0 : to_wg1;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float4 v;
-        v.x = wg == 0 ? acc[16 + 4 * e] : acc[4 * e];
-        v.y = wg == 0 ? acc[17 + 4 * e] : acc[4 * e + 1];
-        v.z = wg == 0 ? acc[18 + 4 * e] : acc[4 * e + 2];
-        v.w = wg == 0 ? acc[19 + 4 * e] : acc[4 * e + 3];
-        *reinterpret_cast<float4*>(mine + slot + 128 * e) = v;
-      }
-      NamedBarrierSync(kPairBarrier + (warp & 3), 64);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float4 r = *reinterpret_cast<const float4*>(theirs + slot + 128 * e);
-        s[4 * e] = (wg == 0 ? acc[4 * e] : acc[16 + 4 * e]) + r.x;
-        s[4 * e + 1] = (wg == 0 ? acc[4 * e + 1] : acc[17 + 4 * e]) + r.y;
-        s[4 * e + 2] = (wg == 0 ? acc[4 * e + 2] : acc[18 + 4 * e]) + r.z;
-        s[4 * e + 3] = (wg == 0 ? acc[4 * e + 3] : acc[19 + 4 * e]) + r.w;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) s[i] = acc[i];
-    }
+    wgmma::PinRegisters(s);
 
     // s[4i + e]: row wrow + g + 8 (e >> 1), column 32wg + 8i + 2c + (e & 1) of the tile.
     const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= item.col_end;
@@ -340,12 +271,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 2));
       if (c == 0) max_xchg[wg * kRows + wrow + g + 8 * h] = tile_max[h];
     }
-    // Both warpgroups' tile maxima of these 16 rows are visible.
-    if constexpr (kSplitK) {
-      NamedBarrierSync(kPairBarrier + (warp & 3), 64);
-    } else {
-      __syncthreads();
-    }
+    __syncthreads();  // both warpgroups' tile maxima are visible
 
     float alpha[2];
     float base[2];

@@ -12,7 +12,6 @@
 //                         [--timeline]   (per-CTA clock stamps of the sm_90a kernel)
 //                         [--diag]       (the sm_90a kernel without its KV gathers, without its
 //                                         wgmma: which side bounds it, plans/0004 session 4)
-//                         [--ab]         (the shipped sm_90a kernel against v16's S, plans/0004 v17)
 // On a Hopper device both flash paths are measured (FlashPath::kHopper, then kPortable);
 // --launcher-path-only measures kAuto alone. The timeline and diag instruments are other
 // instantiations of the shipped sm_90a kernel, built into this program only
@@ -530,54 +529,6 @@ void Diagnose(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
   FreeShape(d);
 }
 
-// A/B of the shipped sm_90a kernel against a candidate or baseline instantiation of the same
-// source (plans/0004's discipline: same process, rounds alternating which goes first), flash +
-// the shipped combine, and the relative RMS difference between the two outputs.
-void AbCompare(const Shape& s, std::mt19937_64& rng, int sms, int iters, Sm90Instrument other,
-               const char* other_name) {
-  if (!HopperFlashAvailable()) return;
-  ShapeData d = BuildShape(s, rng);
-  UploadedPlan up = PlanAndUpload(s, sms);
-  auto shipped = [&](int i) {
-    BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, false), up.plan, up.layout, up.workspace,
-                             nullptr, VerifyStages::kFlashAndCombine, FlashPath::kHopper));
-  };
-  auto variant = [&](int i) {
-    const MlaVerifyParams params =
-        MakeMlaVerifyParams(ProblemFor(d, i % d.copies, false), up.plan, up.layout, up.workspace);
-    BENCH_CUDA(LaunchSm90Instrumented(other, params, nullptr, nullptr));
-    if (!up.plan.combine.empty()) {
-      BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, false), up.plan, up.layout,
-                               up.workspace, nullptr, VerifyStages::kCombineOnly));
-    }
-  };
-  const size_t n = size_t(s.batch) * s.q * s.heads * kVDim;
-  variant(0);
-  BENCH_CUDA(cudaDeviceSynchronize());
-  BENCH_CUDA(cudaMemcpy(d.out_naive, d.out, n * 2, cudaMemcpyDeviceToDevice));
-  shipped(0);
-  BENCH_CUDA(cudaDeviceSynchronize());
-  const double diff = RelativeErrorBf16(d.out, d.out_naive, n);
-  std::vector<double> a, b;
-  for (int round = 0; round < 3; ++round) {
-    if (round % 2 == 0) {
-      a.push_back(MedianMs(5, iters, shipped));
-      b.push_back(MedianMs(5, iters, variant));
-    } else {
-      b.push_back(MedianMs(5, iters, variant));
-      a.push_back(MedianMs(5, iters, shipped));
-    }
-  }
-  std::printf(
-      "ab %s B=%d H=%d Q=%d L=%d: shipped %.1f %.1f %.1f us | %s %.1f %.1f %.1f us | "
-      "shipped / %s %.3f | output rel diff %.1e\n",
-      s.name, s.batch, s.heads, s.q, s.l, a[0] * 1e3, a[1] * 1e3, a[2] * 1e3, other_name,
-      b[0] * 1e3, b[1] * 1e3, b[2] * 1e3, other_name, Median(a) / Median(b), diff);
-  std::fflush(stdout);
-  cudaFree(up.workspace);
-  FreeShape(d);
-}
-
 int Main(int argc, char** argv) {
   int iters = 50;
   bool run_naive = true;
@@ -585,7 +536,6 @@ int Main(int argc, char** argv) {
   bool breakdown = false;
   bool timeline = false;
   bool diag = false;
-  bool ab = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
@@ -604,8 +554,6 @@ int Main(int argc, char** argv) {
       timeline = true;
     else if (!std::strcmp(argv[i], "--diag"))
       diag = true;
-    else if (!std::strcmp(argv[i], "--ab"))
-      ab = true;
   }
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -653,13 +601,6 @@ int Main(int argc, char** argv) {
                                              {"S1L8K", 1, 8, 16, 8192}}) {
       if (!only.empty() && only.find(s.name) == std::string::npos) continue;
       Timeline(s, rng, sms);
-    }
-    return 0;
-  }
-  if (ab) {
-    for (const Shape& s : shapes) {
-      if (!only.empty() && only.find(s.name) == std::string::npos) continue;
-      AbCompare(s, rng, sms, iters, Sm90Instrument::kN32S, "v16-S");
     }
     return 0;
   }

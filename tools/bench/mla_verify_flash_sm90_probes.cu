@@ -38,8 +38,6 @@ cudaError_t LaunchSm90Instrumented(Sm90Instrument instrument, const MlaVerifyPar
       return Launch<Sm90Probe::kNoGathers>(params, nullptr, stream);
     case Sm90Instrument::kNoMath:
       return Launch<Sm90Probe::kNoMath>(params, nullptr, stream);
-    case Sm90Instrument::kN32S:
-      return Launch<Sm90Probe::kN32S>(params, nullptr, stream);
   }
   return cudaErrorInvalidValue;
 }

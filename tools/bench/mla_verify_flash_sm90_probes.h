@@ -15,7 +15,6 @@ enum class Sm90Instrument {
   kTimeline,   // clock stamps per CTA, same output (layout: kTimelineTiles / kTimelineStride)
   kNoGathers,  // the main loop without its KV gathers: garbage output, the math path's time
   kNoMath,     // the main loop without its wgmma: garbage output, the gathers' and softmax's time
-  kN32S,       // S as v16 computed it (32 columns per warpgroup over all of k): the A/B baseline
 };
 
 // kTimeline's stamps per CTA, at timeline[blockIdx.x * kSm90TimelineStride + ...]: [0] globaltimer
