@@ -101,28 +101,50 @@ enum class Sm90Probe { kNone, kTimeline, kNoGathers, kNoMath };
 inline constexpr int kTimelineTiles = 64;
 inline constexpr int kTimelineStride = kTimelineTiles + 8;
 
-// Gathers KV columns [tile_col, tile_col + 64) into one stage: warp w copies rows 8w .. 8w+7,
-// lane i units i, i+32, i+64 (< 72) of each. slot_lo / slot_hi = the slots of columns tile_col +
-// lane and tile_col + 32 + lane, loaded a tile ahead.
+// Gathers row `rr` of this warp's 8 rows (8w .. 8w+7) of KV columns [tile_col, tile_col + 64) into
+// one stage: lane i copies units i, i+32, i+64 (< 72) of the row. slot_lo / slot_hi = the slots of
+// columns tile_col + lane and tile_col + 32 + lane, loaded a tile ahead. Columns past col_end are
+// zero-filled. The tile's 8 rows are issued between the S wgmma (see the main loop).
+__device__ __forceinline__ void LoadKvRow(const bf16_bits* kv, int slot_lo, int slot_hi,
+                                          int tile_col, int col_end, uint32_t dst, int warp,
+                                          int lane, int rr) {
+  const int r = warp * 8 + rr;
+  const int slot = __shfl_sync(kFullMask, r < 32 ? slot_lo : slot_hi, r & 31);
+  const bool valid = tile_col + r < col_end;
+  const bf16_bits* src_row = kv + (valid ? static_cast<int64_t>(slot) * kKvDim : 0);
+#pragma unroll
+  for (int j = 0; j < 3; ++j) {
+    const int u = lane + 32 * j;
+    if (u < kUnitsPerRow) {
+      CpAsync16(dst + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7), src_row + (valid ? u * 8 : 0),
+                valid);
+    }
+  }
+}
+
+// A whole tile (the prologue's): all 8 rows of this warp, one commit group.
 __device__ __forceinline__ void LoadKvTile(const bf16_bits* kv, int slot_lo, int slot_hi,
                                            int tile_col, int col_end, uint32_t dst, int warp,
                                            int lane) {
 #pragma unroll
   for (int rr = 0; rr < 8; ++rr) {
-    const int r = warp * 8 + rr;
-    const int slot = __shfl_sync(kFullMask, r < 32 ? slot_lo : slot_hi, r & 31);
-    const bool valid = tile_col + r < col_end;
-    const bf16_bits* src_row = kv + (valid ? static_cast<int64_t>(slot) * kKvDim : 0);
-#pragma unroll
-    for (int j = 0; j < 3; ++j) {
-      const int u = lane + 32 * j;
-      if (u < kUnitsPerRow) {
-        CpAsync16(dst + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7),
-                  src_row + (valid ? u * 8 : 0), valid);
-      }
-    }
+    LoadKvRow(kv, slot_lo, slot_hi, tile_col, col_end, dst, warp, lane, rr);
   }
   CpAsyncCommit();
+}
+
+// Shared-window stores and loads (the generic ones the compiler emits for a pointer into the
+// aligned dynamic shared memory cost an address conversion each).
+__device__ __forceinline__ void StShared32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void StSharedF32(uint32_t addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ float LdSharedF32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
 }
 
 __device__ __forceinline__ int SlotAt(const int32_t* slots, int col, int col_end) {
@@ -153,16 +175,19 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const uint32_t smem_base = mma::SmemAddr(smem);
   const uint32_t q_smem = smem_base + kQOffset;
   const uint32_t kv_smem = smem_base + kKvOffset;
-  uint8_t* p_smem = smem + kPOffset;
-  float* max_xchg = reinterpret_cast<float*>(smem + kMaxXchgOffset);
-  float* sum_xchg = reinterpret_cast<float*>(smem + kSumXchgOffset);
+  const uint32_t p_smem = smem_base + kPOffset;
+  const uint32_t max_xchg = smem_base + kMaxXchgOffset;  // 2 x 64 fp32
+  const uint32_t sum_xchg = smem_base + kSumXchgOffset;  // 2 x 64 fp32
 
   const VerifyProblem& pr = params.problem;
   const FlashWorkItem item = params.work[blockIdx.x];
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int wg = tid >> 7;           // warpgroup: S columns 32wg.., O columns 256wg..
+  // Warpgroup: S columns 32wg.., O columns 256wg... Broadcast from lane 0 so that the compiler
+  // knows it is warp-uniform and keeps the wgmma descriptors built from it in uniform registers
+  // (v18: without it every wgmma of S paid seven instructions of 64-bit arithmetic and moves).
+  const int wg = __shfl_sync(kFullMask, tid >> 7, 0);
   const int wrow = (warp & 3) * 16;  // this warp's 16 rows of the 64
   const int g = lane >> 2;
   const int c = lane & 3;
@@ -228,48 +253,59 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     wgmma::Fence();
     const uint64_t k_desc =
         wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
-    if (kMath)
+    // Tile j+1's gather goes between the S wgmma, one KV row of this warp after every fourth: the
+    // warps wait on the tensor cores there anyway, and issued after the last wgmma it sat on the
+    // critical path (v18, plans/0004: 16 % of the stall samples at S1). On the last tile it
+    // zero-fills the idle stage (every column is past col_end); the epilogue waits for it.
+    const uint32_t next_stage = kv_smem + ((tile + 1) & 1) * kTileBytes;
+    const int next_col = tile_col + kCols;
 #pragma unroll
-      for (int ks = 0; ks < kKvDim / 16; ++ks) {
-        const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
+    for (int ks = 0; ks < kKvDim / 16; ++ks) {
+      const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
+      if (kMath) {
         wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
                             wgmma::AdvanceDescriptor(k_desc, off));
       }
-    wgmma::Commit();
-    // The gather of tile j+1 is issued while the tensor cores run S: its address arithmetic and
-    // cp.async issue then cost no tensor time.
-    if (tile + 1 < num_tiles && kGathers) {
-      LoadKvTile(pr.kv, next_lo, next_hi, tile_col + kCols, item.col_end,
-                 kv_smem + ((tile + 1) & 1) * kTileBytes, warp, lane);
-      next_lo = SlotAt(slots, tile_col + 2 * kCols + lane, item.col_end);
-      next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
+      if (kGathers && ks % 4 == 3 && ks / 4 < 8) {
+        LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, ks / 4);
+      }
     }
+    wgmma::Commit();
+    CpAsyncCommit();
+    next_lo = SlotAt(slots, tile_col + 2 * kCols + lane, item.col_end);
+    next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
     wgmma::WaitAll();
     wgmma::PinRegisters(s);
 
     // s[4i + e]: row wrow + g + 8 (e >> 1), column 32wg + 8i + 2c + (e & 1) of the tile.
     const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= item.col_end;
     float tile_max[2] = {-INFINITY, -INFINITY};
+    // Two loops rather than a test per value: only the tiles that reach the tree or col_end read
+    // the mask (v18: the per-value branch cost instruction-cache misses on every tile).
+    if (all_visible) {
 #pragma unroll
-    for (int v = 0; v < 16; ++v) {
-      const int h = (v >> 1) & 1;
-      float x = s[v] * scale_log2;
-      if (!all_visible) {
+      for (int v = 0; v < 16; ++v) {
+        s[v] *= scale_log2;
+        tile_max[(v >> 1) & 1] = fmaxf(tile_max[(v >> 1) & 1], s[v]);
+      }
+    } else {
+#pragma unroll
+      for (int v = 0; v < 16; ++v) {
+        const int h = (v >> 1) & 1;
         const int t = tile_col + wg * 32 + 8 * (v >> 2) + 2 * c + (v & 1);
         const bool visible =
             t < item.col_end &&
             (t < prefix_len || (my_node[h] >= 0 && ColumnVisible(mask_rows, words_per_row,
                                                                  prefix_len, my_node[h], t)));
-        x = visible ? x : -INFINITY;
+        s[v] = visible ? s[v] * scale_log2 : -INFINITY;
+        tile_max[h] = fmaxf(tile_max[h], s[v]);
       }
-      s[v] = x;
-      tile_max[h] = fmaxf(tile_max[h], x);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 1));
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 2));
-      if (c == 0) max_xchg[wg * kRows + wrow + g + 8 * h] = tile_max[h];
+      if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), tile_max[h]);
     }
     __syncthreads();  // both warpgroups' tile maxima are visible
 
@@ -277,7 +313,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float other = max_xchg[(1 - wg) * kRows + wrow + g + 8 * h];
+      const float other = LdSharedF32(max_xchg + 4 * ((1 - wg) * kRows + wrow + g + 8 * h));
       const float new_max = fmaxf(row_max[h], fmaxf(tile_max[h], other));
       // A row that has seen nothing yet keeps max -inf; subtracting 0 then keeps exp2 finite.
       base[h] = new_max == -INFINITY ? 0.f : new_max;
@@ -299,7 +335,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         const uint32_t packed = mma::PackBf16x2(p0, p1);
         p_frag[i >> 1][(i & 1) * 2 + h] = packed;
         // P row `row`, tokens 32wg + 8i + 2c, +1: unit 4wg + i of the swizzled row, word c.
-        *reinterpret_cast<uint32_t*>(p_smem + SwizzledOffset(row, wg * 4 + i) + 4 * c) = packed;
+        StShared32(p_smem + SwizzledOffset(row, wg * 4 + i) + 4 * c, packed);
       }
     }
 #pragma unroll
@@ -354,6 +390,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   }
 
   if (kTimeline && threadIdx.x == 0) stamps[2 + kTimelineTiles] = clock64();
+  CpAsyncWaitAll();  // the last tile's zero-filling gather, before the stages hold the epilogue
     // Row sums: this lane's quarter, then the quad, then both warpgroups (warpgroup 0 first, so
     // every run adds in the same order).
 #pragma unroll
@@ -361,7 +398,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     float x = row_sum[h];
     x += __shfl_xor_sync(kFullMask, x, 1);
     x += __shfl_xor_sync(kFullMask, x, 2);
-    if (c == 0) sum_xchg[wg * kRows + wrow + g + 8 * h] = x;
+    if (c == 0) StSharedF32(sum_xchg + 4 * (wg * kRows + wrow + g + 8 * h), x);
   }
   __syncthreads();
 
@@ -370,7 +407,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = wrow + g + 8 * h;
-    const float total = sum_xchg[r] + sum_xchg[kRows + r];
+    const float total = LdSharedF32(sum_xchg + 4 * r) + LdSharedF32(sum_xchg + 4 * (kRows + r));
     inv[h] = total > 0.f ? 1.f / total : 0.f;
     if (r < rows_here && wg == 0 && c == 0) {
       flash::WriteLse(params, item, first_row, r, flash::RowLse(row_max[h], total));
@@ -378,7 +415,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   }
   // Staged: the rows go to shared memory (the KV stages are free: no gather is in flight and every
   // wgmma has completed), then leave as one bulk copy per row.
-  uint8_t* stage = smem + kKvOffset;
+  const uint32_t stage = smem_base + kKvOffset;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = wrow + g + 8 * h;
@@ -387,8 +424,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       const int col = wg * 256 + 8 * i + 2 * c;
       const float x0 = o[4 * i + 2 * h] * inv[h];
       const float x1 = o[4 * i + 2 * h + 1] * inv[h];
-      *reinterpret_cast<uint32_t*>(stage + r * flash::kStageStride + col * 2) =
-          mma::PackBf16x2(x0, x1);
+      StShared32(stage + r * flash::kStageStride + col * 2, mma::PackBf16x2(x0, x1));
     }
   }
   uint8_t* dst = flash::OutRows(params, item, first_row);
