@@ -102,11 +102,14 @@ inline constexpr int kTimelineTiles = 64;
 inline constexpr int kTimelineStride = kTimelineTiles + 8;
 
 // Gathers row `rr` of this warp's 8 rows (8w .. 8w+7) of KV columns [tile_col, tile_col + 64) into
-// one stage: lane i copies units i, i+32, i+64 (< 72) of the row; `slot` is the row's slot.
-// Columns past col_end are zero-filled. The main loop issues a tile's 8 rows between its S wgmma.
-__device__ __forceinline__ void LoadKvRow(const bf16_bits* kv, int slot, int tile_col,
-                                          int col_end, uint32_t dst, int warp, int lane, int rr) {
+// one stage: lane i copies units i, i+32, i+64 (< 72) of the row. slot_lo / slot_hi = the slots of
+// columns tile_col + lane and tile_col + 32 + lane, loaded a tile ahead. Columns past col_end are
+// zero-filled. The tile's 8 rows are issued between the S wgmma (see the main loop).
+__device__ __forceinline__ void LoadKvRow(const bf16_bits* kv, int slot_lo, int slot_hi,
+                                          int tile_col, int col_end, uint32_t dst, int warp,
+                                          int lane, int rr) {
   const int r = warp * 8 + rr;
+  const int slot = __shfl_sync(kFullMask, r < 32 ? slot_lo : slot_hi, r & 31);
   const bool valid = tile_col + r < col_end;
   const bf16_bits* src_row = kv + (valid ? static_cast<int64_t>(slot) * kKvDim : 0);
 #pragma unroll
@@ -125,8 +128,7 @@ __device__ __forceinline__ void LoadKvTile(const bf16_bits* kv, int slot_lo, int
                                            int lane) {
 #pragma unroll
   for (int rr = 0; rr < 8; ++rr) {
-    const int slot = __shfl_sync(kFullMask, warp < 4 ? slot_lo : slot_hi, (warp * 8 + rr) & 31);
-    LoadKvRow(kv, slot, tile_col, col_end, dst, warp, lane, rr);
+    LoadKvRow(kv, slot_lo, slot_hi, tile_col, col_end, dst, warp, lane, rr);
   }
   CpAsyncCommit();
 }
@@ -234,40 +236,29 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // Descriptors (K-major, 128-byte swizzle): A = Q rows 0..63; B = K rows 32wg .. 32wg+31.
   const uint64_t q_desc = wgmma::MakeDescriptor(q_smem, 16, 1024);
 
-  // This warpgroup's P as wgmma A fragments (16 tokens per k-step, accumulator column groups 2k and
-  // 2k + 1, rows g and g + 8 of the warp), and S of the tile at hand.
-  uint32_t p_frag[2][4] = {};
-  float s[16];
-
-  // S of `tile` into s. Tile tile+1's gather goes between the wgmma, one KV row of this warp
-  // after every fourth: the warps wait on the tensor cores there anyway, and issued after the last
-  // wgmma it sat on the critical path (v18, plans/0004: 16 % of the stall samples at S1). On the
-  // last tile it zero-fills the idle stage (every column is past col_end); the epilogue waits
-  // for it. Tile tile-1's P V is still running when this starts (v19: the tensor cores go from it
-  // straight into S); it is waited for after the fourth wgmma, before the gathers refill its stage.
-  auto s_phase = [&](int tile) {
+  for (int tile = 0; tile < num_tiles; ++tile) {
     const int tile_col = item.col_begin + tile * kCols;
     const uint32_t kv_tile = kv_smem + (tile & 1) * kTileBytes;
     CpAsyncWaitAll();
     wgmma::FenceProxyAsyncShared();
-    __syncthreads();  // tile j (and Q) landed for all
+    __syncthreads();  // tile j (and Q) landed for all; both warpgroups are done with the other
+                      // stage
     // Stamp k + 2: tile k's data is in (k = 0: the prologue, Q and the first tile, is over).
     if (kTimeline && threadIdx.x == 0 && tile < kTimelineTiles) stamps[2 + tile] = clock64();
+
+    float s[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i] = 0.f;
     wgmma::PinRegisters(s);
     wgmma::Fence();
     const uint64_t k_desc =
         wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
+    // Tile j+1's gather goes between the S wgmma, one KV row of this warp after every fourth: the
+    // warps wait on the tensor cores there anyway, and issued after the last wgmma it sat on the
+    // critical path (v18, plans/0004: 16 % of the stall samples at S1). On the last tile it
+    // zero-fills the idle stage (every column is past col_end); the epilogue waits for it.
     const uint32_t next_stage = kv_smem + ((tile + 1) & 1) * kTileBytes;
     const int next_col = tile_col + kCols;
-    // The slots of this warp's 8 rows of tile j+1, all shuffled up front so that no row's address
-    // waits on its shuffle (v19).
-    int row_slot[8];
-#pragma unroll
-    for (int rr = 0; rr < 8; ++rr) {
-      row_slot[rr] = __shfl_sync(kFullMask, warp < 4 ? next_lo : next_hi, (warp * 8 + rr) & 31);
-    }
 #pragma unroll
     for (int ks = 0; ks < kKvDim / 16; ++ks) {
       const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
@@ -275,18 +266,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
                             wgmma::AdvanceDescriptor(k_desc, off));
       }
-      if (ks == 3) {
-        wgmma::Commit();
-        wgmma::WaitGroup<1>();  // this warpgroup's P V of tile j-1
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p_frag[k][e])::"memory");
-        }
-        __syncthreads();  // and the other's: tile j-1's stage is free
-      }
       if (kGathers && ks % 4 == 3 && ks / 4 < 8) {
-        LoadKvRow(pr.kv, row_slot[ks / 4], next_col, item.col_end, next_stage, warp, lane, ks / 4);
+        LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, ks / 4);
       }
     }
     wgmma::Commit();
@@ -295,12 +276,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
     wgmma::WaitAll();
     wgmma::PinRegisters(s);
-  };
 
-  // Softmax of `tile` (S in s), then O += P V, left running.
-  auto softmax_pv = [&](int tile) {
-    const int tile_col = item.col_begin + tile * kCols;
-    const uint32_t kv_tile = kv_smem + (tile & 1) * kTileBytes;
     // s[4i + e]: row wrow + g + 8 (e >> 1), column 32wg + 8i + 2c + (e & 1) of the tile.
     const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= item.col_end;
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -345,6 +321,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       row_max[h] = new_max;
     }
     float sum[2] = {0.f, 0.f};
+    // This warpgroup's P as wgmma A fragments: 16 tokens per k-step, accumulator column groups
+    // 2k and 2k + 1 (rows g and g + 8 of the warp).
+    uint32_t p_frag[2][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -400,23 +379,14 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       }
     }
     wgmma::Commit();
-  };
-
-  // Every work item has at least one tile (the planner never makes more splits than tiles). The
-  // loop is rotated so that no wgmma is in flight across its back edge (ptxas serialises the wgmma
-  // of a loop whose P V crosses it: C7514).
-  s_phase(0);
-  for (int tile = 0; tile + 1 < num_tiles; ++tile) {
-    softmax_pv(tile);
-    s_phase(tile + 1);
-  }
-  softmax_pv(num_tiles - 1);
-  wgmma::WaitAll();
-  wgmma::PinRegisters(o);
+    wgmma::WaitAll();
+    wgmma::PinRegisters(o);
+    // The register A operand is read asynchronously: its registers stay unclaimed until here.
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < 2; ++k) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p_frag[k][e])::"memory");
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p_frag[k][e])::"memory");
+    }
   }
 
   if (kTimeline && threadIdx.x == 0) stamps[2 + kTimelineTiles] = clock64();

@@ -51,12 +51,6 @@ __device__ __forceinline__ void Commit() {
 __device__ __forceinline__ void WaitAll() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
-// Waits until at most N of this warpgroup's committed wgmma groups are still pending (groups
-// complete in order).
-template <int N>
-__device__ __forceinline__ void WaitGroup() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
 // Shared memory written by ordinary stores or cp.async, read next by wgmma (the async proxy).
 __device__ __forceinline__ void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
