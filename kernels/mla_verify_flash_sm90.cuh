@@ -11,7 +11,9 @@
 //
 // Tiling. One CTA = one work item = 64 rows x a column range. Two warpgroups (256 threads):
 // - S (64 x 64 per tile, k = 576): warpgroup w computes the 32 columns 32w .. 32w+31 with 36
-//   wgmma m64n32k16, A = Q and B = K both straight from shared memory (no operand registers).
+//   wgmma m64n32k16, B = K from shared memory, A = Q from shared memory except for the first
+//   kQRegSteps k-steps, whose A fragments each warp holds in registers for the whole item (80
+//   registers: the kernel uses 255, no spills).
 // - Softmax: each warpgroup has all 64 rows of its 32 columns; the two swap their per-row tile
 //   maxima through shared memory (one barrier), so both hold the same running max and the same
 //   rescale factor and need nothing else from each other until the end (each keeps the row sum of
@@ -75,6 +77,11 @@ using wgmma::kChunkBytes;
 using wgmma::SwizzledOffset;
 
 constexpr int kCols = 64;                 // KV columns per tile
+// S's first kQRegSteps k-steps (16 dims each) take A = Q from registers, loaded once: each is a
+// 2 KB shared-memory read per warpgroup per tile that S no longer makes (S at N = 32 is bound by
+// its operand reads). Measured (v20, plans/0004): 8, 12, 16, 20 steps ran faster in that order;
+// 20 brings the kernel to 255 registers with no spills, 24 makes ptxas serialise the wgmma (C7512).
+constexpr int kQRegSteps = 20;
 constexpr int kUnitsPerRow = kKvDim / 8;  // 16-byte units per KV row (72)
 constexpr int kKvChunks = kKvDim / 64;    // 9
 constexpr int kTileBytes = kKvChunks * kChunkBytes;
@@ -239,6 +246,18 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 
   // Descriptors (K-major, 128-byte swizzle): A = Q rows 0..63; B = K rows 32wg .. 32wg+31.
   const uint64_t q_desc = wgmma::MakeDescriptor(q_smem, 16, 1024);
+  // Q's first kQRegSteps k-steps as this warp's A fragments (rows wrow .. wrow+15), read once Q has
+  // landed: lane l addresses row wrow + (l & 15), 16-byte unit 2 (ks % 4) + (l >> 4) of chunk ks / 4.
+  uint32_t q_frag[kQRegSteps > 0 ? kQRegSteps : 1][4];
+  if (kQRegSteps > 0) {
+    CpAsyncWaitAll();
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < kQRegSteps; ++ks) {
+      mma::LdMatrixX4(q_frag[ks], q_smem + (ks / 4) * kChunkBytes +
+                                      SwizzledOffset(wrow + (lane & 15), 2 * (ks % 4) + (lane >> 4)));
+    }
+  }
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int tile_col = item.col_begin + tile * kCols;
@@ -266,7 +285,10 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 #pragma unroll
     for (int ks = 0; ks < kKvDim / 16; ++ks) {
       const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
-      if (kMath) {
+      if (kMath && ks < kQRegSteps) {
+        wgmma::MmaM64N32K16RegA(s, q_frag[ks < kQRegSteps ? ks : 0],
+                                wgmma::AdvanceDescriptor(k_desc, off));
+      } else if (kMath) {
         wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
                             wgmma::AdvanceDescriptor(k_desc, off));
       }

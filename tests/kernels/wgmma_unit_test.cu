@@ -1,7 +1,8 @@
 // The wgmma building blocks of the Hopper flash kernel (kernels/wgmma_sm90.cuh) on one warpgroup,
 // against a float64 CPU product of the same bf16 inputs, before any softmax is involved:
 //   - K-major A and B (S = Q K^T): 64 x 32 x 128, B at row 32 of its chunks (as warpgroup 1 reads
-//     K), k crossing a chunk boundary;
+//     K), k crossing a chunk boundary; again with A's first four k-steps from registers (ldmatrix
+//     fragments, as the kernel holds Q's first k-steps);
 //   - K-major A, MN-major B (O = P V): 64 x 256 x 64, B from chunks 4..7 (as warpgroup 1 reads V).
 // A wrong descriptor, swizzle or fragment layout shows up as a large error in many elements. When
 // the MN-major product fails, the test also tries the other LBO/SBO reading and says which one
@@ -15,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "verify/bf16.h"
+#include "kernels/mla_verify_mma.cuh"
 #include "kernels/wgmma_sm90.cuh"
 
 namespace verifyd::test {
@@ -49,7 +51,9 @@ __device__ void StoreAccumulator(const float (&d)[N / 2], float* out) {
   }
 }
 
-// a: [64][128], b: [32][128] (rows = n), out: [64][32].
+// a: [64][128], b: [32][128] (rows = n), out: [64][32]. kRegASteps: the first k-steps take A from
+// registers (MmaM64N32K16RegA), the rest from shared memory.
+template <int kRegASteps>
 __global__ void KMajorKernel(const bf16_bits* a, const bf16_bits* b, float* out) {
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* a_smem = smem;
@@ -66,11 +70,26 @@ __global__ void KMajorKernel(const bf16_bits* a, const bf16_bits* b, float* out)
   const uint32_t a_addr = static_cast<uint32_t>(__cvta_generic_to_shared(a_smem));
   const uint32_t b_addr =
       static_cast<uint32_t>(__cvta_generic_to_shared(b_smem)) + 32 * wgmma::kSwizzleRowBytes;
+  // Lane l addresses row 16w + (l & 15), 16-byte unit 2 (ks % 4) + (l >> 4) of chunk ks / 4.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint32_t a_frag[kRegASteps > 0 ? kRegASteps : 1][4];
+#pragma unroll
+  for (int ks = 0; ks < kRegASteps; ++ks) {
+    mma::LdMatrixX4(a_frag[ks], a_addr + (ks / 4) * wgmma::kChunkBytes +
+                                    wgmma::SwizzledOffset(warp * 16 + (lane & 15),
+                                                          2 * (ks % 4) + (lane >> 4)));
+  }
+  wgmma::Fence();
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
     const uint32_t off = (ks / 4) * wgmma::kChunkBytes + (ks % 4) * 32;
-    wgmma::MmaM64N32K16(d, wgmma::MakeDescriptor(a_addr + off, 16, 1024),
-                        wgmma::MakeDescriptor(b_addr + off, 16, 1024));
+    if (ks < kRegASteps) {
+      wgmma::MmaM64N32K16RegA(d, a_frag[ks < kRegASteps ? ks : 0],
+                              wgmma::MakeDescriptor(b_addr + off, 16, 1024));
+    } else {
+      wgmma::MmaM64N32K16(d, wgmma::MakeDescriptor(a_addr + off, 16, 1024),
+                          wgmma::MakeDescriptor(b_addr + off, 16, 1024));
+    }
   }
   wgmma::Commit();
   wgmma::WaitAll();
@@ -148,8 +167,10 @@ uint64_t Seed() {
   return seed;
 }
 
-TEST(Wgmma, KMajorBothOperands) {
-  if (!HaveHopper()) GTEST_SKIP() << "no sm_90 device";
+// The S product both ways: A from shared memory throughout, and A's first four k-steps from
+// registers.
+template <int kRegASteps>
+void CheckKMajor(const char* what) {
   std::mt19937_64 rng(Seed());
   const auto a = RandomBf16(kM * 128, rng);
   const auto b = RandomBf16(32 * 128, rng);
@@ -165,18 +186,29 @@ TEST(Wgmma, KMajorBothOperands) {
   bf16_bits* db = ToDevice(b);
   float* dout = ToDevice(std::vector<float>(kM * 32, NAN));
   const int smem = 4 * wgmma::kChunkBytes;
-  ASSERT_EQ(cudaFuncSetAttribute(KMajorKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+  ASSERT_EQ(cudaFuncSetAttribute(KMajorKernel<kRegASteps>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
             cudaSuccess);
-  KMajorKernel<<<1, 128, smem>>>(da, db, dout);
+  KMajorKernel<kRegASteps><<<1, 128, smem>>>(da, db, dout);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> out(kM * 32);
   cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost);
   const double err = MaxScaledError(out, ref);
-  std::printf("k-major 64x32x128: max scaled error %.2e\n", err);
+  std::printf("k-major 64x32x128 (%s): max scaled error %.2e\n", what, err);
   EXPECT_LE(err, 1e-4);
   cudaFree(da);
   cudaFree(db);
   cudaFree(dout);
+}
+
+TEST(Wgmma, KMajorBothOperands) {
+  if (!HaveHopper()) GTEST_SKIP() << "no sm_90 device";
+  CheckKMajor<0>("A from shared memory");
+}
+
+TEST(Wgmma, KMajorAFromRegisters) {
+  if (!HaveHopper()) GTEST_SKIP() << "no sm_90 device";
+  CheckKMajor<4>("A's first four k-steps from registers");
 }
 
 TEST(Wgmma, MnMajorB) {
