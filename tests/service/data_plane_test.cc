@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -31,6 +32,18 @@ using ::testing::HasSubstr;
 using testing::ShadowModel;
 using testing::TestServer;
 using testing::VerifyPart;
+
+// Polls `done` every `every` until it holds or `limit` has passed; returns how long that took.
+template <typename Done>
+std::chrono::steady_clock::duration PollUntil(
+    Done done, std::chrono::milliseconds limit,
+    std::chrono::milliseconds every = std::chrono::milliseconds(5)) {
+  const auto start = std::chrono::steady_clock::now();
+  while (!done() && std::chrono::steady_clock::now() - start < limit) {
+    std::this_thread::sleep_for(every);
+  }
+  return std::chrono::steady_clock::now() - start;
+}
 
 // A /dev/shm file this process maps: the scheduler's "device memory" on the cpu backend.
 class Scratch {
@@ -544,13 +557,10 @@ TEST(DataPlaneTest, LeaseEndsWhatADeadSchedulerLeft) {
   ClientOptions o;
   o.client_id = "alive";
   std::unique_ptr<Client> other = *Client::FromChannel(h.server.channel(), o);
-  const auto t0 = std::chrono::steady_clock::now();
-  while (scratch.word(d.done.offset).load() != 5 &&
-         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const auto waited =
+      PollUntil([&] { return scratch.word(d.done.offset).load() == 5; }, std::chrono::seconds(20));
   EXPECT_EQ(scratch.word(d.done.offset).load(), 5u);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(9))
+  EXPECT_LT(waited, std::chrono::seconds(9))
       << "the call waited out the backend's ready timeout instead of the channel's lease";
   EXPECT_TRUE(OutputsAreNan(scratch, 2, 4, false));
   EXPECT_TRUE(other->Stats().ok());
@@ -559,11 +569,8 @@ TEST(DataPlaneTest, LeaseEndsWhatADeadSchedulerLeft) {
   EXPECT_EQ(c->status.code(), absl::StatusCode::kAborted) << c->status;
   // Closed for the client, and gone from the daemon along with the region.
   EXPECT_EQ(channel->EnqueueCommit({2, 1, {}}).code(), absl::StatusCode::kFailedPrecondition);
-  const auto t1 = std::chrono::steady_clock::now();
-  while ((h.Stats().channels() != 0 || h.Stats().external_regions() != 0) &&
-         std::chrono::steady_clock::now() - t1 < std::chrono::seconds(10)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  PollUntil([&] { return h.Stats().channels() == 0 && h.Stats().external_regions() == 0; },
+            std::chrono::seconds(10), std::chrono::milliseconds(50));
   EXPECT_EQ(h.Stats().channels(), 0u);
   EXPECT_EQ(h.Stats().external_regions(), 0u);
 }
@@ -613,12 +620,10 @@ TEST(DataPlaneTest, ADeadSchedulersChannelEndsWithoutWaitingForItsLease) {
   EXPECT_EQ(ring->view().header().closed.load(), 0u) << "a live client's channel was closed";
 
   ring.reset();  // the scheduler's end, as its process's exit would do it
-  const auto t0 = std::chrono::steady_clock::now();
-  while ((scratch.word(d.done.offset).load() != 5 || h.Stats().channels() != 0) &&
-         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3))
+  const auto waited = PollUntil(
+      [&] { return scratch.word(d.done.offset).load() == 5 && h.Stats().channels() == 0; },
+      std::chrono::seconds(20));
+  EXPECT_LT(waited, std::chrono::seconds(3))
       << "the dead scheduler's channel waited for its lease";
   EXPECT_EQ(scratch.word(d.done.offset).load(), 5u);
   EXPECT_TRUE(OutputsAreNan(scratch, 2, h.model.heads(), false));
@@ -691,10 +696,7 @@ TEST(DataPlaneTest, MalformedDescriptorsAndACorruptRing) {
   channel::DescriptorHeader header = channel::PeekHeader(ring->view().descriptor_slot(0));
   EXPECT_EQ(header.id, 42u);
   channel::Completion c;
-  const auto t0 = std::chrono::steady_clock::now();
-  while (!producer.PopCompletion(&c) &&
-         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
-  }
+  PollUntil([&] { return producer.PopCompletion(&c); }, std::chrono::seconds(10));
   EXPECT_EQ(c.descriptor_id, 42u);
   EXPECT_EQ(c.code, absl::StatusCode::kInvalidArgument);  // parents empty
   EXPECT_THAT(c.message, HasSubstr("sequences[0].parents has 0 nodes"));
@@ -713,10 +715,7 @@ TEST(DataPlaneTest, MalformedDescriptorsAndACorruptRing) {
     mismatched.sequences[0].accepted_path = {0};
     ASSERT_TRUE(producer.Push(mismatched).ok());
     channel::Completion m;
-    const auto t = std::chrono::steady_clock::now();
-    while (!producer.PopCompletion(&m) &&
-           std::chrono::steady_clock::now() - t < std::chrono::seconds(10)) {
-    }
+    PollUntil([&] { return producer.PopCompletion(&m); }, std::chrono::seconds(10));
     EXPECT_EQ(m.descriptor_id, 44u);
     EXPECT_EQ(m.code, absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(m.message,
@@ -733,10 +732,8 @@ TEST(DataPlaneTest, MalformedDescriptorsAndACorruptRing) {
   ring->view().header().submit_tail.store(3, std::memory_order_release);
   ring->view().WakeConsumer();
   // The producer's own index is behind what was published by hand; read the record directly.
-  const auto t1 = std::chrono::steady_clock::now();
-  while (ring->view().completion_slot(2).sequence.load() != 3 &&
-         std::chrono::steady_clock::now() - t1 < std::chrono::seconds(10)) {
-  }
+  PollUntil([&] { return ring->view().completion_slot(2).sequence.load() == 3; },
+            std::chrono::seconds(10));
   const channel::CompletionRecord& r = ring->view().completion_slot(2);
   EXPECT_EQ(r.descriptor_id, 43u);
   EXPECT_EQ(r.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
@@ -750,11 +747,7 @@ TEST(DataPlaneTest, MalformedDescriptorsAndACorruptRing) {
   // An impossible tail closes the raw channel.
   ring->view().header().submit_tail.store(1000, std::memory_order_release);
   ring->view().WakeConsumer();
-  const auto t2 = std::chrono::steady_clock::now();
-  while (ring->view().header().closed.load() == 0 &&
-         std::chrono::steady_clock::now() - t2 < std::chrono::seconds(10)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  PollUntil([&] { return ring->view().header().closed.load() != 0; }, std::chrono::seconds(10));
   EXPECT_EQ(ring->view().header().close_code.load(),
             static_cast<uint32_t>(absl::StatusCode::kDataLoss));
   absl::StatusOr<Channel::Completion> ok = healthy->WaitCompletion(absl::Seconds(10));
