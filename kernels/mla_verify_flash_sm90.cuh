@@ -82,6 +82,7 @@ constexpr int kCols = 64;                 // KV columns per tile
 // its operand reads). Measured (v20, plans/0004): 8, 12, 16, 20 steps ran faster in that order;
 // 20 brings the kernel to 255 registers with no spills, 24 makes ptxas serialise the wgmma (C7512).
 constexpr int kQRegSteps = 20;
+static_assert(kQRegSteps > 0 && kQRegSteps <= kKvDim / 16, "a k-step count of S");
 constexpr int kUnitsPerRow = kKvDim / 8;  // 16-byte units per KV row (72)
 constexpr int kKvChunks = kKvDim / 64;    // 9
 constexpr int kTileBytes = kKvChunks * kChunkBytes;
@@ -248,15 +249,13 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const uint64_t q_desc = wgmma::MakeDescriptor(q_smem, 16, 1024);
   // Q's first kQRegSteps k-steps as this warp's A fragments (rows wrow .. wrow+15), read once Q has
   // landed: lane l addresses row wrow + (l & 15), 16-byte unit 2 (ks % 4) + (l >> 4) of chunk ks / 4.
-  uint32_t q_frag[kQRegSteps > 0 ? kQRegSteps : 1][4];
-  if (kQRegSteps > 0) {
-    CpAsyncWaitAll();
-    __syncthreads();
+  uint32_t q_frag[kQRegSteps][4];
+  CpAsyncWaitAll();
+  __syncthreads();
 #pragma unroll
-    for (int ks = 0; ks < kQRegSteps; ++ks) {
-      mma::LdMatrixX4(q_frag[ks], q_smem + (ks / 4) * kChunkBytes +
-                                      SwizzledOffset(wrow + (lane & 15), 2 * (ks % 4) + (lane >> 4)));
-    }
+  for (int ks = 0; ks < kQRegSteps; ++ks) {
+    mma::LdMatrixX4(q_frag[ks], q_smem + (ks / 4) * kChunkBytes +
+                                    SwizzledOffset(wrow + (lane & 15), 2 * (ks % 4) + (lane >> 4)));
   }
 
   for (int tile = 0; tile < num_tiles; ++tile) {
