@@ -59,7 +59,6 @@
 #include <cstdint>
 
 #include "kernels/mla_verify_flash_common.cuh"
-#include "kernels/mla_verify_fused_combine.cuh"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_mma.cuh"
 #include "kernels/tree_visibility.cuh"
@@ -99,8 +98,6 @@ static_assert(kRows * flash::kStageStride <= 2 * kTileBytes,
               "the staged epilogue fits the KV stages");
 static_assert(kRows == 64, "one warpgroup's wgmma covers 64 rows");
 static_assert(kHopperFlashThreads == 256, "two warpgroups");
-static_assert(kHopperFlashThreads == combine::kFusedThreads, "the fused combine's two groups");
-static_assert(combine::kFusedSmemBytes <= kSmemUsed, "the fused combine's exchange fits");
 
 // What an instantiation adds to the kernel. kNone is the product. The others are the benchmark's
 // instruments (plans/0004): kTimeline writes clock stamps per CTA (layout below) and computes the
@@ -464,16 +461,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
                  "r"(smem_base + kKvOffset + tid * flash::kStageStride), "r"(flash::kOutRowBytes)
                  : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-    if (params.fused_combine) {
-      // Other CTAs read the rows after the grid barrier: wait until they have landed, and order
-      // the async proxy's writes before the barrier's release.
-      asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-      asm volatile("fence.proxy.async.global;\n" ::: "memory");
-    } else {
-      // Until the stage has been read, not until the rows have landed: the kernel's end makes
-      // them visible to the combine kernel.
-      asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-    }
+    // Until the stage has been read, not until the rows have landed: the kernel's end makes them
+    // visible to the combine.
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
   }
   if (kTimeline) {
     __syncthreads();
@@ -485,7 +475,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       stamps[5 + kTimelineTiles] = sm;
     }
   }
-  if (params.fused_combine) combine::FusedCombine(params, smem);
 }
 
 }  // namespace verifyd::flash_sm90

@@ -26,9 +26,7 @@ void LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
 inline constexpr int kHopperFlashThreads = 256;
 int HopperFlashSmemBytes();
 const void* HopperFlashKernelSymbol();
-// A cooperative launch when params.fused_combine (every CTA resident at once; the kernel then
-// merges the splits itself). Returns the launch's error.
-cudaError_t LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
+void LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
 
 // One CTA per (combine item, row of its 64): merges the item's partials by LSE into out/lse.
 void LaunchCombineKernel(const MlaVerifyParams& params, cudaStream_t stream);

@@ -69,33 +69,6 @@ bool UsesHopper(FlashPath path) {
   return kHopperPathEnabled && HopperImageRunsHere();
 }
 
-// How many CTAs of the Hopper kernel can be resident at once on the current device (0 when the
-// device cannot launch cooperatively): per device, decided once. The occupancy query is not a
-// stream operation, so it is legal during graph capture too; it needs the kernel's shared-memory
-// attribute set first.
-int HopperCoResidentCtas() {
-  static std::atomic<int> known[64] = {};  // capacity + 1; 0 = not asked yet
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 0;
-  int value = known[device].load(std::memory_order_relaxed);
-  if (value == 0) {
-    int cooperative = 0;
-    int sms = 0;
-    int per_sm = 0;
-    const bool ok =
-        cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device) ==
-            cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, HopperFlashKernelSymbol(),
-                                                      kHopperFlashThreads,
-                                                      HopperFlashSmemBytes()) == cudaSuccess;
-    if (!ok) cudaGetLastError();
-    value = (ok && cooperative ? per_sm * sms : 0) + 1;
-    known[device].store(value, std::memory_order_relaxed);
-  }
-  return value - 1;
-}
-
 }  // namespace
 
 bool HopperFlashAvailable() { return HopperImageRunsHere(); }
@@ -144,18 +117,6 @@ MlaVerifyParams MakeMlaVerifyParams(const VerifyProblem& problem, const SplitPla
   return params;
 }
 
-bool CombineFused(const SplitPlan& plan, FlashPath path) {
-  if (plan.combine.empty() || !UsesHopper(path)) return false;
-  // The occupancy query needs the kernel's shared-memory size allowed first (not a stream
-  // operation: legal during capture).
-  if (cudaFuncSetAttribute(HopperFlashKernelSymbol(), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           HopperFlashSmemBytes()) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return static_cast<int>(plan.work.size()) <= HopperCoResidentCtas();
-}
-
 absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan,
                              const WorkspaceLayout& layout, void* workspace, cudaStream_t stream,
                              VerifyStages stages, FlashPath path) {
@@ -172,21 +133,16 @@ absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan
   VERIFYD_CUDA_CHECK(cudaFuncSetAttribute(hopper ? HopperFlashKernelSymbol() : FlashKernelSymbol(),
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           hopper ? HopperFlashSmemBytes() : FlashSmemBytes()));
-  MlaVerifyParams params = MakeMlaVerifyParams(problem, plan, layout, workspace);
-  // The Hopper kernel merges the splits itself (one launch instead of two: ~3.5 us less at S1,
-  // plans/0004 session 10) when every CTA of the plan can be resident at once, which a cooperative
-  // launch guarantees; other plans (more CTAs than fit, a device without cooperative launches) and
-  // the split stages keep the combine kernel.
-  params.fused_combine = stages == VerifyStages::kFlashAndCombine && CombineFused(plan, path);
+  const MlaVerifyParams params = MakeMlaVerifyParams(problem, plan, layout, workspace);
   if (stages != VerifyStages::kCombineOnly) {
     if (hopper) {
-      VERIFYD_CUDA_CHECK(LaunchHopperFlashKernel(params, stream));
+      LaunchHopperFlashKernel(params, stream);
     } else {
       LaunchFlashKernel(params, stream);
     }
     VERIFYD_CUDA_CHECK(cudaGetLastError());
   }
-  if (stages != VerifyStages::kFlashOnly && !params.fused_combine) {
+  if (stages != VerifyStages::kFlashOnly) {
     LaunchCombineKernel(params, stream);
     VERIFYD_CUDA_CHECK(cudaGetLastError());
   }

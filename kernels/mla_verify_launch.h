@@ -46,11 +46,6 @@ absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan
                              const WorkspaceLayout& layout, void* workspace, cudaStream_t stream,
                              VerifyStages stages = VerifyStages::kFlashAndCombine,
                              FlashPath path = FlashPath::kAuto);
-// Whether LaunchMlaVerify(..., kFlashAndCombine, path) merges the splits inside the flash kernel
-// (one cooperative launch, when the plan has splits and all its CTAs fit on the current device at
-// once; the Hopper kernel only) rather than with the combine kernel after it. For the tests and
-// the benchmark, which check and time both.
-bool CombineFused(const SplitPlan& plan, FlashPath path = FlashPath::kAuto);
 // The kernels' parameters for a planned launch (LaunchMlaVerify builds the same).
 MlaVerifyParams MakeMlaVerifyParams(const VerifyProblem& problem, const SplitPlan& plan,
                                     const WorkspaceLayout& layout, void* workspace);

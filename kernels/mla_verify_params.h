@@ -53,9 +53,6 @@ struct MlaVerifyParams {
   float* partial_lse = nullptr;  // [num_partials][64], natural log, -inf where a row saw nothing
   int num_partials = 0;
   int max_splits = 0;  // the largest num_splits of a combine item (picks the combine's shape)
-  // 1: the flash kernel was launched cooperatively and merges the splits itself after a grid
-  // barrier (mla_verify_fused_combine.cuh); no combine kernel follows. Set by the launcher alone.
-  int fused_combine = 0;
 };
 
 }  // namespace verifyd

@@ -86,8 +86,7 @@ absl::StatusOr<KernelOutput> DeviceProblem::Download() {
   return result;
 }
 
-absl::StatusOr<KernelOutput> DeviceProblem::RunFlash(int num_sms, FlashPath path,
-                                                     bool separate_combine) {
+absl::StatusOr<KernelOutput> DeviceProblem::RunFlash(int num_sms, FlashPath path) {
   VERIFYD_ASSIGN_OR_RETURN(SplitPlan plan,
                            PlanSplits(prefix_len_, q_len_, problem_.num_heads, num_sms));
   const WorkspaceLayout layout = LayoutWorkspace(plan);
@@ -97,18 +96,9 @@ absl::StatusOr<KernelOutput> DeviceProblem::RunFlash(int num_sms, FlashPath path
   VERIFYD_CUDA_CHECK(cudaMemset(workspace.get(), 0xFF, layout.total_bytes));
   VERIFYD_RETURN_IF_ERROR(PoisonOutputs());
   VERIFYD_RETURN_IF_ERROR(UploadPlan(plan, layout, workspace.get(), nullptr));
-  if (separate_combine) {
-    VERIFYD_RETURN_IF_ERROR(LaunchMlaVerify(problem_, plan, layout, workspace.get(), nullptr,
-                                            VerifyStages::kFlashOnly, path));
-    VERIFYD_RETURN_IF_ERROR(LaunchMlaVerify(problem_, plan, layout, workspace.get(), nullptr,
-                                            VerifyStages::kCombineOnly, path));
-  } else {
-    VERIFYD_RETURN_IF_ERROR(LaunchMlaVerify(problem_, plan, layout, workspace.get(), nullptr,
-                                            VerifyStages::kFlashAndCombine, path));
-  }
-  VERIFYD_ASSIGN_OR_RETURN(KernelOutput output, Download());
-  output.combine_fused = !separate_combine && CombineFused(plan, path);
-  return output;
+  VERIFYD_RETURN_IF_ERROR(LaunchMlaVerify(problem_, plan, layout, workspace.get(), nullptr,
+                                          VerifyStages::kFlashAndCombine, path));
+  return Download();
 }
 
 absl::StatusOr<KernelOutput> DeviceProblem::RunNaive() {

@@ -38,7 +38,6 @@ class DeviceBuffer {
 struct KernelOutput {
   std::vector<bf16_bits> out;
   std::vector<float> lse;
-  bool combine_fused = false;  // the splits were merged inside the flash kernel (RunFlash)
 };
 
 class DeviceProblem {
@@ -48,10 +47,7 @@ class DeviceProblem {
   const VerifyProblem& problem() const { return problem_; }
   // num_sms shapes the split plan; tests pass odd values to force many or no splits.
   // The flash kernel of `path` (kAuto: the launcher's choice) under the plan made for num_sms.
-  // separate_combine: the flash kernel and then the combine kernel, two launches (the launcher's
-  // kFlashOnly, kCombineOnly), where a single launch would merge the splits inside the flash kernel.
-  absl::StatusOr<KernelOutput> RunFlash(int num_sms, FlashPath path = FlashPath::kAuto,
-                                        bool separate_combine = false);
+  absl::StatusOr<KernelOutput> RunFlash(int num_sms, FlashPath path = FlashPath::kAuto);
   absl::StatusOr<KernelOutput> RunNaive();
 
  private:

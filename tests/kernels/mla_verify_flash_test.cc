@@ -157,45 +157,6 @@ TEST(FlashPlans, EveryCombineShapeMatchesFloat64) {
   ExpectEveryPlanMatchesFloat64({{1000, 16, kRandom}, {300, 9, kChain}}, {4, 8, 16, 132});
 }
 
-// The Hopper kernel merges the splits itself when every CTA of the plan fits on the device at once
-// (one cooperative launch: a grid barrier, then the CTAs share the combine's rows). Against
-// float64, both ways: fused, and the flash kernel then the combine kernel; on one row block split
-// 132 ways (two batches of the fused merge's groups), S1's 2 x 66, and a batch of two sequences
-// with 16 splits. The plan of 100000 SMs in AnySplitCountMatchesFloat64 is too large to fuse: the
-// launcher's fallback.
-TEST(FlashPlans, FusedCombineMatchesFloat64) {
-  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
-  if (!HopperFlashAvailable()) GTEST_SKIP() << "the fused combine is the Hopper kernel's";
-  using enum TreeShape;
-  struct FusedCase {
-    std::vector<SequenceSpec> seqs;
-    int heads;
-    int sms;
-  };
-  const std::vector<FusedCase> cases = {{{{65536, 9, kRandom}}, 4, kSms},
-                                        {{{65536, 16, kRandom}}, 8, kSms},
-                                        {{{1000, 16, kRandom}, {300, 9, kChain}}, 4, 16}};
-  for (const FusedCase& c : cases) {
-    const uint64_t seed = TestSeed();
-    SCOPED_TRACE("seed=" + std::to_string(seed) + " heads=" + std::to_string(c.heads) +
-                 " sms=" + std::to_string(c.sms));
-    HostProblem host = MakeRandomProblem(c.seqs, c.heads, seed, /*scattered=*/true, 11);
-    std::vector<double> ref_out, ref_lse;
-    ComputeVerifyF64(host.problem(), &ref_out, &ref_lse);
-    auto dev = DeviceProblem::Upload(host);
-    ASSERT_TRUE(dev.ok()) << dev.status();
-    auto fused = dev->RunFlash(c.sms, FlashPath::kHopper);
-    ASSERT_TRUE(fused.ok()) << fused.status();
-    EXPECT_TRUE(fused->combine_fused);
-    EXPECT_LE(RelativeError(fused->out, ref_out), kTolerance);
-    EXPECT_LE(RelativeError(fused->lse, ref_lse), kTolerance);
-    auto separate = dev->RunFlash(c.sms, FlashPath::kHopper, /*separate_combine=*/true);
-    ASSERT_TRUE(separate.ok()) << separate.status();
-    EXPECT_LE(RelativeError(separate->out, ref_out), kTolerance);
-    EXPECT_LE(RelativeError(separate->lse, ref_lse), kTolerance);
-  }
-}
-
 // Page size 1 with random slots and one consecutive run per sequence hold the same KV: the kernel
 // must give the same bytes (the fast path for runs changes addresses, never arithmetic). Also two
 // runs give identical bytes (no atomics, fixed reduction order).

@@ -703,14 +703,11 @@ int Main(int argc, char** argv) {
           "floor (x%.2f burst floor) at %.0f MHz, "
           "scattered/contiguous %.3f, graph/eager %.3f, naive %.2f ms (err vs flash %.1e), %d "
           "CTAs, "
-          "%d tiles/split, combine %s\n",
+          "%d tiles/split\n",
           s.name, row.path.c_str(), s.batch, s.heads, s.q, s.l, row.us, row.tflops, row.gbs,
           row.floor_us, bytes / bandwidth > flops / matmul ? "memory" : "compute", row.ratio,
           row.burst_ratio, row.mhz, row.scattered_ratio, row.graph_ratio, row.naive_ms, row.err,
-          row.ctas, plan->tiles_per_split,
-          plan->combine.empty()        ? "none"
-          : CombineFused(*plan, path) ? "fused"
-                                       : "kernel");
+          row.ctas, plan->tiles_per_split);
       std::fflush(stdout);
       rows.push_back(row);
     }
