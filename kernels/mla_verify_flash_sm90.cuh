@@ -81,7 +81,7 @@ constexpr int kCols = 64;                 // KV columns per tile
 // 2 KB shared-memory read per warpgroup per tile that S no longer makes (S at N = 32 is bound by
 // its operand reads). Measured (v20, plans/0004): 8, 12, 16, 20 steps ran faster in that order;
 // 20 brings the kernel to 255 registers with no spills, 24 makes ptxas serialise the wgmma (C7512).
-constexpr int kQRegSteps = 16;
+constexpr int kQRegSteps = 20;
 static_assert(kQRegSteps > 0 && kQRegSteps <= kKvDim / 16, "a k-step count of S");
 constexpr int kUnitsPerRow = kKvDim / 8;  // 16-byte units per KV row (72)
 constexpr int kKvChunks = kKvDim / 64;    // 9
@@ -113,80 +113,36 @@ enum class Sm90Probe { kNone, kTimeline, kNoGathers, kNoMath };
 inline constexpr int kTimelineTiles = 64;
 inline constexpr int kTimelineStride = kTimelineTiles + 8;
 
-// Gathers this warpgroup's share of KV columns [tile_col, tile_col + 64) into one stage: the 256
-// dims its own P V reads (chunks 4wg .. 4wg+3) of all 64 tokens, and the rope chunk of tokens
-// 32wg .. 32wg+31; the two shares make the tile. A warpgroup may refill its share of a stage as
-// soon as its own P V of that stage is done: nothing else reads those bytes by then (S of the tile
-// ended before the max barrier), so the refill waits for no barrier of the whole CTA.
-// slot_lo / slot_hi = the slots of columns tile_col + lane and tile_col + 32 + lane. Columns past
-// col_end are zero-filled. 18 cp.async per thread, each warp instruction one 512-byte run of a row.
-// Piece i (0 .. 17) of LoadKvShare: i < 16, row warp_in_wg * 16 + i of the 256 dims; 16 and 17,
-// four rows of the rope chunk each.
-__device__ __forceinline__ void LoadKvSharePiece(const bf16_bits* kv, int slot_lo, int slot_hi,
-                                                 int tile_col, int col_end, uint32_t dst, int wg,
-                                                 int warp_in_wg, int lane, int i) {
-  if (i < 16) {
-    const int u = 32 * wg + lane;  // this lane's 16-byte unit of the warpgroup's 256 dims
-    const int r = warp_in_wg * 16 + i;
-    const int slot = __shfl_sync(kFullMask, r < 32 ? slot_lo : slot_hi, r & 31);
-    const bool valid = tile_col + r < col_end;
-    CpAsync16(dst + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7),
-              kv + (valid ? static_cast<int64_t>(slot) * kKvDim + u * 8 : 0), valid);
-  } else {
-    const int rope_unit = lane & 7;
-    const int rr = warp_in_wg * 8 + (i - 16) * 4 + (lane >> 3);  // 0 .. 31 of this half
-    const int r = 32 * wg + rr;
-    const int slot = __shfl_sync(kFullMask, wg == 0 ? slot_lo : slot_hi, rr);
-    const bool valid = tile_col + r < col_end;
-    CpAsync16(dst + (kKvChunks - 1) * kChunkBytes + SwizzledOffset(r, rope_unit),
-              kv + (valid ? static_cast<int64_t>(slot) * kKvDim + kVDim + rope_unit * 8 : 0),
-              valid);
-  }
-}
-constexpr int kSharePieces = 18;
-
-__device__ __forceinline__ void LoadKvShare(const bf16_bits* kv, int slot_lo, int slot_hi,
-                                            int tile_col, int col_end, uint32_t dst, int wg,
-                                            int warp_in_wg, int lane) {
+// Gathers row `rr` of this warp's 8 rows (8w .. 8w+7) of KV columns [tile_col, tile_col + 64) into
+// one stage: lane i copies units i, i+32, i+64 (< 72) of the row. slot_lo / slot_hi = the slots of
+// columns tile_col + lane and tile_col + 32 + lane, loaded a tile ahead. Columns past col_end are
+// zero-filled. The tile's 8 rows are issued between the S wgmma (see the main loop).
+__device__ __forceinline__ void LoadKvRow(const bf16_bits* kv, int slot_lo, int slot_hi,
+                                          int tile_col, int col_end, uint32_t dst, int warp,
+                                          int lane, int rr) {
+  const int r = warp * 8 + rr;
+  const int slot = __shfl_sync(kFullMask, r < 32 ? slot_lo : slot_hi, r & 31);
+  const bool valid = tile_col + r < col_end;
+  const bf16_bits* src_row = kv + (valid ? static_cast<int64_t>(slot) * kKvDim : 0);
 #pragma unroll
-  for (int i = 0; i < kSharePieces; ++i) {
-    LoadKvSharePiece(kv, slot_lo, slot_hi, tile_col, col_end, dst, wg, warp_in_wg, lane, i);
-  }
-}
-
-// S (this warpgroup's 64 x 32 of the tile) = Q K^T over k = 576, issued and committed, not waited
-// for: the first kQRegSteps k-steps take A = Q from registers, the rest from shared memory.
-template <bool kMath>
-__device__ __forceinline__ void IssueS(float (&s)[16], const uint32_t (&q_frag)[kQRegSteps][4],
-                                       uint64_t q_desc, uint64_t k_desc) {
-  // Opaque here, so that the 36 descriptors are derived at each issue: hoisted out of the tile loop
-  // they would hold ~60 registers for the whole item.
-  asm volatile("" : "+l"(q_desc));
-  wgmma::Fence();
-  if (!kMath) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) s[i] = 0.f;
-  } else {
-#pragma unroll
-    for (int ks = 0; ks < kKvDim / 16; ++ks) {
-      const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
-      if (ks == 0) {
-        wgmma::MmaM64N32K16RegAFirst(s, q_frag[0], k_desc);
-      } else if (ks < kQRegSteps) {
-        wgmma::MmaM64N32K16RegA(s, q_frag[ks < kQRegSteps ? ks : 0],
-                                wgmma::AdvanceDescriptor(k_desc, off));
-      } else {
-        wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
-                            wgmma::AdvanceDescriptor(k_desc, off));
-      }
+  for (int j = 0; j < 3; ++j) {
+    const int u = lane + 32 * j;
+    if (u < kUnitsPerRow) {
+      CpAsync16(dst + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7), src_row + (valid ? u * 8 : 0),
+                valid);
     }
   }
-  wgmma::Commit();
 }
 
-// Waits at a named barrier for the 128 threads of one warpgroup (ids 1 and 2; 0 is __syncthreads).
-__device__ __forceinline__ void WarpgroupBarrier(int wg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+// A whole tile (the prologue's): all 8 rows of this warp, one commit group.
+__device__ __forceinline__ void LoadKvTile(const bf16_bits* kv, int slot_lo, int slot_hi,
+                                           int tile_col, int col_end, uint32_t dst, int warp,
+                                           int lane) {
+#pragma unroll
+  for (int rr = 0; rr < 8; ++rr) {
+    LoadKvRow(kv, slot_lo, slot_hi, tile_col, col_end, dst, warp, lane, rr);
+  }
+  CpAsyncCommit();
 }
 
 // Shared-window stores and loads (the generic ones the compiler emits for a pointer into the
@@ -283,46 +239,68 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
 
   const int num_tiles = (item.col_end - item.col_begin + kCols - 1) / kCols;
-  const int warp_in_wg = warp & 3;
-  // Tiles 0 and 1 fill both stages; tile j + 2 goes into tile j's stage once P V of tile j is done.
-  LoadKvShare(pr.kv, SlotAt(slots, item.col_begin + lane, item.col_end),
-              SlotAt(slots, item.col_begin + 32 + lane, item.col_end), item.col_begin, item.col_end,
-              kv_smem, wg, warp_in_wg, lane);
-  if (num_tiles > 1) {
-    LoadKvShare(pr.kv, SlotAt(slots, item.col_begin + kCols + lane, item.col_end),
-                SlotAt(slots, item.col_begin + kCols + 32 + lane, item.col_end),
-                item.col_begin + kCols, item.col_end, kv_smem + kTileBytes, wg, warp_in_wg, lane);
-  }
-  CpAsyncCommit();
-  int next_lo = SlotAt(slots, item.col_begin + 2 * kCols + lane, item.col_end);
-  int next_hi = SlotAt(slots, item.col_begin + 2 * kCols + 32 + lane, item.col_end);
+  LoadKvTile(pr.kv, SlotAt(slots, item.col_begin + lane, item.col_end),
+             SlotAt(slots, item.col_begin + 32 + lane, item.col_end), item.col_begin, item.col_end,
+             kv_smem, warp, lane);
+  int next_lo = SlotAt(slots, item.col_begin + kCols + lane, item.col_end);
+  int next_hi = SlotAt(slots, item.col_begin + kCols + 32 + lane, item.col_end);
 
   // Descriptors (K-major, 128-byte swizzle): A = Q rows 0..63; B = K rows 32wg .. 32wg+31.
   const uint64_t q_desc = wgmma::MakeDescriptor(q_smem, 16, 1024);
-  const uint32_t k_row_offset = wg * 32 * wgmma::kSwizzleRowBytes;
   // Q's first kQRegSteps k-steps as this warp's A fragments (rows wrow .. wrow+15), read once Q has
   // landed: lane l addresses row wrow + (l & 15), 16-byte unit 2 (ks % 4) + (l >> 4) of chunk ks / 4.
   uint32_t q_frag[kQRegSteps][4];
   CpAsyncWaitAll();
-  wgmma::FenceProxyAsyncShared();
-  __syncthreads();  // Q and both stages landed for all
-  if (kTimeline && threadIdx.x == 0) stamps[2] = clock64();
+  __syncthreads();
 #pragma unroll
   for (int ks = 0; ks < kQRegSteps; ++ks) {
     mma::LdMatrixX4(q_frag[ks], q_smem + (ks / 4) * kChunkBytes +
                                     SwizzledOffset(wrow + (lane & 15), 2 * (ks % 4) + (lane >> 4)));
   }
-  float s[16];
-  IssueS<kMath>(s, q_frag, q_desc, wgmma::MakeDescriptor(kv_smem + k_row_offset, 16, 1024));
-  wgmma::WaitAll();
-  wgmma::PinRegisters(s);
 
-  // Entering iteration j: S of tile j is complete in s, nothing is in flight on the tensor cores,
-  // tile j + 1 is landing in the other stage. The tensor cores run P V of tile j and S of tile j + 1
-  // back to back; the refill of tile j's stage (tile j + 2) runs under S of tile j + 1.
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int tile_col = item.col_begin + tile * kCols;
     const uint32_t kv_tile = kv_smem + (tile & 1) * kTileBytes;
+    CpAsyncWaitAll();
+    wgmma::FenceProxyAsyncShared();
+    __syncthreads();  // tile j (and Q) landed for all; both warpgroups are done with the other
+                      // stage
+    // Stamp k + 2: tile k's data is in (k = 0: the prologue, Q and the first tile, is over).
+    if (kTimeline && threadIdx.x == 0 && tile < kTimelineTiles) stamps[2 + tile] = clock64();
+
+    float s[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s[i] = 0.f;
+    wgmma::PinRegisters(s);
+    wgmma::Fence();
+    const uint64_t k_desc =
+        wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
+    // Tile j+1's gather goes between the S wgmma, one KV row of this warp after every fourth: the
+    // warps wait on the tensor cores there anyway, and issued after the last wgmma it sat on the
+    // critical path (v18, plans/0004: 16 % of the stall samples at S1). On the last tile it
+    // zero-fills the idle stage (every column is past col_end); the epilogue waits for it.
+    const uint32_t next_stage = kv_smem + ((tile + 1) & 1) * kTileBytes;
+    const int next_col = tile_col + kCols;
+#pragma unroll
+    for (int ks = 0; ks < kKvDim / 16; ++ks) {
+      const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
+      if (kMath && ks < kQRegSteps) {
+        wgmma::MmaM64N32K16RegA(s, q_frag[ks < kQRegSteps ? ks : 0],
+                                wgmma::AdvanceDescriptor(k_desc, off));
+      } else if (kMath) {
+        wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
+                            wgmma::AdvanceDescriptor(k_desc, off));
+      }
+      if (kGathers && ks % 4 == 3 && ks / 4 < 8) {
+        LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, ks / 4);
+      }
+    }
+    wgmma::Commit();
+    CpAsyncCommit();
+    next_lo = SlotAt(slots, tile_col + 2 * kCols + lane, item.col_end);
+    next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
+    wgmma::WaitAll();
+    wgmma::PinRegisters(s);
 
     // s[4i + e]: row wrow + g + 8 (e >> 1), column 32wg + 8i + 2c + (e & 1) of the tile.
     const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= item.col_end;
@@ -354,7 +332,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 2));
       if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), tile_max[h]);
     }
-    __syncthreads();  // both warpgroups' tile maxima are visible; both are past P V of tile j - 1
+    __syncthreads();  // both warpgroups' tile maxima are visible
 
     float alpha[2];
     float base[2];
@@ -414,10 +392,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       }
     }
     wgmma::Commit();
-    CpAsyncWaitAll();  // this thread's share of tile j + 1
     wgmma::FenceProxyAsyncShared();
-    __syncthreads();  // the other warpgroup's 32 columns of P, and all of tile j + 1, are in
-    if (kTimeline && threadIdx.x == 0 && tile + 1 < kTimelineTiles) stamps[3 + tile] = clock64();
+    __syncthreads();  // the other warpgroup's 32 columns of P are in shared memory
     const uint64_t p_desc = wgmma::MakeDescriptor(smem_base + kPOffset, 16, 1024);
     if (kMath) {
 #pragma unroll
@@ -428,66 +404,18 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       }
     }
     wgmma::Commit();
-    // S of tile j + 1 queues behind P V on the tensor cores.
-    if (tile + 1 < num_tiles) {
-      // S of tile j + 1 in two halves: the first queues behind P V; once P V is done, the refill
-      // of tile j's stage (tile j + 2; zero-filled past col_end) is woven into the second, one
-      // piece after each wgmma, as v18 weaves its gather.
-      uint64_t qd = q_desc;
-      asm volatile("" : "+l"(qd));
-      const uint64_t k_desc =
-          wgmma::MakeDescriptor(kv_smem + ((tile + 1) & 1) * kTileBytes + k_row_offset, 16, 1024);
-      wgmma::Fence();
-#pragma unroll
-      for (int ks = 0; ks < 18; ++ks) {
-        const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
-        if (!kMath) {
-        } else if (ks == 0) {
-          wgmma::MmaM64N32K16RegAFirst(s, q_frag[0], k_desc);
-        } else if (ks < kQRegSteps) {
-          wgmma::MmaM64N32K16RegA(s, q_frag[ks < kQRegSteps ? ks : 0],
-                                  wgmma::AdvanceDescriptor(k_desc, off));
-        } else {
-          wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(qd, off),
-                              wgmma::AdvanceDescriptor(k_desc, off));
-        }
-      }
-      wgmma::Commit();
-      wgmma::WaitPending<1>();  // P V of tile j
-      wgmma::PinRegisters(o);
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p_frag[k][e])::"memory");
-      }
-      WarpgroupBarrier(wg);  // every warp of this warpgroup is past its P V of tile j
-#pragma unroll
-      for (int ks = 18; ks < kKvDim / 16; ++ks) {
-        const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
-        if (kMath && ks < kQRegSteps) {
-          wgmma::MmaM64N32K16RegA(s, q_frag[ks < kQRegSteps ? ks : 0],
-                                  wgmma::AdvanceDescriptor(k_desc, off));
-        } else if (kMath) {
-          wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(qd, off),
-                              wgmma::AdvanceDescriptor(k_desc, off));
-        }
-        if (kGathers) {
-          LoadKvSharePiece(pr.kv, next_lo, next_hi, tile_col + 2 * kCols, item.col_end, kv_tile,
-                           wg, warp_in_wg, lane, ks - 18);
-        }
-      }
-      wgmma::Commit();
-      CpAsyncCommit();
-      next_lo = SlotAt(slots, tile_col + 3 * kCols + lane, item.col_end);
-      next_hi = SlotAt(slots, tile_col + 3 * kCols + 32 + lane, item.col_end);
-    }
     wgmma::WaitAll();
-    wgmma::PinRegisters(s);
     wgmma::PinRegisters(o);
+    // The register A operand is read asynchronously: its registers stay unclaimed until here.
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p_frag[k][e])::"memory");
+    }
   }
 
   if (kTimeline && threadIdx.x == 0) stamps[2 + kTimelineTiles] = clock64();
-  CpAsyncWaitAll();  // the zero-filling refill of the next-to-last tile's stage
+  CpAsyncWaitAll();  // the last tile's zero-filling gather, before the stages hold the epilogue
     // Row sums: this lane's quarter, then the quad, then both warpgroups (warpgroup 0 first, so
     // every run adds in the same order).
 #pragma unroll
