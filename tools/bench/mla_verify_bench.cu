@@ -12,6 +12,7 @@
 //                         [--timeline]   (per-CTA clock stamps of the sm_90a kernel)
 //                         [--diag]       (the sm_90a kernel without its KV gathers, without its
 //                                         wgmma: which side bounds it, plans/0004 session 4)
+// The three instruments may be given together: each runs, in that order, and the table does not.
 // On a Hopper device both flash paths are measured (FlashPath::kHopper, then kPortable);
 // --launcher-path-only measures kAuto alone. The timeline and diag instruments are other
 // instantiations of the shipped sm_90a kernel, built into this program only
@@ -578,19 +579,30 @@ int Main(int argc, char** argv) {
       {"S7", 1, 8, 16, 262144}, {"S8", 1, 8, 128, 131072}, {"SH", 1, 8, 16, 185000}};
   const int sms = prop.multiProcessorCount;
   std::mt19937_64 rng(20261129);
+  // The instruments: each one asked for runs, in this order, then the program ends (one device
+  // call can take all three).
+  auto selected = [&](const Shape& s) {
+    return only.empty() || only.find(s.name) != std::string::npos;
+  };
   if (breakdown) {
-    // The SPEC shapes, then L swept at S1's and S2's (H, Q): the planner keeps ~1 CTA per SM, so
-    // the flash time against columns per CTA gives the per-tile cost and the fixed cost per CTA.
-    const std::vector<Shape> sweep = {
-        {"S1", 1, 8, 16, 65536},       {"S2", 1, 64, 9, 16384},     {"S3", 1, 64, 33, 65536},
-        {"S4", 8, 16, 16, 8192},       {"S5", 32, 8, 8, 4096},      {"S7", 1, 8, 16, 262144},
-        {"S1L8K", 1, 8, 16, 8192},     {"S1L16K", 1, 8, 16, 16384}, {"S1L32K", 1, 8, 16, 32768},
-        {"S1L128K", 1, 8, 16, 131072}, {"S2L4K", 1, 64, 9, 4096},   {"S2L64K", 1, 64, 9, 65536}};
-    for (const Shape& s : sweep) {
-      if (!only.empty() && only.find(s.name) == std::string::npos) continue;
-      Breakdown(s, rng, sms, iters);
+    // The SPEC shapes less S6 (no splits), then L swept at S1's and S2's (H, Q): the planner keeps
+    // ~1 CTA per SM, so the flash time against columns per CTA gives the per-tile cost and the
+    // fixed cost per CTA.
+    std::vector<Shape> sweep;
+    for (const Shape& s : shapes) {
+      if (std::strcmp(s.name, "S6") != 0) sweep.push_back(s);
     }
-    return 0;
+    for (const Shape& s : std::vector<Shape>{{"S1L8K", 1, 8, 16, 8192},
+                                             {"S1L16K", 1, 8, 16, 16384},
+                                             {"S1L32K", 1, 8, 16, 32768},
+                                             {"S1L128K", 1, 8, 16, 131072},
+                                             {"S2L4K", 1, 64, 9, 4096},
+                                             {"S2L64K", 1, 64, 9, 65536}}) {
+      sweep.push_back(s);
+    }
+    for (const Shape& s : sweep) {
+      if (selected(s)) Breakdown(s, rng, sms, iters);
+    }
   }
   if (timeline) {
     for (const Shape& s : std::vector<Shape>{{"S1", 1, 8, 16, 65536},
@@ -598,22 +610,20 @@ int Main(int argc, char** argv) {
                                              {"S3", 1, 64, 33, 65536},
                                              {"S5", 32, 8, 8, 4096},
                                              {"S7", 1, 8, 16, 262144},
+                                             {"SH", 1, 8, 16, 185000},
                                              {"S1L8K", 1, 8, 16, 8192}}) {
-      if (!only.empty() && only.find(s.name) == std::string::npos) continue;
-      Timeline(s, rng, sms);
+      if (selected(s)) Timeline(s, rng, sms);
     }
-    return 0;
   }
   if (diag) {
     for (const Shape& s : shapes) {
-      if (!only.empty() && only.find(s.name) == std::string::npos) continue;
-      Diagnose(s, rng, sms, iters);
+      if (selected(s)) Diagnose(s, rng, sms, iters);
     }
-    return 0;
   }
+  if (breakdown || timeline || diag) return 0;
   std::vector<Row> rows;
   for (const Shape& s : shapes) {
-    if (!only.empty() && only.find(s.name) == std::string::npos) continue;
+    if (!selected(s)) continue;
     ShapeData d = BuildShape(s, rng);
     UploadedPlan up = PlanAndUpload(s, sms);
     const SplitPlan* plan = &up.plan;
