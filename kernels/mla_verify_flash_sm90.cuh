@@ -77,39 +77,27 @@ using wgmma::kChunkBytes;
 using wgmma::SwizzledOffset;
 
 constexpr int kCols = 64;                 // KV columns per tile
-// S's first kQRegSteps k-steps (16 dims each) take A = Q from registers, loaded once.
-constexpr int kQRegSteps = 12;
-static_assert(kQRegSteps % 4 == 0, "whole Q chunks in registers");
-constexpr int kQRegChunks = kQRegSteps / 4;  // 3: chunks 0-2 of Q leave shared memory
-constexpr int kUnitsPerRow = kKvDim / 8;    // 16-byte units per KV row (72)
-constexpr int kKvChunks = kKvDim / 64;      // 9
-// S's early k-steps: the K chunks 0-3 (a tile's "V0" group, also warpgroup 0's V), issued for tile
-// j+1 before the softmax of tile j; the late ones (chunks 4-8) after the tile's barrier.
-constexpr int kEarlySteps = 16;
-// Shared memory in 8 KB chunk slots (1024-aligned). Tile t: chunks 0-3 in V0 group t % 3, chunks 4-7
-// in V1 group t % 2, the rope chunk 8 in rope slot t % 2 (which holds P of tile t once S of the
-// tile is done). Q's chunks 3-8 stay (the SS k-steps); chunks 0-2 pass through V0 group 2 in the
-// prologue.
-constexpr int kV0Slot = 0;                       // 3 groups of 4
-constexpr int kV1Slot = kV0Slot + 3 * 4;         // 2 groups of 4
-constexpr int kRopeSlot = kV1Slot + 2 * 4;       // 2
-constexpr int kQSlot = kRopeSlot + 2;            // Q chunks 3..8
-constexpr int kSlots = kQSlot + (kKvChunks - kQRegChunks);
-constexpr int kMaxXchgOffset = kSlots * kChunkBytes;
+// S's first kQRegSteps k-steps (16 dims each) take A = Q from registers, loaded once: each is a
+// 2 KB shared-memory read per warpgroup per tile that S no longer makes (S at N = 32 is bound by
+// its operand reads). Measured (v20, plans/0004): 8, 12, 16, 20 steps ran faster in that order;
+// 20 brings the kernel to 255 registers with no spills, 24 makes ptxas serialise the wgmma (C7512).
+constexpr int kQRegSteps = 20;
+static_assert(kQRegSteps > 0 && kQRegSteps <= kKvDim / 16, "a k-step count of S");
+constexpr int kUnitsPerRow = kKvDim / 8;  // 16-byte units per KV row (72)
+constexpr int kKvChunks = kKvDim / 64;    // 9
+constexpr int kTileBytes = kKvChunks * kChunkBytes;
+constexpr int kQOffset = 0;
+constexpr int kKvOffset = kQOffset + kTileBytes;
+constexpr int kPOffset = kKvOffset + 2 * kTileBytes;
+constexpr int kMaxXchgOffset = kPOffset + kChunkBytes;
 constexpr int kSumXchgOffset = kMaxXchgOffset + 2 * kRows * 4;
 constexpr int kSmemUsed = kSumXchgOffset + 2 * kRows * 4;
 constexpr int kSmemBytes = kSmemUsed + 1024;  // room to align the base to 1024
 static_assert(kSmemBytes <= 232448, "an sm_90 block may take 227 KB of dynamic shared memory");
-static_assert(kRows * flash::kStageStride <= kQSlot * kChunkBytes,
-              "the staged epilogue fits the KV slots");
+static_assert(kRows * flash::kStageStride <= 2 * kTileBytes,
+              "the staged epilogue fits the KV stages");
 static_assert(kRows == 64, "one warpgroup's wgmma covers 64 rows");
 static_assert(kHopperFlashThreads == 256, "two warpgroups");
-
-__device__ __forceinline__ uint32_t ChunkAddr(uint32_t base, int tile, int chunk) {
-  if (chunk < 4) return base + (kV0Slot + 4 * (tile % 3) + chunk) * kChunkBytes;
-  if (chunk < 8) return base + (kV1Slot + 4 * (tile & 1) + chunk - 4) * kChunkBytes;
-  return base + (kRopeSlot + (tile & 1)) * kChunkBytes;
-}
 
 // What an instantiation adds to the kernel. kNone is the product. The others are the benchmark's
 // instruments (plans/0004): kTimeline writes clock stamps per CTA (layout below) and computes the
@@ -125,78 +113,36 @@ enum class Sm90Probe { kNone, kTimeline, kNoGathers, kNoMath };
 inline constexpr int kTimelineTiles = 64;
 inline constexpr int kTimelineStride = kTimelineTiles + 8;
 
-// Row r = 8 warp + rr of this warp's 8 rows, for one iteration's loads: the late chunks (4-8) of
-// tile t1 and the early chunks (0-3) of tile t2 = t1 + 1. lo1/hi1, lo2/hi2: the slots of columns
-// lane and 32 + lane of each tile (loaded a tile ahead). Columns past col_end are zero-filled.
-__device__ __forceinline__ void LoadRowPieces(const bf16_bits* kv, int lo1, int hi1, int lo2,
-                                              int hi2, int col1, int col_end, uint32_t base,
-                                              int t1, int warp, int lane, int rr) {
+// Gathers row `rr` of this warp's 8 rows (8w .. 8w+7) of KV columns [tile_col, tile_col + 64) into
+// one stage: lane i copies units i, i+32, i+64 (< 72) of the row. slot_lo / slot_hi = the slots of
+// columns tile_col + lane and tile_col + 32 + lane, loaded a tile ahead. Columns past col_end are
+// zero-filled. The tile's 8 rows are issued between the S wgmma (see the main loop).
+__device__ __forceinline__ void LoadKvRow(const bf16_bits* kv, int slot_lo, int slot_hi,
+                                          int tile_col, int col_end, uint32_t dst, int warp,
+                                          int lane, int rr) {
   const int r = warp * 8 + rr;
-  const int slot1 = __shfl_sync(kFullMask, r < 32 ? lo1 : hi1, r & 31);
-  const int slot2 = __shfl_sync(kFullMask, r < 32 ? lo2 : hi2, r & 31);
-  const bool valid1 = col1 + r < col_end;
-  const bool valid2 = col1 + kCols + r < col_end;
-  const bf16_bits* row1 = kv + (valid1 ? static_cast<int64_t>(slot1) * kKvDim : 0);
-  const bf16_bits* row2 = kv + (valid2 ? static_cast<int64_t>(slot2) * kKvDim : 0);
-  // Units 32..63 of tile t1 (chunks 4-7), units 64..71 (the rope chunk), units 0..31 of tile t2.
-  const int u1 = 32 + lane;
-  CpAsync16(ChunkAddr(base, t1, u1 >> 3) + SwizzledOffset(r, u1 & 7), row1 + (valid1 ? u1 * 8 : 0),
-            valid1);
-  if (lane < 8) {
-    const int u = 64 + lane;
-    CpAsync16(ChunkAddr(base, t1, 8) + SwizzledOffset(r, lane), row1 + (valid1 ? u * 8 : 0),
-              valid1);
-  }
-  CpAsync16(ChunkAddr(base, t1 + 1, lane >> 3) + SwizzledOffset(r, lane & 7),
-            row2 + (valid2 ? lane * 8 : 0), valid2);
-}
-
-// Chunks [c0, c1) of tile t, all 64 rows, by all 256 threads (the prologue's loads).
-__device__ __forceinline__ void LoadChunks(const bf16_bits* kv, const int32_t* slots, int col,
-                                           int col_end, uint32_t base, int t, int c0, int c1,
-                                           int tid) {
-  const int units = (c1 - c0) * 8;
-  for (int idx = tid; idx < kRows * units; idx += kHopperFlashThreads) {
-    const int r = idx / units;
-    const int u = c0 * 8 + idx % units;
-    const bool valid = col + r < col_end;
-    const int slot = valid ? slots[col + r] : 0;
-    CpAsync16(ChunkAddr(base, t, u >> 3) + SwizzledOffset(r, u & 7),
-              kv + (valid ? static_cast<int64_t>(slot) * kKvDim + u * 8 : 0), valid);
+  const int slot = __shfl_sync(kFullMask, r < 32 ? slot_lo : slot_hi, r & 31);
+  const bool valid = tile_col + r < col_end;
+  const bf16_bits* src_row = kv + (valid ? static_cast<int64_t>(slot) * kKvDim : 0);
+#pragma unroll
+  for (int j = 0; j < 3; ++j) {
+    const int u = lane + 32 * j;
+    if (u < kUnitsPerRow) {
+      CpAsync16(dst + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7), src_row + (valid ? u * 8 : 0),
+                valid);
+    }
   }
 }
 
-// S k-steps [k0, k1) of this warpgroup's 64 x 32 of tile t into s. The first of a product is
-// write-only (no zeroing while other wgmma are in flight; plans/0004 session 10).
-template <bool kMath, int k0, int k1>
-__device__ __forceinline__ void IssueS(float (&s)[16], const uint32_t (&q_frag)[kQRegSteps][4],
-                                       uint64_t q_desc, uint32_t base, int tile,
-                                       uint32_t k_row_offset) {
-  // Opaque here, so that the Q descriptors are derived at each issue: hoisted out of the tile
-  // loop they would hold ~60 registers for the whole item (session 10).
-  asm volatile("" : "+l"(q_desc));
-  if (!kMath) {
-    if (k0 == 0) {
+// A whole tile (the prologue's): all 8 rows of this warp, one commit group.
+__device__ __forceinline__ void LoadKvTile(const bf16_bits* kv, int slot_lo, int slot_hi,
+                                           int tile_col, int col_end, uint32_t dst, int warp,
+                                           int lane) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) s[i] = 0.f;
-    }
-    return;
+  for (int rr = 0; rr < 8; ++rr) {
+    LoadKvRow(kv, slot_lo, slot_hi, tile_col, col_end, dst, warp, lane, rr);
   }
-#pragma unroll
-  for (int ks = k0; ks < k1; ++ks) {
-    const uint64_t k_desc =
-        wgmma::MakeDescriptor(ChunkAddr(base, tile, ks / 4) + k_row_offset + (ks % 4) * 32, 16, 1024);
-    if (ks == 0) {
-      wgmma::MmaM64N32K16RegAFirst(s, q_frag[0], k_desc);
-    } else if (ks < kQRegSteps) {
-      wgmma::MmaM64N32K16RegA(s, q_frag[ks < kQRegSteps ? ks : 0], k_desc);
-    } else {
-      wgmma::MmaM64N32K16(s,
-                          wgmma::AdvanceDescriptor(
-                              q_desc, (ks / 4 - kQRegChunks) * kChunkBytes + (ks % 4) * 32),
-                          k_desc);
-    }
-  }
+  CpAsyncCommit();
 }
 
 // Shared-window stores and loads (the generic ones the compiler emits for a pointer into the
@@ -239,6 +185,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
   const uint32_t smem_base = mma::SmemAddr(smem);
+  const uint32_t q_smem = smem_base + kQOffset;
+  const uint32_t kv_smem = smem_base + kKvOffset;
+  const uint32_t p_smem = smem_base + kPOffset;
   const uint32_t max_xchg = smem_base + kMaxXchgOffset;  // 2 x 64 fp32
   const uint32_t sum_xchg = smem_base + kSumXchgOffset;  // 2 x 64 fp32
 
@@ -265,23 +214,14 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const uint64_t* mask_rows = rows.mask_rows;
   const int words_per_row = rows.words_per_row;
 
-  const int num_tiles = (item.col_end - item.col_begin + kCols - 1) / kCols;
-  // Q: 64 rows x 72 units, chunk c to Q slot c - 3 (c >= 3) or, for the register chunks 0-2, to V0
-  // group 2 (free until the first iteration's loads); rows past the sequence are zero.
+  // Q: 64 rows x 72 units into 9 swizzled chunks; rows past the sequence are zero.
   for (int idx = tid; idx < kRows * kUnitsPerRow; idx += kHopperFlashThreads) {
     const int r = idx / kUnitsPerRow;
     const int u = idx % kUnitsPerRow;
-    const int chunk = u >> 3;
     const bool valid = r < rows_here;
-    const uint32_t dst = smem_base +
-                         (chunk < kQRegChunks ? kV0Slot + 8 + chunk : kQSlot + chunk - kQRegChunks) *
-                             kChunkBytes +
-                         SwizzledOffset(r, u & 7);
-    CpAsync16(dst, valid ? pr.q + (first_row + r) * kKvDim + u * 8 : pr.q, valid);
+    CpAsync16(q_smem + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7),
+              valid ? pr.q + (first_row + r) * kKvDim + u * 8 : pr.q, valid);
   }
-  // Tile 0 whole, and tile 1's early chunks.
-  LoadChunks(pr.kv, slots, item.col_begin, item.col_end, smem_base, 0, 0, kKvChunks, tid);
-  LoadChunks(pr.kv, slots, item.col_begin + kCols, item.col_end, smem_base, 1, 0, 4, tid);
   CpAsyncCommit();
 
   // The two rows this thread holds in every accumulator: wrow + g and wrow + g + 8.
@@ -298,79 +238,69 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
 
-  // Slots of the columns lane and 32 + lane of the tiles the next iteration loads (t1 = j + 1: its
-  // late chunks; t2 = j + 2: its early ones).
-  int lo1 = SlotAt(slots, item.col_begin + kCols + lane, item.col_end);
-  int hi1 = SlotAt(slots, item.col_begin + kCols + 32 + lane, item.col_end);
-  int lo2 = SlotAt(slots, item.col_begin + 2 * kCols + lane, item.col_end);
-  int hi2 = SlotAt(slots, item.col_begin + 2 * kCols + 32 + lane, item.col_end);
+  const int num_tiles = (item.col_end - item.col_begin + kCols - 1) / kCols;
+  LoadKvTile(pr.kv, SlotAt(slots, item.col_begin + lane, item.col_end),
+             SlotAt(slots, item.col_begin + 32 + lane, item.col_end), item.col_begin, item.col_end,
+             kv_smem, warp, lane);
+  int next_lo = SlotAt(slots, item.col_begin + kCols + lane, item.col_end);
+  int next_hi = SlotAt(slots, item.col_begin + kCols + 32 + lane, item.col_end);
 
-  // A = Q's shared chunks 3..8 (K-major, 128-byte swizzle); B = K rows 32wg .. 32wg+31 of a chunk.
-  const uint64_t q_desc = wgmma::MakeDescriptor(smem_base + kQSlot * kChunkBytes, 16, 1024);
-  const uint32_t k_row_offset = wg * 32 * wgmma::kSwizzleRowBytes;
+  // Descriptors (K-major, 128-byte swizzle): A = Q rows 0..63; B = K rows 32wg .. 32wg+31.
+  const uint64_t q_desc = wgmma::MakeDescriptor(q_smem, 16, 1024);
+  // Q's first kQRegSteps k-steps as this warp's A fragments (rows wrow .. wrow+15), read once Q has
+  // landed: lane l addresses row wrow + (l & 15), 16-byte unit 2 (ks % 4) + (l >> 4) of chunk ks / 4.
   uint32_t q_frag[kQRegSteps][4];
   CpAsyncWaitAll();
-  wgmma::FenceProxyAsyncShared();
-  __syncthreads();  // Q, tile 0 and tile 1's early chunks landed for all
+  __syncthreads();
 #pragma unroll
   for (int ks = 0; ks < kQRegSteps; ++ks) {
-    mma::LdMatrixX4(q_frag[ks], smem_base + (kV0Slot + 8 + ks / 4) * kChunkBytes +
+    mma::LdMatrixX4(q_frag[ks], q_smem + (ks / 4) * kChunkBytes +
                                     SwizzledOffset(wrow + (lane & 15), 2 * (ks % 4) + (lane >> 4)));
   }
-  // S of tile 0, early part; its late part opens the first iteration.
-  float s_next[16];
-  wgmma::Fence();
-  IssueS<kMath, 0, kEarlySteps>(s_next, q_frag, q_desc, smem_base, 0, k_row_offset);
-  wgmma::Commit();
 
-  // Entering iteration j: S(j)'s early k-steps are issued (in s_next); tile j's late chunks and
-  // tile j+1's early ones are landing. The iteration: the tile barrier; S(j)'s late k-steps with
-  // the next loads woven in (tile j+1's late chunks, tile j+2's early ones, into the slots P V of
-  // tile j-1 freed); then S(j+1)'s early k-steps go to the tensor cores before the softmax of tile
-  // j, which they overlap; P V of tile j last.
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int tile_col = item.col_begin + tile * kCols;
+    const uint32_t kv_tile = kv_smem + (tile & 1) * kTileBytes;
     CpAsyncWaitAll();
     wgmma::FenceProxyAsyncShared();
-    __syncthreads();  // tile j whole, tile j+1's early chunks; P V of tile j-1 done on both sides
+    __syncthreads();  // tile j (and Q) landed for all; both warpgroups are done with the other
+                      // stage
+    // Stamp k + 2: tile k's data is in (k = 0: the prologue, Q and the first tile, is over).
     if (kTimeline && threadIdx.x == 0 && tile < kTimelineTiles) stamps[2 + tile] = clock64();
 
-    uint64_t qd = q_desc;
-    asm volatile("" : "+l"(qd));
+    float s[16];
 #pragma unroll
-    for (int ks = kEarlySteps; ks < kKvDim / 16; ++ks) {
-      const uint64_t k_desc = wgmma::MakeDescriptor(
-          ChunkAddr(smem_base, tile, ks / 4) + k_row_offset + (ks % 4) * 32, 16, 1024);
+    for (int i = 0; i < 16; ++i) s[i] = 0.f;
+    wgmma::PinRegisters(s);
+    wgmma::Fence();
+    const uint64_t k_desc =
+        wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
+    // Tile j+1's gather goes between the S wgmma, one KV row of this warp after every fourth: the
+    // warps wait on the tensor cores there anyway, and issued after the last wgmma it sat on the
+    // critical path (v18, plans/0004: 16 % of the stall samples at S1). On the last tile it
+    // zero-fills the idle stage (every column is past col_end); the epilogue waits for it.
+    const uint32_t next_stage = kv_smem + ((tile + 1) & 1) * kTileBytes;
+    const int next_col = tile_col + kCols;
+#pragma unroll
+    for (int ks = 0; ks < kKvDim / 16; ++ks) {
+      const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
       if (kMath && ks < kQRegSteps) {
-        wgmma::MmaM64N32K16RegA(s_next, q_frag[ks < kQRegSteps ? ks : 0], k_desc);
+        wgmma::MmaM64N32K16RegA(s, q_frag[ks < kQRegSteps ? ks : 0],
+                                wgmma::AdvanceDescriptor(k_desc, off));
       } else if (kMath) {
-        wgmma::MmaM64N32K16(
-            s_next,
-            wgmma::AdvanceDescriptor(qd, (ks / 4 - kQRegChunks) * kChunkBytes + (ks % 4) * 32),
-            k_desc);
+        wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
+                            wgmma::AdvanceDescriptor(k_desc, off));
       }
-      // One row of this warp's loads after every second wgmma (8 rows over the 20 late k-steps).
-      if (kGathers && (ks - kEarlySteps) % 2 == 1 && (ks - kEarlySteps) / 2 < 8) {
-        LoadRowPieces(pr.kv, lo1, hi1, lo2, hi2, tile_col + kCols, item.col_end, smem_base,
-                      tile + 1, warp, lane, (ks - kEarlySteps) / 2);
+      if (kGathers && ks % 4 == 3 && ks / 4 < 8) {
+        LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, ks / 4);
       }
     }
     wgmma::Commit();
     CpAsyncCommit();
-    lo1 = lo2;
-    hi1 = hi2;
-    lo2 = SlotAt(slots, tile_col + 3 * kCols + lane, item.col_end);
-    hi2 = SlotAt(slots, tile_col + 3 * kCols + 32 + lane, item.col_end);
+    next_lo = SlotAt(slots, tile_col + 2 * kCols + lane, item.col_end);
+    next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
     wgmma::WaitAll();
-    wgmma::PinRegisters(s_next);
-    float s[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) s[i] = s_next[i];
-    // S(j+1)'s early k-steps (tile j+1's chunks 0-3 landed at the barrier above); on the last tile
-    // they read zero-filled chunks and are dropped.
-    wgmma::Fence();
-    IssueS<kMath, 0, kEarlySteps>(s_next, q_frag, q_desc, smem_base, tile + 1, k_row_offset);
-    wgmma::Commit();
+    wgmma::PinRegisters(s);
 
     // s[4i + e]: row wrow + g + 8 (e >> 1), column 32wg + 8i + 2c + (e & 1) of the tile.
     const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= item.col_end;
@@ -416,8 +346,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       row_max[h] = new_max;
     }
     float sum[2] = {0.f, 0.f};
-    // P of this tile goes to its rope slot (S of the tile, its only reader, is done).
-    const uint32_t p_smem = ChunkAddr(smem_base, tile, 8);
+    // This warpgroup's P as wgmma A fragments: 16 tokens per k-step, accumulator column groups
+    // 2k and 2k + 1 (rows g and g + 8 of the warp).
     uint32_t p_frag[2][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -429,11 +359,14 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         const int row = wrow + g + 8 * h;
         const uint32_t packed = mma::PackBf16x2(p0, p1);
         p_frag[i >> 1][(i & 1) * 2 + h] = packed;
+        // P row `row`, tokens 32wg + 8i + 2c, +1: unit 4wg + i of the swizzled row, word c.
         StShared32(p_smem + SwizzledOffset(row, wg * 4 + i) + 4 * c, packed);
       }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * alpha[h] + sum[h];
+    // Rescale, skipped when no row of this warp moved its max (the common case deep in a long
+    // prefix). The vote is warp-uniform, so every warp reconverges before the wgmma below.
     if (__any_sync(kFullMask, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
@@ -443,11 +376,14 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         o[4 * i + 3] *= alpha[1];
       }
     }
-    // O += P V: warpgroup w's V is its group of 4 chunks (V0 or V1 of the tile), read MN-major.
+    // O += P V in two halves of k: this warpgroup's own 32 tokens with P from registers, issued
+    // before the barrier that brings the other warpgroup's 32 (so the barrier waits under tensor
+    // work; v14, plans/0004), then those from shared memory. B = V read MN-major: rows = tokens,
+    // n = dims 256wg .. 256wg+255 over chunks 4wg .. 4wg+3 (LBO = one chunk), SBO = 8 token rows.
     wgmma::PinRegisters(o);
     wgmma::Fence();
     const uint64_t v_desc =
-        wgmma::MakeDescriptor(ChunkAddr(smem_base, tile, 4 * wg), kChunkBytes, 1024);
+        wgmma::MakeDescriptor(kv_tile + wg * 4 * kChunkBytes, kChunkBytes, 1024);
     if (kMath) {
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
@@ -458,7 +394,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     wgmma::Commit();
     wgmma::FenceProxyAsyncShared();
     __syncthreads();  // the other warpgroup's 32 columns of P are in shared memory
-    const uint64_t p_desc = wgmma::MakeDescriptor(p_smem, 16, 1024);
+    const uint64_t p_desc = wgmma::MakeDescriptor(smem_base + kPOffset, 16, 1024);
     if (kMath) {
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
@@ -470,7 +406,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     wgmma::Commit();
     wgmma::WaitAll();
     wgmma::PinRegisters(o);
-    wgmma::PinRegisters(s_next);
+    // The register A operand is read asynchronously: its registers stay unclaimed until here.
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
 #pragma unroll
@@ -478,9 +414,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     }
   }
 
-  wgmma::WaitAll();  // (an item without tiles leaves the prologue's S in flight)
   if (kTimeline && threadIdx.x == 0) stamps[2 + kTimelineTiles] = clock64();
-  CpAsyncWaitAll();  // the last tiles' zero-filling loads, before the slots hold the epilogue
+  CpAsyncWaitAll();  // the last tile's zero-filling gather, before the stages hold the epilogue
     // Row sums: this lane's quarter, then the quad, then both warpgroups (warpgroup 0 first, so
     // every run adds in the same order).
 #pragma unroll
@@ -505,7 +440,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   }
   // Staged: the rows go to shared memory (the KV stages are free: no gather is in flight and every
   // wgmma has completed), then leave as one bulk copy per row.
-  const uint32_t stage = smem_base;
+  const uint32_t stage = smem_base + kKvOffset;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = wrow + g + 8 * h;
@@ -523,7 +458,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   if (tid < rows_here) {
     asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(
                      dst + static_cast<int64_t>(tid) * flash::kOutRowBytes),
-                 "r"(smem_base + tid * flash::kStageStride), "r"(flash::kOutRowBytes)
+                 "r"(smem_base + kKvOffset + tid * flash::kStageStride), "r"(flash::kOutRowBytes)
                  : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
     // Until the stage has been read, not until the rows have landed: the kernel's end makes them

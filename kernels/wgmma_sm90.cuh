@@ -90,23 +90,6 @@ __device__ __forceinline__ void MmaM64N32K16RegA(float (&d)[16], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
-// d (64 x 32 fp32) = A (64 x 16 from registers) * B (16 x 32, K-major): the first k-step of a
-// product. d is output only (scale-d off), so its old values are dead before the wgmma and need no
-// zeroing: an ordinary instruction writing d while other wgmma are in flight would make ptxas
-// serialise them (C7515), and reading the old values would tie d's registers to them (C7514).
-__device__ __forceinline__ void MmaM64N32K16RegAFirst(float (&d)[16], const uint32_t (&a)[4],
-                                                      uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-        "=f"(d[14]), "=f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
-}
-
 // The 128 fp32 accumulators of an m64n256 product: their place-holder list (operands %0..%127)
 // and the matching read-write operands, shared by both m64n256k16 forms below.
 #define VERIFYD_WGMMA_D128_REGS                                                                    \
