@@ -33,22 +33,13 @@
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_launch.h"
 #include "kernels/split_planner.h"
+#include "tools/bench/bench_cuda_check.h"
 #include "tools/bench/mla_verify_flash_sm90_probes.h"
 #include "verify/mla_dims.h"
 #include "verify/tree_mask.h"
 
 namespace verifyd::bench {
 namespace {
-
-#define BENCH_CUDA(expr)                                                        \
-  do {                                                                          \
-    cudaError_t err_ = (expr);                                                  \
-    if (err_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(err_));                                   \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
 
 #define BENCH_OK(expr)                                                                             \
   do {                                                                                             \

@@ -16,18 +16,10 @@
 #include <vector>
 
 #include "kernels/wgmma_sm90.cuh"
+#include "tools/bench/bench_cuda_check.h"
 
 namespace verifyd::bench {
 namespace {
-
-#define RATE_CUDA(x)                                                                         \
-  do {                                                                                       \
-    cudaError_t e = (x);                                                                     \
-    if (e != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 enum Form : int { kN32SS, kN32RS, kN64SS, kN64RS, kN256RS, kN256SS, kForms };
 constexpr const char* kFormNames[kForms] = {
@@ -141,14 +133,14 @@ __global__ void __launch_bounds__(256, 1) RateKernel(int64_t* out, int iters, in
 
 template <int kForm>
 double ClocksPerInstruction(int sms, int iters, int warpgroups, int64_t* out) {
-  RATE_CUDA(cudaFuncSetAttribute(&RateKernel<kForm>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  BENCH_CUDA(cudaFuncSetAttribute(&RateKernel<kForm>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  kSmemBytes));
   RateKernel<kForm><<<sms, 256, kSmemBytes>>>(out, iters / 10, warpgroups);  // warm-up
   RateKernel<kForm><<<sms, 256, kSmemBytes>>>(out, iters, warpgroups);
-  RATE_CUDA(cudaGetLastError());
-  RATE_CUDA(cudaDeviceSynchronize());
+  BENCH_CUDA(cudaGetLastError());
+  BENCH_CUDA(cudaDeviceSynchronize());
   std::vector<int64_t> clocks(sms);
-  RATE_CUDA(cudaMemcpy(clocks.data(), out, sms * sizeof(int64_t), cudaMemcpyDeviceToHost));
+  BENCH_CUDA(cudaMemcpy(clocks.data(), out, sms * sizeof(int64_t), cudaMemcpyDeviceToHost));
   std::sort(clocks.begin(), clocks.end());
   return static_cast<double>(clocks[sms / 2]) / (double(iters) * PerGroup(kForm) * warpgroups);
 }
@@ -180,7 +172,7 @@ int Main(int argc, char** argv) {
   }
   const int sms = prop.multiProcessorCount;
   int64_t* out = nullptr;
-  RATE_CUDA(cudaMalloc(&out, 2 * sms * sizeof(int64_t)));
+  BENCH_CUDA(cudaMalloc(&out, 2 * sms * sizeof(int64_t)));
   std::printf("device: %s, %d SMs; %d commit groups per warpgroup\n", prop.name, sms, iters);
   Row<kN32SS>(sms, iters, out);
   Row<kN32RS>(sms, iters, out);
