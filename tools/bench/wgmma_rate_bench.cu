@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(256, 1) RateKernel(int64_t* out, int iters, in
 template <int kForm>
 double ClocksPerInstruction(int sms, int iters, int warpgroups, int64_t* out) {
   BENCH_CUDA(cudaFuncSetAttribute(&RateKernel<kForm>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 kSmemBytes));
+                                  kSmemBytes));
   RateKernel<kForm><<<sms, 256, kSmemBytes>>>(out, iters / 10, warpgroups);  // warm-up
   RateKernel<kForm><<<sms, 256, kSmemBytes>>>(out, iters, warpgroups);
   BENCH_CUDA(cudaGetLastError());
