@@ -14,8 +14,8 @@ const void* HopperFlashKernelSymbol() {
 }
 
 void LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
-  // The launcher checks cudaGetLastError, which the launch's error also sets.
-  (void)flash_sm90::LaunchClustered<Sm90Probe::kNone>(params, nullptr, stream);
+  MlaVerifyFlashSm90Kernel<Sm90Probe::kNone>
+      <<<params.num_work, kHopperFlashThreads, flash_sm90::kSmemBytes, stream>>>(params, nullptr);
 }
 
 }  // namespace verifyd

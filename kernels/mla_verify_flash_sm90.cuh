@@ -58,7 +58,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cluster_sm90.cuh"
 #include "kernels/mla_verify_flash_common.cuh"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_mma.cuh"
@@ -84,7 +83,7 @@ constexpr int kCols = 64;                 // KV columns per tile
 // 24 clocks per SM, with A from registers 17.3, against 16 at the tensor peak). Measured (v20,
 // plans/0004): 8, 12, 16, 20 steps ran faster in that order;
 // 20 brings the kernel to 255 registers with no spills, 24 makes ptxas serialise the wgmma (C7512).
-constexpr int kQRegSteps = 18;
+constexpr int kQRegSteps = 20;
 static_assert(kQRegSteps > 0 && kQRegSteps <= kKvDim / 16, "a k-step count of S");
 constexpr int kUnitsPerRow = kKvDim / 8;  // 16-byte units per KV row (72)
 constexpr int kKvChunks = kKvDim / 64;    // 9
@@ -94,15 +93,7 @@ constexpr int kKvOffset = kQOffset + kTileBytes;
 constexpr int kPOffset = kKvOffset + 2 * kTileBytes;
 constexpr int kMaxXchgOffset = kPOffset + kChunkBytes;
 constexpr int kSumXchgOffset = kMaxXchgOffset + 2 * kRows * 4;
-// mbarriers of the pair's KV sharing: peer_full[stage] (the peer's half of a tile landed here),
-// peer_free[stage] (the peer's copy of that stage may be overwritten).
-constexpr int kBarOffset = kSumXchgOffset + 2 * kRows * 4;
-constexpr int kSmemUsed = kBarOffset + 4 * 8;
-// The two CTAs of a cluster whose items cover the same columns of one sequence (different row
-// blocks) share each KV tile: each gathers its half of the rows and copies it into the other's.
-constexpr int kClusterCtas = 2;
-constexpr int kHalfRows = kCols / 2;
-constexpr uint32_t kHalfTileBytes = kKvChunks * kHalfRows * wgmma::kSwizzleRowBytes;
+constexpr int kSmemUsed = kSumXchgOffset + 2 * kRows * 4;
 constexpr int kSmemBytes = kSmemUsed + 1024;  // room to align the base to 1024
 static_assert(kSmemBytes <= 232448, "an sm_90 block may take 227 KB of dynamic shared memory");
 static_assert(kRows * flash::kStageStride <= 2 * kTileBytes,
@@ -129,16 +120,16 @@ inline constexpr int kTimelineStride = kTimelineTiles + 8;
 // columns tile_col + lane and tile_col + 32 + lane, loaded a tile ahead. Columns past col_end are
 // zero-filled. The tile's 8 rows are issued between the S wgmma (see the main loop).
 __device__ __forceinline__ void LoadKvRow(const bf16_bits* kv, int slot_lo, int slot_hi,
-                                          int tile_col, int col_end, uint32_t dst, int r,
-                                          int lane, int unit_begin = 0,
-                                          int unit_span = kUnitsPerRow) {
+                                          int tile_col, int col_end, uint32_t dst, int warp,
+                                          int lane, int rr) {
+  const int r = warp * 8 + rr;
   const int slot = __shfl_sync(kFullMask, r < 32 ? slot_lo : slot_hi, r & 31);
   const bool valid = tile_col + r < col_end;
   const bf16_bits* src_row = kv + (valid ? static_cast<int64_t>(slot) * kKvDim : 0);
 #pragma unroll
   for (int j = 0; j < 3; ++j) {
-    const int u = unit_begin + lane + 32 * j;
-    if (lane + 32 * j < unit_span) {
+    const int u = lane + 32 * j;
+    if (u < kUnitsPerRow) {
       CpAsync16(dst + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7), src_row + (valid ? u * 8 : 0),
                 valid);
     }
@@ -151,7 +142,7 @@ __device__ __forceinline__ void LoadKvTile(const bf16_bits* kv, int slot_lo, int
                                            int lane) {
 #pragma unroll
   for (int rr = 0; rr < 8; ++rr) {
-    LoadKvRow(kv, slot_lo, slot_hi, tile_col, col_end, dst, warp * 8 + rr, lane);
+    LoadKvRow(kv, slot_lo, slot_hi, tile_col, col_end, dst, warp, lane, rr);
   }
   CpAsyncCommit();
 }
@@ -201,39 +192,12 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const uint32_t p_smem = smem_base + kPOffset;
   const uint32_t max_xchg = smem_base + kMaxXchgOffset;  // 2 x 64 fp32
   const uint32_t sum_xchg = smem_base + kSumXchgOffset;  // 2 x 64 fp32
-  const uint32_t peer_full = smem_base + kBarOffset;       // [2]
-  const uint32_t peer_free = smem_base + kBarOffset + 16;  // [2]
 
   const VerifyProblem& pr = params.problem;
+  const FlashWorkItem item = params.work[blockIdx.x];
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  // The grid is padded to whole clusters: a padding CTA has no item (and its peer shares nothing).
-  if (static_cast<int>(blockIdx.x) >= params.num_work) return;
-  const FlashWorkItem item = params.work[blockIdx.x];
-  const uint32_t rank = cluster::CtaRank();
-  const int peer_index = static_cast<int>(blockIdx.x ^ 1u);
-  bool share = false;
-  if (kGathers && peer_index < params.num_work) {
-    const FlashWorkItem peer = params.work[peer_index];
-    share = peer.seq == item.seq && peer.col_begin == item.col_begin &&
-            peer.col_end == item.col_end && peer.row_begin != item.row_begin;
-  }
-  if (share) {
-    if (tid == 0) {
-      for (int i = 0; i < 4; ++i) cluster::MbarrierInit(peer_full + 8 * i, 1);
-      cluster::FenceMbarrierInit();
-    }
-    cluster::BarrierArrive();  // waited for before the first remote access (the tile loop)
-  }
-  // What this warp gathers of each tile from tile 1 on, in 8 pieces: rows 8w .. 8w+7 whole, or,
-  // shared, 4 rows of its CTA's half in halves of 36 units (piece p: row gather_row0 + p / 2,
-  // units 36 (p % 2) ..). Arithmetic, not a branch, picks the form: a branch between the S wgmma
-  // makes ptxas insert warpgroup arrives (C7519).
-  const int gather_row0 = share ? static_cast<int>(rank) * kHalfRows + warp * 4 : warp * 8;
-  const int gather_shift = share ? 1 : 0;
-  const int gather_span = share ? kUnitsPerRow / 2 : kUnitsPerRow;
-  const uint32_t peer_rank = rank ^ 1u;
   // Warpgroup: S columns 32wg.., O columns 256wg... Broadcast from lane 0 so that the compiler
   // knows it is warp-uniform and keeps the wgmma descriptors built from it in uniform registers
   // (v18: without it every wgmma of S paid seven instructions of 64-bit arithmetic and moves).
@@ -296,22 +260,13 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
                                     SwizzledOffset(wrow + (lane & 15), 2 * (ks % 4) + (lane >> 4)));
   }
 
-  if (share) cluster::BarrierWait();  // the peer's mbarriers are initialised
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int tile_col = item.col_begin + tile * kCols;
     const uint32_t kv_tile = kv_smem + (tile & 1) * kTileBytes;
     CpAsyncWaitAll();
-    // Tile 0 each CTA gathers whole; from tile 1 on the peer's half comes by its bulk copies.
-    if (share && tile > 0) cluster::MbarrierWait(peer_full + 8 * (tile & 1), ((tile - 1) >> 1) & 1);
     wgmma::FenceProxyAsyncShared();
     __syncthreads();  // tile j (and Q) landed for all; both warpgroups are done with the other
                       // stage
-    if (share && tile + 1 < num_tiles && tid == 0) {
-      // The other stage is free here: expect the peer's half of tile j+1 and tell the peer.
-      const uint32_t st = (tile + 1) & 1;
-      cluster::MbarrierArriveExpectTx(peer_full + 8 * st, kHalfTileBytes);
-      cluster::MbarrierArriveRemote(cluster::PeerAddress(peer_free + 8 * st, peer_rank));
-    }
     // Stamp k + 2: tile k's data is in (k = 0: the prologue, Q and the first tile, is over).
     if (kTimeline && threadIdx.x == 0 && tile < kTimelineTiles) stamps[2 + tile] = clock64();
 
@@ -339,10 +294,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
                             wgmma::AdvanceDescriptor(k_desc, off));
       }
       if (kGathers && ks % 4 == 3 && ks / 4 < 8) {
-        const int piece = ks / 4;
-        LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage,
-                  gather_row0 + (piece >> gather_shift), lane, (piece & gather_shift) * gather_span,
-                  gather_span);
+        LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, ks / 4);
       }
     }
     wgmma::Commit();
@@ -426,22 +378,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         o[4 * i + 3] *= alpha[1];
       }
     }
-    if (share && tile + 1 < num_tiles) {
-      // Before P V (no wgmma in flight: a divergent wait between them makes ptxas serialise
-      // them, C7520). This warp's rows of tile j+1 (4 rows x 9 chunks) go to the peer once they have landed
-      // and the peer has freed that stage: lane i copies chunk i's 512 bytes.
-      CpAsyncWaitAll();
-      wgmma::FenceProxyAsyncShared();
-      __syncwarp();
-      if (lane < kKvChunks) {
-        const uint32_t st = (tile + 1) & 1;
-        cluster::MbarrierWait(peer_free + 8 * st, (tile >> 1) & 1);
-        const uint32_t src = next_stage + lane * kChunkBytes + gather_row0 * wgmma::kSwizzleRowBytes;
-        cluster::BulkCopyToPeer(cluster::PeerAddress(src, peer_rank), src,
-                                4 * wgmma::kSwizzleRowBytes,
-                                cluster::PeerAddress(peer_full + 8 * st, peer_rank));
-      }
-    }
     // O += P V in two halves of k: this warpgroup's own 32 tokens with P from registers, issued
     // before the barrier that brings the other warpgroup's 32 (so the barrier waits under tensor
     // work; v14, plans/0004), then those from shared memory. B = V read MN-major: rows = tokens,
@@ -481,13 +417,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   }
 
   if (kTimeline && threadIdx.x == 0) stamps[2 + kTimelineTiles] = clock64();
-  CpAsyncWaitAll();
-  if (share) {
-    // The peer has its last tile from this CTA's copies (which read this CTA's stages) before
-    // the epilogue reuses them; and no peer operation targets this CTA after this point.
-    cluster::BarrierArrive();
-    cluster::BarrierWait();
-  }  // the last tile's zero-filling gather, before the stages hold the epilogue
+  CpAsyncWaitAll();  // the last tile's zero-filling gather, before the stages hold the epilogue
     // Row sums: this lane's quarter, then the quad, then both warpgroups (warpgroup 0 first, so
     // every run adds in the same order).
 #pragma unroll
@@ -547,25 +477,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       stamps[5 + kTimelineTiles] = sm;
     }
   }
-}
-
-// Launches an instantiation in clusters of two CTAs (the grid padded to whole clusters); the
-// caller has set its dynamic shared memory attribute. Capturable.
-template <Sm90Probe kProbe>
-cudaError_t LaunchClustered(const MlaVerifyParams& params, uint64_t* timeline, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((params.num_work + kClusterCtas - 1) / kClusterCtas * kClusterCtas);
-  config.blockDim = dim3(kHopperFlashThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = kClusterCtas;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, &MlaVerifyFlashSm90Kernel<kProbe>, params, timeline);
 }
 
 }  // namespace verifyd::flash_sm90

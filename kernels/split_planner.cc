@@ -112,30 +112,21 @@ absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
   for (size_t b = 0; b < shapes.size(); ++b) {
     const int64_t cols = int64_t{prefix_len[b]} + q_len[b];
     const int64_t splits = SplitsFor(shapes[b], best_chunk);
-    const int64_t row_blocks = shapes[b].row_blocks;
-    // Row block rb's partials are [first + rb * splits, + splits): consecutive, as a combine item
-    // merges them.
-    const int32_t first = plan.num_partials;
-    if (splits > 1) {
-      for (int64_t rb = 0; rb < row_blocks; ++rb) {
-        plan.combine.push_back({static_cast<int32_t>(b), static_cast<int32_t>(rb * kFlashBlockRows),
-                                static_cast<int32_t>(first + rb * splits),
-                                static_cast<int32_t>(splits)});
+    for (int64_t rb = 0; rb < shapes[b].row_blocks; ++rb) {
+      const int32_t row_begin = static_cast<int32_t>(rb * kFlashBlockRows);
+      if (splits > 1) {
+        plan.combine.push_back(
+            {static_cast<int32_t>(b), row_begin, plan.num_partials, static_cast<int32_t>(splits)});
       }
-      plan.num_partials += static_cast<int32_t>(row_blocks * splits);
-    }
-    // Split-major: the row blocks of one column range are neighbours, so the Hopper kernel's
-    // CTA pairs (items 2i, 2i+1) mostly cover the same columns and share their KV tiles.
-    for (int64_t k = 0; k < splits; ++k) {
-      const int64_t tile_begin = k * shapes[b].tiles / splits;
-      const int64_t tile_end = (k + 1) * shapes[b].tiles / splits;
-      for (int64_t rb = 0; rb < row_blocks; ++rb) {
+      for (int64_t k = 0; k < splits; ++k) {
+        const int64_t tile_begin = k * shapes[b].tiles / splits;
+        const int64_t tile_end = (k + 1) * shapes[b].tiles / splits;
         FlashWorkItem item;
         item.seq = static_cast<int32_t>(b);
-        item.row_begin = static_cast<int32_t>(rb * kFlashBlockRows);
+        item.row_begin = row_begin;
         item.col_begin = static_cast<int32_t>(tile_begin * kFlashBlockCols);
         item.col_end = static_cast<int32_t>(std::min(cols, tile_end * kFlashBlockCols));
-        item.partial = splits > 1 ? static_cast<int32_t>(first + rb * splits + k) : -1;
+        item.partial = splits > 1 ? plan.num_partials++ : -1;
         plan.work.push_back(item);
       }
     }

@@ -22,7 +22,9 @@ cudaError_t Launch(const MlaVerifyParams& params, uint64_t* timeline, cudaStream
       cudaFuncSetAttribute(&MlaVerifyFlashSm90Kernel<kProbe>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, flash_sm90::kSmemBytes);
   if (set != cudaSuccess) return set;
-  return flash_sm90::LaunchClustered<kProbe>(params, timeline, stream);
+  MlaVerifyFlashSm90Kernel<kProbe>
+      <<<params.num_work, kHopperFlashThreads, flash_sm90::kSmemBytes, stream>>>(params, timeline);
+  return cudaGetLastError();
 }
 
 }  // namespace
