@@ -58,7 +58,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/mbarrier_sm90.cuh"
 #include "kernels/mla_verify_flash_common.cuh"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_mma.cuh"
@@ -84,7 +83,7 @@ constexpr int kCols = 64;                 // KV columns per tile
 // 24 clocks per SM, with A from registers 17.3, against 16 at the tensor peak). Measured (v20,
 // plans/0004): 8, 12, 16, 20 steps ran faster in that order;
 // 20 brings the kernel to 255 registers with no spills, 24 makes ptxas serialise the wgmma (C7512).
-constexpr int kQRegSteps = 12;
+constexpr int kQRegSteps = 20;
 static_assert(kQRegSteps > 0 && kQRegSteps <= kKvDim / 16, "a k-step count of S");
 constexpr int kUnitsPerRow = kKvDim / 8;  // 16-byte units per KV row (72)
 constexpr int kKvChunks = kKvDim / 64;    // 9
@@ -94,22 +93,13 @@ constexpr int kKvOffset = kQOffset + kTileBytes;
 constexpr int kPOffset = kKvOffset + 2 * kTileBytes;
 constexpr int kMaxXchgOffset = kPOffset + kChunkBytes;
 constexpr int kSumXchgOffset = kMaxXchgOffset + 2 * kRows * 4;
-// mbarriers of the KV ring: full[stage] (the producer's copies of a tile have landed),
-// empty[stage] (both consumer warpgroups are done reading it).
-constexpr int kBarOffset = kSumXchgOffset + 2 * kRows * 4;
-constexpr int kSmemUsed = kBarOffset + 4 * 8;
-constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1: S, softmax, P V
-constexpr int kProducerThreads = 128;  // warpgroup 2: the KV gathers
-constexpr int kConsumerWarps = kConsumerThreads / 32;
-// Registers per thread after the split (setmaxnreg; 240 x 256 + 24 x 128 <= 64K).
-constexpr int kConsumerRegs = 232;
-constexpr int kProducerRegs = 32;
+constexpr int kSmemUsed = kSumXchgOffset + 2 * kRows * 4;
 constexpr int kSmemBytes = kSmemUsed + 1024;  // room to align the base to 1024
 static_assert(kSmemBytes <= 232448, "an sm_90 block may take 227 KB of dynamic shared memory");
 static_assert(kRows * flash::kStageStride <= 2 * kTileBytes,
               "the staged epilogue fits the KV stages");
 static_assert(kRows == 64, "one warpgroup's wgmma covers 64 rows");
-static_assert(kHopperFlashThreads == kConsumerThreads + kProducerThreads, "three warpgroups");
+static_assert(kHopperFlashThreads == 256, "two warpgroups");
 
 // What an instantiation adds to the kernel. kNone is the product. The others are the benchmark's
 // instruments (plans/0004): kTimeline writes clock stamps per CTA (layout below) and computes the
@@ -124,6 +114,38 @@ enum class Sm90Probe { kNone, kTimeline, kNoGathers, kNoMath };
 // id (T = kTimelineTiles).
 inline constexpr int kTimelineTiles = 64;
 inline constexpr int kTimelineStride = kTimelineTiles + 8;
+
+// Gathers row `rr` of this warp's 8 rows (8w .. 8w+7) of KV columns [tile_col, tile_col + 64) into
+// one stage: lane i copies units i, i+32, i+64 (< 72) of the row. slot_lo / slot_hi = the slots of
+// columns tile_col + lane and tile_col + 32 + lane, loaded a tile ahead. Columns past col_end are
+// zero-filled. The tile's 8 rows are issued between the S wgmma (see the main loop).
+__device__ __forceinline__ void LoadKvRow(const bf16_bits* kv, int slot_lo, int slot_hi,
+                                          int tile_col, int col_end, uint32_t dst, int warp,
+                                          int lane, int rr) {
+  const int r = warp * 8 + rr;
+  const int slot = __shfl_sync(kFullMask, r < 32 ? slot_lo : slot_hi, r & 31);
+  const bool valid = tile_col + r < col_end;
+  const bf16_bits* src_row = kv + (valid ? static_cast<int64_t>(slot) * kKvDim : 0);
+#pragma unroll
+  for (int j = 0; j < 3; ++j) {
+    const int u = lane + 32 * j;
+    if (u < kUnitsPerRow) {
+      CpAsync16(dst + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7), src_row + (valid ? u * 8 : 0),
+                valid);
+    }
+  }
+}
+
+// A whole tile (the prologue's): all 8 rows of this warp, one commit group.
+__device__ __forceinline__ void LoadKvTile(const bf16_bits* kv, int slot_lo, int slot_hi,
+                                           int tile_col, int col_end, uint32_t dst, int warp,
+                                           int lane) {
+#pragma unroll
+  for (int rr = 0; rr < 8; ++rr) {
+    LoadKvRow(kv, slot_lo, slot_hi, tile_col, col_end, dst, warp, lane, rr);
+  }
+  CpAsyncCommit();
+}
 
 // Shared-window stores and loads (the generic ones the compiler emits for a pointer into the
 // aligned dynamic shared memory cost an address conversion each).
@@ -149,53 +171,6 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   return t;
 }
 
-// The consumer warpgroups' barrier (named barrier 1: the producer never joins it).
-__device__ __forceinline__ void ConsumerSync() {
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
-}
-
-// The producer warpgroup: every KV tile of the item into the two-stage ring, tile t into stage
-// t % 2 once both consumer warpgroups have released tile t - 2 there. Warp w copies rows 16w ..
-// 16w+15 of each tile (lane i: 16-byte units i, i + 32, i + 64 < 72 of a row), then one
-// cp.async-tracked arrival per thread on full[stage]. kGathers = false (the bench's probe) copies
-// tile 0 alone and leaves the stages stale.
-template <bool kGathers>
-__device__ __forceinline__ void ProduceKvTiles(const bf16_bits* kv, const int32_t* slots,
-                                               int col_begin, int col_end, int num_tiles,
-                                               uint32_t kv_smem, uint32_t full_bar,
-                                               uint32_t empty_bar, int ptid) {
-  const int lane = ptid & 31;
-  const int row0 = (ptid >> 5) * 16;
-  int slot = SlotAt(slots, col_begin + row0 + (lane & 15), col_end);
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    const int stage = tile & 1;
-    const int tile_col = col_begin + tile * kCols;
-    // The next tile's slots load while this thread waits for the stage.
-    const int next_slot = SlotAt(slots, tile_col + kCols + row0 + (lane & 15), col_end);
-    if (tile >= 2) mbarrier::Wait(empty_bar + 8 * stage, ((tile - 2) >> 1) & 1);
-    if (kGathers || tile == 0) {
-      const uint32_t dst = kv_smem + stage * kTileBytes;
-#pragma unroll 4
-      for (int rr = 0; rr < 16; ++rr) {
-        const int r = row0 + rr;
-        const int row_slot = __shfl_sync(kFullMask, slot, rr);
-        const bool valid = tile_col + r < col_end;
-        const bf16_bits* src_row = kv + (valid ? static_cast<int64_t>(row_slot) * kKvDim : 0);
-#pragma unroll
-        for (int j = 0; j < 3; ++j) {
-          const int u = lane + 32 * j;
-          if (u < kUnitsPerRow) {
-            CpAsync16(dst + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7),
-                      src_row + (valid ? u * 8 : 0), valid);
-          }
-        }
-      }
-    }
-    mbarrier::ArriveOnCpAsyncDone(full_bar + 8 * stage);
-    slot = next_slot;
-  }
-}
-
 // timeline: kTimeline's stamps; unused (nullptr) in every other instantiation.
 template <Sm90Probe kProbe>
 __global__ void __launch_bounds__(kHopperFlashThreads, 1)
@@ -217,35 +192,16 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const uint32_t p_smem = smem_base + kPOffset;
   const uint32_t max_xchg = smem_base + kMaxXchgOffset;  // 2 x 64 fp32
   const uint32_t sum_xchg = smem_base + kSumXchgOffset;  // 2 x 64 fp32
-  const uint32_t full_bar = smem_base + kBarOffset;        // [2]
-  const uint32_t empty_bar = full_bar + 16;                // [2]
 
   const VerifyProblem& pr = params.problem;
   const FlashWorkItem item = params.work[blockIdx.x];
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int num_tiles = (item.col_end - item.col_begin + kCols - 1) / kCols;
-  if (tid == 0) {
-    for (int stage = 0; stage < 2; ++stage) {
-      mbarrier::Init(full_bar + 8 * stage, kProducerThreads);
-      mbarrier::Init(empty_bar + 8 * stage, kConsumerWarps);
-    }
-  }
-  __syncthreads();  // the mbarriers are initialised
-  // Warpgroup: 0 and 1 consume (S columns 32wg.., O columns 256wg..), 2 produces. Broadcast from
-  // lane 0 so that the compiler knows it is warp-uniform and keeps the wgmma descriptors built from
-  // it in uniform registers (v18: without it every wgmma of S paid seven instructions of 64-bit
-  // arithmetic and moves).
+  // Warpgroup: S columns 32wg.., O columns 256wg... Broadcast from lane 0 so that the compiler
+  // knows it is warp-uniform and keeps the wgmma descriptors built from it in uniform registers
+  // (v18: without it every wgmma of S paid seven instructions of 64-bit arithmetic and moves).
   const int wg = __shfl_sync(kFullMask, tid >> 7, 0);
-  if (wg == 2) {
-    mbarrier::SetMaxRegisters<kProducerRegs, false>();
-    ProduceKvTiles<kGathers>(pr.kv, flash::DecodeItem(pr, item).slots, item.col_begin,
-                             item.col_end, num_tiles, kv_smem, full_bar, empty_bar,
-                             tid - kConsumerThreads);
-    return;
-  }
-  mbarrier::SetMaxRegisters<kConsumerRegs, true>();
   const int wrow = (warp & 3) * 16;  // this warp's 16 rows of the 64
   const int g = lane >> 2;
   const int c = lane & 3;
@@ -254,13 +210,14 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const int prefix_len = rows.prefix_len;
   const int rows_here = rows.rows_here;
   const int64_t first_row = rows.first_row;
+  const int32_t* slots = rows.slots;
   const int heads = rows.heads;
   const int seq_rows = rows.seq_rows;
   const uint64_t* mask_rows = rows.mask_rows;
   const int words_per_row = rows.words_per_row;
 
   // Q: 64 rows x 72 units into 9 swizzled chunks; rows past the sequence are zero.
-  for (int idx = tid; idx < kRows * kUnitsPerRow; idx += kConsumerThreads) {
+  for (int idx = tid; idx < kRows * kUnitsPerRow; idx += kHopperFlashThreads) {
     const int r = idx / kUnitsPerRow;
     const int u = idx % kUnitsPerRow;
     const bool valid = r < rows_here;
@@ -283,6 +240,12 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
 
+  const int num_tiles = (item.col_end - item.col_begin + kCols - 1) / kCols;
+  LoadKvTile(pr.kv, SlotAt(slots, item.col_begin + lane, item.col_end),
+             SlotAt(slots, item.col_begin + 32 + lane, item.col_end), item.col_begin, item.col_end,
+             kv_smem, warp, lane);
+  int next_lo = SlotAt(slots, item.col_begin + kCols + lane, item.col_end);
+  int next_hi = SlotAt(slots, item.col_begin + kCols + 32 + lane, item.col_end);
 
   // Descriptors (K-major, 128-byte swizzle): A = Q rows 0..63; B = K rows 32wg .. 32wg+31.
   const uint64_t q_desc = wgmma::MakeDescriptor(q_smem, 16, 1024);
@@ -290,8 +253,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // landed: lane l addresses row wrow + (l & 15), 16-byte unit 2 (ks % 4) + (l >> 4) of chunk ks / 4.
   uint32_t q_frag[kQRegSteps][4];
   CpAsyncWaitAll();
-  wgmma::FenceProxyAsyncShared();  // Q, read by ldmatrix below and by the wgmma of S
-  ConsumerSync();
+  __syncthreads();
 #pragma unroll
   for (int ks = 0; ks < kQRegSteps; ++ks) {
     mma::LdMatrixX4(q_frag[ks], q_smem + (ks / 4) * kChunkBytes +
@@ -301,8 +263,10 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int tile_col = item.col_begin + tile * kCols;
     const uint32_t kv_tile = kv_smem + (tile & 1) * kTileBytes;
-    mbarrier::Wait(full_bar + 8 * (tile & 1), (tile >> 1) & 1);  // tile j landed
-    wgmma::FenceProxyAsyncShared();  // the producer's cp.async writes, read next by wgmma
+    CpAsyncWaitAll();
+    wgmma::FenceProxyAsyncShared();
+    __syncthreads();  // tile j (and Q) landed for all; both warpgroups are done with the other
+                      // stage
     // Stamp k + 2: tile k's data is in (k = 0: the prologue, Q and the first tile, is over).
     if (kTimeline && threadIdx.x == 0 && tile < kTimelineTiles) stamps[2 + tile] = clock64();
 
@@ -313,6 +277,12 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     wgmma::Fence();
     const uint64_t k_desc =
         wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
+    // Tile j+1's gather goes between the S wgmma, one KV row of this warp after every fourth: the
+    // warps wait on the tensor cores there anyway, and issued after the last wgmma it sat on the
+    // critical path (v18, plans/0004: 16 % of the stall samples at S1). On the last tile it
+    // zero-fills the idle stage (every column is past col_end); the epilogue waits for it.
+    const uint32_t next_stage = kv_smem + ((tile + 1) & 1) * kTileBytes;
+    const int next_col = tile_col + kCols;
 #pragma unroll
     for (int ks = 0; ks < kKvDim / 16; ++ks) {
       const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
@@ -323,8 +293,14 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
                             wgmma::AdvanceDescriptor(k_desc, off));
       }
+      if (kGathers && ks % 4 == 3 && ks / 4 < 8) {
+        LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, ks / 4);
+      }
     }
     wgmma::Commit();
+    CpAsyncCommit();
+    next_lo = SlotAt(slots, tile_col + 2 * kCols + lane, item.col_end);
+    next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
     wgmma::WaitAll();
     wgmma::PinRegisters(s);
 
@@ -358,7 +334,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 2));
       if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), tile_max[h]);
     }
-    ConsumerSync();  // both warpgroups' tile maxima are visible
+    __syncthreads();  // both warpgroups' tile maxima are visible
 
     float alpha[2];
     float base[2];
@@ -419,7 +395,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     }
     wgmma::Commit();
     wgmma::FenceProxyAsyncShared();
-    ConsumerSync();  // the other warpgroup's 32 columns of P are in shared memory
+    __syncthreads();  // the other warpgroup's 32 columns of P are in shared memory
     const uint64_t p_desc = wgmma::MakeDescriptor(smem_base + kPOffset, 16, 1024);
     if (kMath) {
 #pragma unroll
@@ -438,11 +414,10 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p_frag[k][e])::"memory");
     }
-    __syncwarp();
-    if (lane == 0) mbarrier::Arrive(empty_bar + 8 * (tile & 1));  // this warp is done with tile j
   }
 
   if (kTimeline && threadIdx.x == 0) stamps[2 + kTimelineTiles] = clock64();
+  CpAsyncWaitAll();  // the last tile's zero-filling gather, before the stages hold the epilogue
     // Row sums: this lane's quarter, then the quad, then both warpgroups (warpgroup 0 first, so
     // every run adds in the same order).
 #pragma unroll
@@ -452,7 +427,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     x += __shfl_xor_sync(kFullMask, x, 2);
     if (c == 0) StSharedF32(sum_xchg + 4 * (wg * kRows + wrow + g + 8 * h), x);
   }
-  ConsumerSync();
+  __syncthreads();
 
   // The LSE of each row (one writer per row), and the row's 1/sum for the O scaling below.
   float inv[2];
@@ -481,7 +456,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   }
   uint8_t* dst = flash::OutRows(params, item, first_row);
   wgmma::FenceProxyAsyncShared();  // st.shared above, read by the async (bulk copy) proxy
-  ConsumerSync();
+  __syncthreads();
   if (tid < rows_here) {
     asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(
                      dst + static_cast<int64_t>(tid) * flash::kOutRowBytes),
@@ -493,7 +468,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
   }
   if (kTimeline) {
-    ConsumerSync();
+    __syncthreads();
     if (threadIdx.x == 0) {
       stamps[3 + kTimelineTiles] = clock64();
       stamps[4 + kTimelineTiles] = GlobalTimerNs();

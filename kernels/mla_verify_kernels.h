@@ -23,7 +23,7 @@ void LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
 // one, kHopperFlashThreads threads and HopperFlashSmemBytes() (> 99 KB) of shared memory per CTA.
 // Its machine code exists only for sm_90a: HopperFlashKernelSymbol() has no image elsewhere. The
 // benchmark's instrumented builds of it (timeline, no gathers, no wgmma) live in tools/bench.
-inline constexpr int kHopperFlashThreads = 384;
+inline constexpr int kHopperFlashThreads = 256;
 int HopperFlashSmemBytes();
 const void* HopperFlashKernelSymbol();
 void LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
