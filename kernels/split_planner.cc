@@ -70,16 +70,20 @@ absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
   }
 
   // Candidate chunks: every length that changes some sequence's split count is too many to try for
-  // L = 256K, so try all chunks up to 64 tiles and then a geometric ladder; the cost is flat
-  // between.
+  // L = 256K, so try all chunks up to 64 tiles, every chunk that cuts the longest sequence into 1
+  // .. num_sms splits (the ladder alone missed SH's 66: plans/0004, session 11), and a geometric
+  // ladder between; the cost is flat between.
   std::vector<int64_t> candidates;
   for (int64_t c = 1; c <= std::min<int64_t>(64, max_tiles); ++c) candidates.push_back(c);
+  for (int64_t splits = 1; splits <= std::min<int64_t>(num_sms, max_tiles); ++splits)
+    candidates.push_back(CeilDiv(max_tiles, splits));
   for (double c = 64; c < static_cast<double>(max_tiles); c *= 1.03)
     candidates.push_back(static_cast<int64_t>(c));
   candidates.push_back(max_tiles);
-  // The cheapest chunk by the model; then, among chunks within 2% of it, the one with the fewest
+  // The cheapest chunk by the model; then, among chunks within 1% of it, the one with the fewest
   // items: the model does not charge for partials and the combine, so a near-tie must not split
-  // (S6's 128 row blocks were once cut 33 ways for a modelled 0.1%).
+  // (S6's 128 row blocks were once cut 33 ways for a modelled 0.1%). At 2% SH took 126 items of
+  // 46 tiles where 132 of 44 fit one wave.
   struct Candidate {
     int64_t chunk, cost, items;
   };
@@ -101,7 +105,7 @@ absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
   int64_t best_chunk = max_tiles;
   int64_t best_items = INT64_MAX;
   for (const Candidate& c : costed) {
-    if (c.cost * 50 <= best_cost * 51 && c.items < best_items) {
+    if (c.cost * 100 <= best_cost * 101 && c.items < best_items) {
       best_items = c.items;
       best_chunk = c.chunk;
     }

@@ -2,6 +2,7 @@
 // once, in order, by tile-aligned splits; partials and combine items line up; the SMs are filled.
 #include "kernels/split_planner.h"
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <tuple>
@@ -122,10 +123,12 @@ TEST(SplitPlanner, FillsTheSmsOnSpecShapes) {
   struct Shape {
     int batch, heads, q, l;
   };
-  // S1..S7 of SPEC §5 on an H200's 132 SMs: at least 90% of a whole number of waves is busy.
+  // S1..S8 and SH of SPEC §5 on an H200's 132 SMs: at least 90% of a whole number of waves is
+  // busy.
   for (const Shape& s : {Shape{1, 8, 16, 65536}, Shape{1, 64, 9, 16384}, Shape{1, 64, 33, 65536},
                          Shape{8, 16, 16, 8192}, Shape{32, 8, 8, 4096}, Shape{1, 128, 64, 131072},
-                         Shape{1, 8, 16, 262144}}) {
+                         Shape{1, 8, 16, 262144}, Shape{1, 8, 128, 131072},
+                         Shape{1, 8, 16, 185000}}) {
     std::vector<int32_t> L(s.batch, s.l), Q(s.batch, s.q);
     auto plan = PlanSplits(L, Q, s.heads, 132);
     ASSERT_TRUE(plan.ok());
@@ -133,6 +136,21 @@ TEST(SplitPlanner, FillsTheSmsOnSpecShapes) {
     const double waves = std::ceil(items / 132);
     EXPECT_GE(items / (waves * 132), 0.9)
         << "B=" << s.batch << " H=" << s.heads << " items=" << items;
+  }
+}
+
+// One long sequence of two row blocks (S1, S7, SH: H = 8, a 16-node tree) is cut 66 ways, so its
+// 132 items take every SM once: at 126 items (SH, before session 11) each CTA ran 46 tiles of 64
+// columns where 44 would do.
+TEST(SplitPlanner, TwoRowBlocksOfOneLongSequenceTakeEverySm) {
+  for (int32_t l : {65536, 185000, 262144}) {
+    auto plan = PlanSplits(std::vector<int32_t>{l}, std::vector<int32_t>{16}, 8, 132);
+    ASSERT_TRUE(plan.ok());
+    EXPECT_EQ(plan->work.size(), 132u) << "L=" << l;
+    int longest = 0;
+    for (const FlashWorkItem& w : plan->work) longest = std::max(longest, w.col_end - w.col_begin);
+    // The longest item is within one 64-column tile of an even cut.
+    EXPECT_LE(longest, (l + 16) / 66 + 64) << "L=" << l;
   }
 }
 
