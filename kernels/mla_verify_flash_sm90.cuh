@@ -318,11 +318,10 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     float tile_max[2] = {-INFINITY, -INFINITY};
     // Two loops rather than a test per value: only the tiles that reach the tree or col_end read
     // the mask (v18: the per-value branch cost instruction-cache misses on every tile).
-    // The maxima are of the unscaled products: the launcher requires scale > 0, so the scale
-    // commutes with the max and folds into the exponent's FMA below (one multiply per value less).
     if (all_visible) {
 #pragma unroll
       for (int v = 0; v < 16; ++v) {
+        s[v] *= scale_log2;
         tile_max[(v >> 1) & 1] = fmaxf(tile_max[(v >> 1) & 1], s[v]);
       }
     } else {
@@ -334,7 +333,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
             t < item.col_end &&
             (t < prefix_len || (my_node[h] >= 0 && ColumnVisible(mask_rows, words_per_row,
                                                                  prefix_len, my_node[h], t)));
-        s[v] = visible ? s[v] : -INFINITY;
+        s[v] = visible ? s[v] * scale_log2 : -INFINITY;
         tile_max[h] = fmaxf(tile_max[h], s[v]);
       }
     }
@@ -351,7 +350,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float other = LdSharedF32(max_xchg + 4 * ((1 - wg) * kRows + wrow + g + 8 * h));
-      const float new_max = fmaxf(row_max[h], fmaxf(tile_max[h], other) * scale_log2);
+      const float new_max = fmaxf(row_max[h], fmaxf(tile_max[h], other));
       // A row that has seen nothing yet keeps max -inf; subtracting 0 then keeps exp2 finite.
       base[h] = new_max == -INFINITY ? 0.f : new_max;
       alpha[h] = Exp2Ftz(row_max[h] - base[h]);
@@ -365,24 +364,15 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float p0 = Exp2Ftz(fmaf(s[4 * i + 2 * h], scale_log2, -base[h]));
-        const float p1 = Exp2Ftz(fmaf(s[4 * i + 2 * h + 1], scale_log2, -base[h]));
+        const float p0 = Exp2Ftz(s[4 * i + 2 * h] - base[h]);
+        const float p1 = Exp2Ftz(s[4 * i + 2 * h + 1] - base[h]);
         sum[h] += p0 + p1;
-        p_frag[i >> 1][(i & 1) * 2 + h] = mma::PackBf16x2(p0, p1);
+        const int row = wrow + g + 8 * h;
+        const uint32_t packed = mma::PackBf16x2(p0, p1);
+        p_frag[i >> 1][(i & 1) * 2 + h] = packed;
+        // P row `row`, tokens 32wg + 8i + 2c, +1: unit 4wg + i of the swizzled row, word c.
+        StShared32(p_smem + SwizzledOffset(row, wg * 4 + i) + 4 * c, packed);
       }
-    }
-    // P to shared memory for the other warpgroup: each fragment register is row g of an 8 x 8
-    // matrix (tokens 8i .. 8i+7 of this warpgroup's 32 = unit 4wg + i of the swizzled row), so two
-    // stmatrix store all eight; lane l addresses row l % 8 of matrix l / 8 = (i, h) in register
-    // order.
-    // Matrices i = 2k, 2k + 1 differ from i = 0, 1 in bit 1 of the unit, which the swizzle keeps
-    // (it XORs the unit with row % 8): the second address is the first with bit 5 flipped.
-    {
-      const int m = lane >> 3;
-      const uint32_t addr =
-          p_smem + SwizzledOffset(wrow + 8 * (m & 1) + (lane & 7), wg * 4 + (m >> 1));
-      mma::StMatrixX4(addr, p_frag[0]);
-      mma::StMatrixX4(addr ^ 32u, p_frag[1]);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * alpha[h] + sum[h];

@@ -17,14 +17,6 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
-// The inverse of LdMatrixX4: register i holds row (lane / 4) of matrix i, elements 2 (lane % 4)
-// and + 1; lanes 8i .. 8i+7 give the row addresses of matrix i. sm_90 and later.
-__device__ __forceinline__ void StMatrixX4(uint32_t addr, const uint32_t (&r)[4]) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-               : "memory");
-}
-
 // Same, each 8x8 matrix transposed on the way (B operand from a row-major [k][n] tile).
 __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
