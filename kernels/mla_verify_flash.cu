@@ -59,6 +59,7 @@ namespace verifyd {
 namespace {
 
 using flash::kFullMask;
+using flash::Exp2Ftz;
 using flash::kLog2e;
 using flash::kRows;
 using mma::CpAsync16;
@@ -274,13 +275,13 @@ __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVeri
       const float new_max = fmaxf(row_max, tile_max);
       // A row that has seen nothing yet keeps max -inf; subtracting 0 then keeps exp2 finite.
       const float base = new_max == -INFINITY ? 0.f : new_max;
-      const float alpha = exp2f(row_max - base);
+      const float alpha = Exp2Ftz(row_max - base);
       row_max = new_max;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
-        const float p0 = exp2f(x[2 * nt] - base);
-        const float p1 = exp2f(x[2 * nt + 1] - base);
+        const float p0 = Exp2Ftz(x[2 * nt] - base);
+        const float p1 = Exp2Ftz(x[2 * nt + 1] - base);
         sum += p0 + p1;
         *reinterpret_cast<uint32_t*>(p_smem + my_row * kPStride + nt * 8 + 2 * c) =
             mma::PackBf16x2(p0, p1);

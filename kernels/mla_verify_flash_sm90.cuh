@@ -68,6 +68,7 @@
 namespace verifyd::flash_sm90 {
 
 using flash::kFullMask;
+using flash::Exp2Ftz;
 using flash::kLog2e;
 using flash::kRows;
 using mma::CpAsync16;
@@ -159,15 +160,6 @@ __device__ __forceinline__ float LdSharedF32(uint32_t addr) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
   return v;
-}
-
-// 2^x on the special-function unit with denormal results flushed to zero. exp2f compiles to the
-// non-flushing form, which wraps each MUFU.EX2 in a range test and two multiplies; a probability
-// below 2^-126 against a row maximum of 2^0 changes no bf16 output.
-__device__ __forceinline__ float Exp2Ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 __device__ __forceinline__ int SlotAt(const int32_t* slots, int col, int col_end) {
