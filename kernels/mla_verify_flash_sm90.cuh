@@ -84,14 +84,7 @@ constexpr int kCols = 64;                 // KV columns per tile
 // 24 clocks per SM, with A from registers 17.3, against 16 at the tensor peak). Measured (v20,
 // plans/0004): 8, 12, 16, 20 steps ran faster in that order;
 // 20 brings the kernel to 255 registers with no spills, 24 makes ptxas serialise the wgmma (C7512).
-#ifndef VERIFYD_V28_QSTEPS
-#define VERIFYD_V28_QSTEPS 8
-#endif
-#ifndef VERIFYD_V28_OFFSET
-#define VERIFYD_V28_OFFSET 1
-#endif
-constexpr int kQRegSteps = VERIFYD_V28_QSTEPS;
-constexpr bool kOffsetWarpgroups = VERIFYD_V28_OFFSET;
+constexpr int kQRegSteps = 20;
 static_assert(kQRegSteps > 0 && kQRegSteps <= kKvDim / 16, "a k-step count of S");
 constexpr int kUnitsPerRow = kKvDim / 8;  // 16-byte units per KV row (72)
 constexpr int kKvChunks = kKvDim / 64;    // 9
@@ -169,13 +162,6 @@ __device__ __forceinline__ float LdSharedF32(uint32_t addr) {
   return v;
 }
 
-__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 __device__ __forceinline__ int SlotAt(const int32_t* slots, int col, int col_end) {
   return col < col_end ? slots[col] : 0;
 }
@@ -204,6 +190,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const uint32_t smem_base = mma::SmemAddr(smem);
   const uint32_t q_smem = smem_base + kQOffset;
   const uint32_t kv_smem = smem_base + kKvOffset;
+  const uint32_t p_smem = smem_base + kPOffset;
+  const uint32_t max_xchg = smem_base + kMaxXchgOffset;  // 2 x 64 fp32
+  const uint32_t sum_xchg = smem_base + kSumXchgOffset;  // 2 x 64 fp32
 
   const VerifyProblem& pr = params.problem;
   const FlashWorkItem item = params.work[blockIdx.x];
@@ -281,26 +270,28 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
                       // stage
     // Stamp k + 2: tile k's data is in (k = 0: the prologue, Q and the first tile, is over).
     if (kTimeline && threadIdx.x == 0 && tile < kTimelineTiles) stamps[2 + tile] = clock64();
-    // Warpgroup 1 issues its S once warpgroup 0's S is done, so that its S runs under warpgroup
-    // 0's softmax and its softmax under warpgroup 0's P V.
-    if (kOffsetWarpgroups && wg == 1) NamedBarrierSync(1, kHopperFlashThreads);
 
-    float s[32];
+    float s[16];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = 0.f;
+    for (int i = 0; i < 16; ++i) s[i] = 0.f;
     wgmma::PinRegisters(s);
     wgmma::Fence();
-    const uint64_t k_desc = wgmma::MakeDescriptor(kv_tile, 16, 1024);
+    const uint64_t k_desc =
+        wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
+    // Tile j+1's gather goes between the S wgmma, one KV row of this warp after every fourth: the
+    // warps wait on the tensor cores there anyway, and issued after the last wgmma it sat on the
+    // critical path (v18, plans/0004: 16 % of the stall samples at S1). On the last tile it
+    // zero-fills the idle stage (every column is past col_end); the epilogue waits for it.
     const uint32_t next_stage = kv_smem + ((tile + 1) & 1) * kTileBytes;
     const int next_col = tile_col + kCols;
 #pragma unroll
     for (int ks = 0; ks < kKvDim / 16; ++ks) {
       const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
       if (kMath && ks < kQRegSteps) {
-        wgmma::MmaM64N64K16RegA(s, q_frag[ks < kQRegSteps ? ks : 0],
+        wgmma::MmaM64N32K16RegA(s, q_frag[ks < kQRegSteps ? ks : 0],
                                 wgmma::AdvanceDescriptor(k_desc, off));
       } else if (kMath) {
-        wgmma::MmaM64N64K16(s, wgmma::AdvanceDescriptor(q_desc, off),
+        wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
                             wgmma::AdvanceDescriptor(k_desc, off));
       }
       if (kGathers && ks % 4 == 3 && ks / 4 < 8) {
@@ -313,22 +304,23 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
     wgmma::WaitAll();
     wgmma::PinRegisters(s);
-    if (kOffsetWarpgroups && wg == 0) NamedBarrierArrive(1, kHopperFlashThreads);
 
-    // s[4i + e]: row wrow + g + 8 (e >> 1), column 8i + 2c + (e & 1) of the tile.
+    // s[4i + e]: row wrow + g + 8 (e >> 1), column 32wg + 8i + 2c + (e & 1) of the tile.
     const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= item.col_end;
     float tile_max[2] = {-INFINITY, -INFINITY};
+    // Two loops rather than a test per value: only the tiles that reach the tree or col_end read
+    // the mask (v18: the per-value branch cost instruction-cache misses on every tile).
     if (all_visible) {
 #pragma unroll
-      for (int v = 0; v < 32; ++v) {
+      for (int v = 0; v < 16; ++v) {
         s[v] *= scale_log2;
         tile_max[(v >> 1) & 1] = fmaxf(tile_max[(v >> 1) & 1], s[v]);
       }
     } else {
 #pragma unroll
-      for (int v = 0; v < 32; ++v) {
+      for (int v = 0; v < 16; ++v) {
         const int h = (v >> 1) & 1;
-        const int t = tile_col + 8 * (v >> 2) + 2 * c + (v & 1);
+        const int t = tile_col + wg * 32 + 8 * (v >> 2) + 2 * c + (v & 1);
         const bool visible =
             t < item.col_end &&
             (t < prefix_len || (my_node[h] >= 0 && ColumnVisible(mask_rows, words_per_row,
@@ -337,33 +329,47 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         tile_max[h] = fmaxf(tile_max[h], s[v]);
       }
     }
-    float alpha[2];
-    float base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 1));
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 2));
-      const float new_max = fmaxf(row_max[h], tile_max[h]);
+      if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), tile_max[h]);
+    }
+    __syncthreads();  // both warpgroups' tile maxima are visible
+
+    float alpha[2];
+    float base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float other = LdSharedF32(max_xchg + 4 * ((1 - wg) * kRows + wrow + g + 8 * h));
+      const float new_max = fmaxf(row_max[h], fmaxf(tile_max[h], other));
       // A row that has seen nothing yet keeps max -inf; subtracting 0 then keeps exp2 finite.
       base[h] = new_max == -INFINITY ? 0.f : new_max;
       alpha[h] = Exp2Ftz(row_max[h] - base[h]);
       row_max[h] = new_max;
     }
     float sum[2] = {0.f, 0.f};
-    // P as wgmma A fragments: 16 tokens per k-step, accumulator column groups 2k and 2k + 1.
-    uint32_t p_frag[4][4];
+    // This warpgroup's P as wgmma A fragments: 16 tokens per k-step, accumulator column groups
+    // 2k and 2k + 1 (rows g and g + 8 of the warp).
+    uint32_t p_frag[2][4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < 4; ++i) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float p0 = Exp2Ftz(s[4 * i + 2 * h] - base[h]);
         const float p1 = Exp2Ftz(s[4 * i + 2 * h + 1] - base[h]);
         sum[h] += p0 + p1;
-        p_frag[i >> 1][(i & 1) * 2 + h] = mma::PackBf16x2(p0, p1);
+        const int row = wrow + g + 8 * h;
+        const uint32_t packed = mma::PackBf16x2(p0, p1);
+        p_frag[i >> 1][(i & 1) * 2 + h] = packed;
+        // P row `row`, tokens 32wg + 8i + 2c, +1: unit 4wg + i of the swizzled row, word c.
+        StShared32(p_smem + SwizzledOffset(row, wg * 4 + i) + 4 * c, packed);
       }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * alpha[h] + sum[h];
+    // Rescale, skipped when no row of this warp moved its max (the common case deep in a long
+    // prefix). The vote is warp-uniform, so every warp reconverges before the wgmma below.
     if (__any_sync(kFullMask, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
@@ -373,21 +379,39 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         o[4 * i + 3] *= alpha[1];
       }
     }
+    // O += P V in two halves of k: this warpgroup's own 32 tokens with P from registers, issued
+    // before the barrier that brings the other warpgroup's 32 (so the barrier waits under tensor
+    // work; v14, plans/0004), then those from shared memory. B = V read MN-major: rows = tokens,
+    // n = dims 256wg .. 256wg+255 over chunks 4wg .. 4wg+3 (LBO = one chunk), SBO = 8 token rows.
     wgmma::PinRegisters(o);
     wgmma::Fence();
     const uint64_t v_desc =
         wgmma::MakeDescriptor(kv_tile + wg * 4 * kChunkBytes, kChunkBytes, 1024);
     if (kMath) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        wgmma::MmaM64N256K16RegATransB(o, p_frag[k], wgmma::AdvanceDescriptor(v_desc, k * 16 * 128));
+      for (int k = 0; k < 2; ++k) {
+        wgmma::MmaM64N256K16RegATransB(o, p_frag[k],
+                                       wgmma::AdvanceDescriptor(v_desc, (2 * wg + k) * 16 * 128));
+      }
+    }
+    wgmma::Commit();
+    wgmma::FenceProxyAsyncShared();
+    __syncthreads();  // the other warpgroup's 32 columns of P are in shared memory
+    const uint64_t p_desc = wgmma::MakeDescriptor(smem_base + kPOffset, 16, 1024);
+    if (kMath) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int kk = 2 * (1 - wg) + k;
+        wgmma::MmaM64N256K16TransB(o, wgmma::AdvanceDescriptor(p_desc, kk * 32),
+                                   wgmma::AdvanceDescriptor(v_desc, kk * 16 * 128));
       }
     }
     wgmma::Commit();
     wgmma::WaitAll();
     wgmma::PinRegisters(o);
+    // The register A operand is read asynchronously: its registers stay unclaimed until here.
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < 2; ++k) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p_frag[k][e])::"memory");
     }
@@ -395,20 +419,28 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 
   if (kTimeline && threadIdx.x == 0) stamps[2 + kTimelineTiles] = clock64();
   CpAsyncWaitAll();  // the last tile's zero-filling gather, before the stages hold the epilogue
-  float inv[2];
+    // Row sums: this lane's quarter, then the quad, then both warpgroups (warpgroup 0 first, so
+    // every run adds in the same order).
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float x = row_sum[h];
     x += __shfl_xor_sync(kFullMask, x, 1);
     x += __shfl_xor_sync(kFullMask, x, 2);
+    if (c == 0) StSharedF32(sum_xchg + 4 * (wg * kRows + wrow + g + 8 * h), x);
+  }
+  __syncthreads();
+
+  // The LSE of each row (one writer per row), and the row's 1/sum for the O scaling below.
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
     const int r = wrow + g + 8 * h;
-    inv[h] = x > 0.f ? 1.f / x : 0.f;
+    const float total = LdSharedF32(sum_xchg + 4 * r) + LdSharedF32(sum_xchg + 4 * (kRows + r));
+    inv[h] = total > 0.f ? 1.f / total : 0.f;
     if (r < rows_here && wg == 0 && c == 0) {
-      flash::WriteLse(params, item, first_row, r, flash::RowLse(row_max[h], x));
+      flash::WriteLse(params, item, first_row, r, flash::RowLse(row_max[h], total));
     }
   }
-  __syncthreads();  // both warpgroups' last P V has read its stage
-
   // Staged: the rows go to shared memory (the KV stages are free: no gather is in flight and every
   // wgmma has completed), then leave as one bulk copy per row.
   const uint32_t stage = smem_base + kKvOffset;
