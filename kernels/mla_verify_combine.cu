@@ -23,9 +23,6 @@
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_mma.cuh"
 
-#ifndef VERIFYD_V30_PDL
-#define VERIFYD_V30_PDL 0
-#endif
 namespace verifyd {
 namespace {
 
@@ -110,10 +107,6 @@ __device__ __forceinline__ void FinishRow(MergeState state, int group, int dim4,
 template <int kGroups, int kBatch>
 __global__ void __launch_bounds__(kDimThreads* kGroups, kBatch <= 8 ? 8 : 1)
     MlaVerifyCombineKernel(MlaVerifyParams params) {
-#if VERIFYD_V30_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
   __shared__ GroupExchange<kGroups> shared;
   const CombineItem item = params.combine[blockIdx.x];
   const int r = blockIdx.y;
@@ -162,39 +155,20 @@ __global__ void __launch_bounds__(kDimThreads* kGroups, kBatch <= 8 ? 8 : 1)
 
 }  // namespace
 
-template <typename Kernel>
-void LaunchCombine(Kernel kernel, dim3 grid, int threads, const MlaVerifyParams& params,
-                   cudaStream_t stream) {
-#if VERIFYD_V30_PDL
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, kernel, params);
-#else
-  kernel<<<grid, threads, 0, stream>>>(params);
-#endif
-}
-
 void LaunchCombineKernel(const MlaVerifyParams& params, cudaStream_t stream) {
   if (params.num_combine == 0) return;
   const dim3 grid(params.num_combine, kFlashBlockRows);
   if (params.max_splits >= kManySplits) {
     // 17 splits per group at S1/S7 (66 splits): one batch.
-    LaunchCombine(MlaVerifyCombineKernel<4, 20>, grid, kDimThreads * 4, params, stream);
+    MlaVerifyCombineKernel<4, 20><<<grid, kDimThreads * 4, 0, stream>>>(params);
   } else if (params.max_splits > 8) {
-    LaunchCombine(MlaVerifyCombineKernel<1, 16>, grid, kDimThreads, params, stream);
+    MlaVerifyCombineKernel<1, 16><<<grid, kDimThreads, 0, stream>>>(params);
   } else if (params.max_splits > 4) {
-    LaunchCombine(MlaVerifyCombineKernel<1, 8>, grid, kDimThreads, params, stream);
+    MlaVerifyCombineKernel<1, 8><<<grid, kDimThreads, 0, stream>>>(params);
   } else {
     // Many combine items with few splits (S5: 2048 CTAs of 4 splits): a batch no larger than the
     // splits keeps the registers (48) low, so more CTAs are resident at once.
-    LaunchCombine(MlaVerifyCombineKernel<1, 4>, grid, kDimThreads, params, stream);
+    MlaVerifyCombineKernel<1, 4><<<grid, kDimThreads, 0, stream>>>(params);
   }
 }
 

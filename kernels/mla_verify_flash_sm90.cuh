@@ -84,15 +84,6 @@ constexpr int kCols = 64;                 // KV columns per tile
 // 24 clocks per SM, with A from registers 17.3, against 16 at the tensor peak). Measured (v20,
 // plans/0004): 8, 12, 16, 20 steps ran faster in that order;
 // 20 brings the kernel to 255 registers with no spills, 24 makes ptxas serialise the wgmma (C7512).
-#ifndef VERIFYD_V30_PDL
-#define VERIFYD_V30_PDL 0
-#endif
-#ifndef VERIFYD_V29_FRONT
-#define VERIFYD_V29_FRONT 0
-#endif
-#ifndef VERIFYD_V29_PREFETCH
-#define VERIFYD_V29_PREFETCH 0
-#endif
 constexpr int kQRegSteps = 20;
 static_assert(kQRegSteps > 0 && kQRegSteps <= kKvDim / 16, "a k-step count of S");
 constexpr int kUnitsPerRow = kKvDim / 8;  // 16-byte units per KV row (72)
@@ -193,10 +184,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     stamps[0] = GlobalTimerNs();
     stamps[1] = clock64();
   }
-#if VERIFYD_V30_PDL
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
@@ -307,13 +294,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
                             wgmma::AdvanceDescriptor(k_desc, off));
       }
-      if (kGathers && VERIFYD_V29_FRONT && ks == 3) {
-#pragma unroll
-        for (int rr = 0; rr < 8; ++rr) {
-          LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, rr);
-        }
-      }
-      if (kGathers && !VERIFYD_V29_FRONT && ks % 4 == 3 && ks / 4 < 8) {
+      if (kGathers && ks % 4 == 3 && ks / 4 < 8) {
         LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, ks / 4);
       }
     }
@@ -321,14 +302,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     CpAsyncCommit();
     next_lo = SlotAt(slots, tile_col + 2 * kCols + lane, item.col_end);
     next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
-    if (kGathers && VERIFYD_V29_PREFETCH && warp < 2) {
-      const int col = tile_col + 2 * kCols + 32 * warp + lane;
-      if (col < item.col_end) {
-        const bf16_bits* row = pr.kv + static_cast<int64_t>(warp == 0 ? next_lo : next_hi) * kKvDim;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(kKvDim * 2)
-                     : "memory");
-      }
-    }
     wgmma::WaitAll();
     wgmma::PinRegisters(s);
 
