@@ -17,11 +17,14 @@
 // one round trip to L2 per batch, no block reduction (plans/0004, v15: S1 -1.0 us, S2 -2.2 us).
 // Bulk copies (TMA) of the partial rows into shared memory were 1.5 us slower at S1 (v15b).
 // Both add in a fixed order: the same bits on every run.
+// Launched programmatically behind the flash kernel (programmatic_launch.cuh): it waits for the
+// flash grid before its first read.
 #include <cmath>
 
 #include "verify/mla_dims.h"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_mma.cuh"
+#include "kernels/programmatic_launch.cuh"
 
 namespace verifyd {
 namespace {
@@ -107,6 +110,10 @@ __device__ __forceinline__ void FinishRow(MergeState state, int group, int dim4,
 template <int kGroups, int kBatch>
 __global__ void __launch_bounds__(kDimThreads* kGroups, kBatch <= 8 ? 8 : 1)
     MlaVerifyCombineKernel(MlaVerifyParams params) {
+  // Launched programmatically behind the flash kernel (programmatic_launch.cuh): its partials are
+  // complete and visible only after this wait.
+  pdl::WaitForPriorGrid();
+  pdl::AllowDependentLaunch();
   __shared__ GroupExchange<kGroups> shared;
   const CombineItem item = params.combine[blockIdx.x];
   const int r = blockIdx.y;
@@ -155,21 +162,23 @@ __global__ void __launch_bounds__(kDimThreads* kGroups, kBatch <= 8 ? 8 : 1)
 
 }  // namespace
 
-void LaunchCombineKernel(const MlaVerifyParams& params, cudaStream_t stream) {
-  if (params.num_combine == 0) return;
+cudaError_t LaunchCombineKernel(const MlaVerifyParams& params, bool programmatic,
+                                cudaStream_t stream) {
+  if (params.num_combine == 0) return cudaSuccess;
   const dim3 grid(params.num_combine, kFlashBlockRows);
+  auto launch = [&](auto kernel, int threads) {
+    return pdl::LaunchMaybeProgrammatic(kernel, grid, dim3(threads), 0, stream, programmatic,
+                                        params);
+  };
   if (params.max_splits >= kManySplits) {
     // 17 splits per group at S1/S7 (66 splits): one batch.
-    MlaVerifyCombineKernel<4, 20><<<grid, kDimThreads * 4, 0, stream>>>(params);
-  } else if (params.max_splits > 8) {
-    MlaVerifyCombineKernel<1, 16><<<grid, kDimThreads, 0, stream>>>(params);
-  } else if (params.max_splits > 4) {
-    MlaVerifyCombineKernel<1, 8><<<grid, kDimThreads, 0, stream>>>(params);
-  } else {
-    // Many combine items with few splits (S5: 2048 CTAs of 4 splits): a batch no larger than the
-    // splits keeps the registers (48) low, so more CTAs are resident at once.
-    MlaVerifyCombineKernel<1, 4><<<grid, kDimThreads, 0, stream>>>(params);
+    return launch(&MlaVerifyCombineKernel<4, 20>, kDimThreads * 4);
   }
+  if (params.max_splits > 8) return launch(&MlaVerifyCombineKernel<1, 16>, kDimThreads);
+  if (params.max_splits > 4) return launch(&MlaVerifyCombineKernel<1, 8>, kDimThreads);
+  // Many combine items with few splits (S5: 2048 CTAs of 4 splits): a batch no larger than the
+  // splits keeps the registers (48) low, so more CTAs are resident at once.
+  return launch(&MlaVerifyCombineKernel<1, 4>, kDimThreads);
 }
 
 }  // namespace verifyd

@@ -52,6 +52,7 @@
 #include "kernels/mla_verify_flash_common.cuh"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_mma.cuh"
+#include "kernels/programmatic_launch.cuh"
 #include "kernels/tree_visibility.cuh"
 #include "verify/mla_dims.h"
 
@@ -121,6 +122,8 @@ __device__ __forceinline__ int TileSlot(const int32_t* slots, int tile_col, int 
 }
 
 __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVerifyParams params) {
+  pdl::WaitForPriorGrid();  // programmatic_launch.cuh: before any read of device memory
+  pdl::AllowDependentLaunch();
   extern __shared__ __align__(128) uint8_t smem[];
   bf16_bits* kv_smem = reinterpret_cast<bf16_bits*>(smem);
   float4* s_xchg = reinterpret_cast<float4*>(smem + kKvBytes);
@@ -391,8 +394,9 @@ int FlashSmemBytes() { return kSmemBytes; }
 
 const void* FlashKernelSymbol() { return reinterpret_cast<const void*>(&MlaVerifyFlashKernel); }
 
-void LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
-  MlaVerifyFlashKernel<<<params.num_work, kFlashThreads, kSmemBytes, stream>>>(params);
+cudaError_t LaunchFlashKernel(const MlaVerifyParams& params, bool programmatic, cudaStream_t stream) {
+  return pdl::LaunchMaybeProgrammatic(&MlaVerifyFlashKernel, dim3(params.num_work),
+                                      dim3(kFlashThreads), kSmemBytes, stream, programmatic, params);
 }
 
 }  // namespace verifyd

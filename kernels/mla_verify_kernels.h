@@ -1,5 +1,8 @@
 // The raw kernel entry points behind mla_verify_launch.h: no validation here, one function per
 // kernel so each .cu file holds one kernel. Only the launcher and the benchmark call these.
+// `programmatic`: launch with programmatic dependent launch (programmatic_launch.cuh; only on
+// compute capability >= 9). The flash and combine kernels wait for the prior grid before any read
+// either way. Each returns the launch's error.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -17,7 +20,7 @@ int FlashSmemBytes();
 const void* FlashKernelSymbol();
 // One CTA per work item (params.num_work), kFlashThreads threads, FlashSmemBytes() of shared
 // memory.
-void LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
+cudaError_t LaunchFlashKernel(const MlaVerifyParams& params, bool programmatic, cudaStream_t stream);
 
 // The Hopper (sm_90a, wgmma) flash kernel: same work items, partials and outputs as the portable
 // one, kHopperFlashThreads threads and HopperFlashSmemBytes() (> 99 KB) of shared memory per CTA.
@@ -26,10 +29,12 @@ void LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
 inline constexpr int kHopperFlashThreads = 256;
 int HopperFlashSmemBytes();
 const void* HopperFlashKernelSymbol();
-void LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
+cudaError_t LaunchHopperFlashKernel(const MlaVerifyParams& params, bool programmatic,
+                                    cudaStream_t stream);
 
 // One CTA per (combine item, row of its 64): merges the item's partials by LSE into out/lse.
-void LaunchCombineKernel(const MlaVerifyParams& params, cudaStream_t stream);
+cudaError_t LaunchCombineKernel(const MlaVerifyParams& params, bool programmatic,
+                                cudaStream_t stream);
 
 // One CTA per (query row, head) of the whole batch: fp32 scalar arithmetic, the on-GPU oracle.
 void LaunchNaiveKernel(const VerifyProblem& problem, cudaStream_t stream);

@@ -37,24 +37,42 @@ absl::Status CheckProblemShape(const VerifyProblem& p) {
 // path ever misbehaves, set this to false and kAuto gives every caller the portable kernel.
 constexpr bool kHopperPathEnabled = true;
 
-// Per device: 0 unknown, 1 portable, 2 Hopper. Decided once; the checks are not stream operations,
-// so they are legal during graph capture too.
-bool HopperImageRunsHere() {
-  static std::atomic<int8_t> choice[64] = {};
+// A yes/no about the current device, decided once per device (0 unknown, 1 no, 2 yes). The checks
+// are not stream operations, so they are legal during graph capture too.
+template <typename Decide>
+bool OncePerDevice(std::atomic<int8_t> (&known)[64], Decide decide) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
-  int8_t known = choice[device].load(std::memory_order_relaxed);
-  if (known == 0) {
+  int8_t answer = known[device].load(std::memory_order_relaxed);
+  if (answer == 0) {
+    answer = decide(device) ? 2 : 1;
+    known[device].store(answer, std::memory_order_relaxed);
+  }
+  return answer == 2;
+}
+
+bool HopperImageRunsHere() {
+  static std::atomic<int8_t> known[64] = {};
+  return OncePerDevice(known, [](int device) {
     int major = 0;
     cudaFuncAttributes attr;
     const bool hopper =
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
         major == 9 && cudaFuncGetAttributes(&attr, HopperFlashKernelSymbol()) == cudaSuccess;
     if (!hopper) cudaGetLastError();  // clear the non-sticky "no kernel image" error
-    known = hopper ? 2 : 1;
-    choice[device].store(known, std::memory_order_relaxed);
-  }
-  return known == 2;
+    return hopper;
+  });
+}
+
+// Programmatic dependent launch needs compute capability 9.0 or later (programmatic_launch.cuh).
+bool ProgrammaticLaunchRunsHere() {
+  static std::atomic<int8_t> known[64] = {};
+  return OncePerDevice(known, [](int device) {
+    int major = 0;
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+               cudaSuccess &&
+           major >= 9;
+  });
 }
 
 bool UsesHopper(FlashPath path) {
@@ -134,17 +152,13 @@ absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           hopper ? HopperFlashSmemBytes() : FlashSmemBytes()));
   const MlaVerifyParams params = MakeMlaVerifyParams(problem, plan, layout, workspace);
+  const bool programmatic = ProgrammaticLaunchRunsHere();
   if (stages != VerifyStages::kCombineOnly) {
-    if (hopper) {
-      LaunchHopperFlashKernel(params, stream);
-    } else {
-      LaunchFlashKernel(params, stream);
-    }
-    VERIFYD_CUDA_CHECK(cudaGetLastError());
+    VERIFYD_CUDA_CHECK(hopper ? LaunchHopperFlashKernel(params, programmatic, stream)
+                              : LaunchFlashKernel(params, programmatic, stream));
   }
   if (stages != VerifyStages::kFlashOnly) {
-    LaunchCombineKernel(params, stream);
-    VERIFYD_CUDA_CHECK(cudaGetLastError());
+    VERIFYD_CUDA_CHECK(LaunchCombineKernel(params, programmatic, stream));
   }
   return absl::OkStatus();
 }

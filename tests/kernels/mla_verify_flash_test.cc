@@ -5,8 +5,11 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include "gtest/gtest.h"
 #include "kernels/mla_verify_launch.h"
+#include "kernels/split_planner.h"
 #include "tests/kernels/device_problem.h"
 #include "tests/testing/problem_builder.h"
 #include "verify/mla_dims.h"
@@ -207,6 +210,91 @@ TEST(FlashPaths, AutoRunsTheFirstAvailablePath) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_TRUE(a->out == b->out);
   EXPECT_TRUE(a->lse == b->lse);
+}
+
+// Calls on one stream share one workspace: the combine of call i reads the partials that the flash
+// kernel of call i + 1 overwrites, and each kernel may be scheduled before its predecessor has
+// finished (programmatic dependent launch). Alternating two problems with no sync in between, every
+// call must still give the bytes of that problem run alone (which match float64).
+TEST(FlashStreamOrder, BackToBackCallsOnOneWorkspaceKeepEachResult) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  using enum TreeShape;
+  // One long sequence cut into ~114 splits of ~17 tiles, and 16 one-node sequences whose CTAs end
+  // after one tile: their SMs free up while the long splits still run, the window in which a
+  // combine that did not wait for the whole flash grid would merge partials still being written.
+  // (A build without the waits still passed on the H200: no combine CTA was seen to start under
+  // the flash grid's tail there. The waits are the launch contract all the same; plans/0004, v30.)
+  std::vector<SequenceSpec> seqs = {{60000, 16, kRandom}};
+  for (int i = 0; i < 16; ++i) seqs.push_back({0, 1, kChain});
+  constexpr int kHeads = 8;
+  std::vector<int32_t> prefix_len, q_len;
+  int total_q = 0;
+  for (const SequenceSpec& q : seqs) {
+    prefix_len.push_back(q.prefix_len);
+    q_len.push_back(q.num_nodes);
+    total_q += q.num_nodes;
+  }
+  HostProblem host_a = MakeRandomProblem(seqs, kHeads, seed, /*scattered=*/true, 13);
+  HostProblem host_b = MakeRandomProblem(seqs, kHeads, seed + 1, /*scattered=*/true, 13);
+  std::vector<double> ref_out, ref_lse;
+  ComputeVerifyF64(host_a.problem(), &ref_out, &ref_lse);
+  auto dev_a = DeviceProblem::Upload(host_a);
+  auto dev_b = DeviceProblem::Upload(host_b);
+  ASSERT_TRUE(dev_a.ok() && dev_b.ok());
+  auto plan = PlanSplits(prefix_len, q_len, kHeads, kSms);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GE(plan->num_partials, 64);
+  const WorkspaceLayout layout = LayoutWorkspace(*plan);
+  const int rows = total_q * kHeads;
+  constexpr int kCalls = 16;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (FlashPath path : AvailableFlashPaths()) {
+    SCOPED_TRACE(FlashKernelName(path));
+    auto alone_a = dev_a->RunFlash(kSms, path);
+    auto alone_b = dev_b->RunFlash(kSms, path);
+    ASSERT_TRUE(alone_a.ok() && alone_b.ok());
+    EXPECT_LE(RelativeError(alone_a->out, ref_out), kTolerance);
+    EXPECT_LE(RelativeError(alone_a->lse, ref_lse), kTolerance);
+    EXPECT_FALSE(alone_a->out == alone_b->out) << "the two problems must differ";
+
+    DeviceBuffer workspace;
+    ASSERT_TRUE(workspace.Allocate(layout.total_bytes).ok());
+    ASSERT_TRUE(UploadPlan(*plan, layout, workspace.get(), stream).ok());
+    std::vector<DeviceBuffer> outs(kCalls), lses(kCalls);
+    for (int i = 0; i < kCalls; ++i) {
+      ASSERT_TRUE(outs[i].Allocate(size_t(rows) * kVDim * sizeof(bf16_bits)).ok());
+      ASSERT_TRUE(lses[i].Allocate(size_t(rows) * sizeof(float)).ok());
+      ASSERT_EQ(cudaMemset(outs[i].get(), 0xFF, outs[i].bytes()), cudaSuccess);
+      ASSERT_EQ(cudaMemset(lses[i].get(), 0xFF, lses[i].bytes()), cudaSuccess);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int i = 0; i < kCalls; ++i) {
+      VerifyProblem p = (i % 2 == 0 ? dev_a : dev_b)->problem();
+      p.out = static_cast<bf16_bits*>(outs[i].get());
+      p.lse = static_cast<float*>(lses[i].get());
+      ASSERT_TRUE(LaunchMlaVerify(p, *plan, layout, workspace.get(), stream,
+                                  VerifyStages::kFlashAndCombine, path)
+                      .ok());
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    for (int i = 0; i < kCalls; ++i) {
+      SCOPED_TRACE("call " + std::to_string(i));
+      KernelOutput got;
+      got.out.resize(size_t(rows) * kVDim);
+      got.lse.resize(rows);
+      ASSERT_EQ(cudaMemcpy(got.out.data(), outs[i].get(), outs[i].bytes(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(got.lse.data(), lses[i].get(), lses[i].bytes(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      const KernelOutput& alone = i % 2 == 0 ? *alone_a : *alone_b;
+      EXPECT_TRUE(got.out == alone.out);
+      EXPECT_TRUE(got.lse == alone.lse);
+    }
+  }
+  cudaStreamDestroy(stream);
 }
 
 // The largest shapes are too slow for the float64 oracle: there flash is checked against the naive
