@@ -122,8 +122,7 @@ __device__ __forceinline__ int TileSlot(const int32_t* slots, int tile_col, int 
 }
 
 __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVerifyParams params) {
-  pdl::WaitForPriorGrid();  // programmatic_launch.cuh: before any read of device memory
-  pdl::AllowDependentLaunch();
+  pdl::AllowDependentLaunch();  // the combine may be scheduled early (programmatic_launch.cuh)
   extern __shared__ __align__(128) uint8_t smem[];
   bf16_bits* kv_smem = reinterpret_cast<bf16_bits*>(smem);
   float4* s_xchg = reinterpret_cast<float4*>(smem + kKvBytes);
@@ -394,9 +393,9 @@ int FlashSmemBytes() { return kSmemBytes; }
 
 const void* FlashKernelSymbol() { return reinterpret_cast<const void*>(&MlaVerifyFlashKernel); }
 
-cudaError_t LaunchFlashKernel(const MlaVerifyParams& params, bool programmatic, cudaStream_t stream) {
-  return pdl::LaunchMaybeProgrammatic(&MlaVerifyFlashKernel, dim3(params.num_work),
-                                      dim3(kFlashThreads), kSmemBytes, stream, programmatic, params);
+cudaError_t LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
+  MlaVerifyFlashKernel<<<params.num_work, kFlashThreads, kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
 }
 
 }  // namespace verifyd

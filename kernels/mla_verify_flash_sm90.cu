@@ -1,7 +1,6 @@
 // The product's instantiation of the Hopper flash kernel (mla_verify_flash_sm90.cuh states its
 // math, tiling, schedule and shared-memory budget) and its launch. Compiled for sm_90a alone.
 #include "kernels/mla_verify_flash_sm90.cuh"
-#include "kernels/programmatic_launch.cuh"
 
 namespace verifyd {
 
@@ -14,12 +13,10 @@ const void* HopperFlashKernelSymbol() {
   return reinterpret_cast<const void*>(&MlaVerifyFlashSm90Kernel<Sm90Probe::kNone>);
 }
 
-cudaError_t LaunchHopperFlashKernel(const MlaVerifyParams& params, bool programmatic,
-                                    cudaStream_t stream) {
-  return pdl::LaunchMaybeProgrammatic(&MlaVerifyFlashSm90Kernel<Sm90Probe::kNone>,
-                                      dim3(params.num_work), dim3(kHopperFlashThreads),
-                                      flash_sm90::kSmemBytes, stream, programmatic, params,
-                                      static_cast<uint64_t*>(nullptr));
+cudaError_t LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
+  MlaVerifyFlashSm90Kernel<Sm90Probe::kNone>
+      <<<params.num_work, kHopperFlashThreads, flash_sm90::kSmemBytes, stream>>>(params, nullptr);
+  return cudaGetLastError();
 }
 
 }  // namespace verifyd

@@ -52,9 +52,9 @@
 // partials), 16-byte coalesced stores from the stage ~5.5 us, the bulk copies ~5 us; the other two
 // were deleted.
 //
-// Launch: programmatic dependent launch (programmatic_launch.cuh). The kernel waits for the grid
-// before it in the stream before its first read, then lets the combine be scheduled, so the
-// combine's CTAs start on each SM this grid leaves (v30, plans/0004: -1.5 us per call at S1).
+// Launch: as usual; its first statement lets the combine, launched programmatically behind it
+// (programmatic_launch.cuh), be scheduled, so the combine's CTAs start on each SM this grid leaves
+// (v30, plans/0004: -1.5 us per call at S1).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -184,9 +184,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   constexpr bool kTimeline = kProbe == Sm90Probe::kTimeline;
   constexpr bool kGathers = kProbe != Sm90Probe::kNoGathers;
   constexpr bool kMath = kProbe != Sm90Probe::kNoMath;
-  // Launched programmatically: nothing before this reads device memory; the combine may then be
-  // scheduled onto each SM this CTA leaves (it waits for the whole grid itself).
-  pdl::WaitForPriorGrid();
+  // The combine (launched programmatically) may be scheduled onto each SM this CTA leaves; it
+  // waits for this whole grid itself.
   pdl::AllowDependentLaunch();
   uint64_t* stamps = kTimeline ? timeline + blockIdx.x * kTimelineStride : nullptr;
   if (kTimeline && threadIdx.x == 0) {

@@ -1,8 +1,8 @@
 // The raw kernel entry points behind mla_verify_launch.h: no validation here, one function per
 // kernel so each .cu file holds one kernel. Only the launcher and the benchmark call these.
-// `programmatic`: launch with programmatic dependent launch (programmatic_launch.cuh; only on
-// compute capability >= 9). The flash and combine kernels wait for the prior grid before any read
-// either way. Each returns the launch's error.
+// Each returns the launch's error. The flash kernels let their successor be scheduled early and
+// are launched as usual; the combine waits for the grid before it and is launched programmatically
+// when `programmatic` (compute capability >= 9; programmatic_launch.cuh).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,7 +20,7 @@ int FlashSmemBytes();
 const void* FlashKernelSymbol();
 // One CTA per work item (params.num_work), kFlashThreads threads, FlashSmemBytes() of shared
 // memory.
-cudaError_t LaunchFlashKernel(const MlaVerifyParams& params, bool programmatic, cudaStream_t stream);
+cudaError_t LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
 
 // The Hopper (sm_90a, wgmma) flash kernel: same work items, partials and outputs as the portable
 // one, kHopperFlashThreads threads and HopperFlashSmemBytes() (> 99 KB) of shared memory per CTA.
@@ -29,8 +29,7 @@ cudaError_t LaunchFlashKernel(const MlaVerifyParams& params, bool programmatic, 
 inline constexpr int kHopperFlashThreads = 256;
 int HopperFlashSmemBytes();
 const void* HopperFlashKernelSymbol();
-cudaError_t LaunchHopperFlashKernel(const MlaVerifyParams& params, bool programmatic,
-                                    cudaStream_t stream);
+cudaError_t LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
 
 // One CTA per (combine item, row of its 64): merges the item's partials by LSE into out/lse.
 cudaError_t LaunchCombineKernel(const MlaVerifyParams& params, bool programmatic,

@@ -152,13 +152,12 @@ absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           hopper ? HopperFlashSmemBytes() : FlashSmemBytes()));
   const MlaVerifyParams params = MakeMlaVerifyParams(problem, plan, layout, workspace);
-  const bool programmatic = ProgrammaticLaunchRunsHere();
   if (stages != VerifyStages::kCombineOnly) {
-    VERIFYD_CUDA_CHECK(hopper ? LaunchHopperFlashKernel(params, programmatic, stream)
-                              : LaunchFlashKernel(params, programmatic, stream));
+    VERIFYD_CUDA_CHECK(hopper ? LaunchHopperFlashKernel(params, stream)
+                              : LaunchFlashKernel(params, stream));
   }
   if (stages != VerifyStages::kFlashOnly) {
-    VERIFYD_CUDA_CHECK(LaunchCombineKernel(params, programmatic, stream));
+    VERIFYD_CUDA_CHECK(LaunchCombineKernel(params, ProgrammaticLaunchRunsHere(), stream));
   }
   return absl::OkStatus();
 }

@@ -1,17 +1,18 @@
-// Programmatic dependent launch (compute capability 9.0 and later) for the verify kernels: a kernel
-// launched this way may be scheduled while the kernel before it in the stream is still finishing,
-// so the combine's CTAs take each SM as soon as the flash CTA on it exits instead of after the
-// whole flash grid has drained and the next launch has been processed (plans/0004, v30: -1.5 us
-// per call at S1 and SH on the H200).
+// Programmatic dependent launch (compute capability 9.0 and later) for the verify kernels. Only the
+// combine is launched this way: it may then be scheduled while the flash kernel before it is still
+// finishing, so its CTAs take each SM as soon as the flash CTA there exits instead of after the
+// whole flash grid has drained and the launch has been processed (plans/0004, v30: -1.5 us per
+// call at S1 and SH on the H200). The flash kernels are launched as usual: launching them this way
+// as well gained nothing measurable.
 //
-// The contract that keeps it correct: every kernel launched with it calls WaitForPriorGrid() before
-// its first read of device memory, which blocks until every earlier kernel in the stream has
-// completed and its writes are visible; and it calls AllowDependentLaunch() to let the next
-// kernel be scheduled early (which in turn waits). A kernel launched without the attribute is
-// ordered as usual whatever its predecessor calls, so a caller's own kernels are unaffected.
-// Stream capture keeps the dependency as a programmatic graph edge. Device code for sm_80 compiles
-// both calls to nothing; LaunchMaybeProgrammatic sets the attribute only where the caller says the
-// device has it.
+// The contract that keeps it correct: a kernel launched with the attribute calls WaitForPriorGrid()
+// before its first read of device memory, which blocks until every earlier kernel in the stream
+// has completed and its writes are visible. AllowDependentLaunch() lets such a successor be
+// scheduled early (the flash kernels call it first thing; the combine after its wait). A kernel
+// launched without the attribute is ordered as usual whatever its predecessor calls, so a
+// caller's own kernels are unaffected. Stream capture keeps the dependency as a programmatic graph
+// edge. Device code for sm_80 compiles both calls to nothing; LaunchMaybeProgrammatic sets the
+// attribute only where the caller says the device has it.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -213,8 +213,8 @@ TEST(FlashPaths, AutoRunsTheFirstAvailablePath) {
 }
 
 // Calls on one stream share one workspace: the combine of call i reads the partials that the flash
-// kernel of call i + 1 overwrites, and each kernel may be scheduled before its predecessor has
-// finished (programmatic dependent launch). Alternating two problems with no sync in between, every
+// kernel of call i + 1 overwrites, and the combine may be scheduled before the flash kernel ahead
+// of it has finished (programmatic dependent launch). Alternating two problems with no sync in between, every
 // call must still give the bytes of that problem run alone (which match float64).
 TEST(FlashStreamOrder, BackToBackCallsOnOneWorkspaceKeepEachResult) {
   if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
