@@ -72,8 +72,8 @@
 
 namespace verifyd::flash_sm90 {
 
-using flash::kFullMask;
 using flash::Exp2Ftz;
+using flash::kFullMask;
 using flash::kLog2e;
 using flash::kRows;
 using mma::CpAsync16;
@@ -82,7 +82,7 @@ using mma::CpAsyncWaitAll;
 using wgmma::kChunkBytes;
 using wgmma::SwizzledOffset;
 
-constexpr int kCols = 64;                 // KV columns per tile
+constexpr int kCols = 64;  // KV columns per tile
 // S's first kQRegSteps k-steps (16 dims each) take A = Q from registers, loaded once: each is a
 // 2 KB shared-memory read per warpgroup per tile that S no longer makes (S at N = 32 is bound by
 // its operand reads: wgmma_rate_bench on the H200, m64n32k16 with both operands in shared memory
@@ -117,9 +117,26 @@ enum class Sm90Probe { kNone, kTimeline, kNoGathers, kNoMath };
 // kTimeline's stamps, at timeline[blockIdx.x * kTimelineStride + ...]: [0] globaltimer ns at the
 // start, [1] clock64 at the start, [2 + k] clock64 once tile k's data is in (k < kTimelineTiles),
 // [2 + T] before the epilogue, [3 + T] after it, [4 + T] globaltimer ns at the end, [5 + T] the SM
-// id (T = kTimelineTiles).
+// id (T = kTimelineTiles); then, for tiles kPhaseFirstTile .. + kPhaseTiles - 1, the clock64 of
+// each warpgroup's first thread at the kPhasePoints points of a tile (SmPhase), at [kPhaseBase +
+// ((tile - kPhaseFirstTile) * 2 + warpgroup) * kPhasePoints + point].
 inline constexpr int kTimelineTiles = 64;
-inline constexpr int kTimelineStride = kTimelineTiles + 8;
+inline constexpr int kPhaseFirstTile = 4;
+inline constexpr int kPhaseTiles = 8;
+// Points of a tile: the tile barrier passed, S issued, S done, the max exchange barrier passed, the
+// own tokens' P V issued, the P barrier passed, P V done.
+enum SmPhase {
+  kTileIn,
+  kSIssued,
+  kSDone,
+  kMaxSwapped,
+  kOwnPvIssued,
+  kPShared,
+  kPvDone,
+  kPhasePoints
+};
+inline constexpr int kPhaseBase = kTimelineTiles + 8;
+inline constexpr int kTimelineStride = kPhaseBase + kPhaseTiles * 2 * kPhasePoints;
 
 // Gathers row `rr` of this warp's 8 rows (8w .. 8w+7) of KV columns [tile_col, tile_col + 64) into
 // one stage: lane i copies units i, i+32, i+64 (< 72) of the row. slot_lo / slot_hi = the slots of
@@ -136,8 +153,8 @@ __device__ __forceinline__ void LoadKvRow(const bf16_bits* kv, int slot_lo, int 
   for (int j = 0; j < 3; ++j) {
     const int u = lane + 32 * j;
     if (u < kUnitsPerRow) {
-      CpAsync16(dst + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7), src_row + (valid ? u * 8 : 0),
-                valid);
+      CpAsync16(dst + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7),
+                src_row + (valid ? u * 8 : 0), valid);
     }
   }
 }
@@ -188,6 +205,14 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // waits for this whole grid itself.
   pdl::AllowDependentLaunch();
   uint64_t* stamps = kTimeline ? timeline + blockIdx.x * kTimelineStride : nullptr;
+  // kTimeline: this warpgroup's clock at point `point` of tile `tile` (its first thread only).
+  auto stamp_phase = [&](int tile, int point) {
+    if (kTimeline && (threadIdx.x & 127) == 0 && tile >= kPhaseFirstTile &&
+        tile < kPhaseFirstTile + kPhaseTiles) {
+      stamps[kPhaseBase + ((tile - kPhaseFirstTile) * 2 + (threadIdx.x >> 7)) * kPhasePoints +
+             point] = clock64();
+    }
+  };
   if (kTimeline && threadIdx.x == 0) {
     stamps[0] = GlobalTimerNs();
     stamps[1] = clock64();
@@ -259,7 +284,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // Descriptors (K-major, 128-byte swizzle): A = Q rows 0..63; B = K rows 32wg .. 32wg+31.
   const uint64_t q_desc = wgmma::MakeDescriptor(q_smem, 16, 1024);
   // Q's first kQRegSteps k-steps as this warp's A fragments (rows wrow .. wrow+15), read once Q has
-  // landed: lane l addresses row wrow + (l & 15), 16-byte unit 2 (ks % 4) + (l >> 4) of chunk ks / 4.
+  // landed: lane l addresses row wrow + (l & 15), 16-byte unit 2 (ks % 4) + (l >> 4) of chunk
+  // ks / 4.
   uint32_t q_frag[kQRegSteps][4];
   CpAsyncWaitAll();
   __syncthreads();
@@ -278,6 +304,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
                       // stage
     // Stamp k + 2: tile k's data is in (k = 0: the prologue, Q and the first tile, is over).
     if (kTimeline && threadIdx.x == 0 && tile < kTimelineTiles) stamps[2 + tile] = clock64();
+    stamp_phase(tile, kTileIn);
 
     float s[16];
 #pragma unroll
@@ -308,10 +335,12 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     }
     wgmma::Commit();
     CpAsyncCommit();
+    stamp_phase(tile, kSIssued);
     next_lo = SlotAt(slots, tile_col + 2 * kCols + lane, item.col_end);
     next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
     wgmma::WaitAll();
     wgmma::PinRegisters(s);
+    stamp_phase(tile, kSDone);
 
     // s[4i + e]: row wrow + g + 8 (e >> 1), column 32wg + 8i + 2c + (e & 1) of the tile.
     const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= item.col_end;
@@ -344,6 +373,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), tile_max[h]);
     }
     __syncthreads();  // both warpgroups' tile maxima are visible
+    stamp_phase(tile, kMaxSwapped);
 
     float alpha[2];
     float base[2];
@@ -403,8 +433,10 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       }
     }
     wgmma::Commit();
+    stamp_phase(tile, kOwnPvIssued);
     wgmma::FenceProxyAsyncShared();
     __syncthreads();  // the other warpgroup's 32 columns of P are in shared memory
+    stamp_phase(tile, kPShared);
     const uint64_t p_desc = wgmma::MakeDescriptor(smem_base + kPOffset, 16, 1024);
     if (kMath) {
 #pragma unroll
@@ -417,6 +449,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     wgmma::Commit();
     wgmma::WaitAll();
     wgmma::PinRegisters(o);
+    stamp_phase(tile, kPvDone);
     // The register A operand is read asynchronously: its registers stay unclaimed until here.
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -427,8 +460,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 
   if (kTimeline && threadIdx.x == 0) stamps[2 + kTimelineTiles] = clock64();
   CpAsyncWaitAll();  // the last tile's zero-filling gather, before the stages hold the epilogue
-    // Row sums: this lane's quarter, then the quad, then both warpgroups (warpgroup 0 first, so
-    // every run adds in the same order).
+  // Row sums: this lane's quarter, then the quad, then both warpgroups (warpgroup 0 first, so every
+  // run adds in the same order).
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float x = row_sum[h];

@@ -9,7 +9,8 @@
 // Usage: mla_verify_bench [--iters N] [--shapes S1,S3,...] [--no-naive] [--launcher-path-only]
 //                         [--copies N]   (KV replicas to rotate through; default: > 400 MB)
 //                         [--breakdown]  (flash vs combine time per shape, and an L sweep)
-//                         [--timeline]   (per-CTA clock stamps of the sm_90a kernel)
+//                         [--timeline]   (per-CTA clock stamps of the sm_90a kernel, and the
+//                                         clocks of each phase of a steady tile)
 //                         [--diag]       (the sm_90a kernel without its KV gathers, without its
 //                                         wgmma: which side bounds it, plans/0004 session 4)
 // The three instruments may be given together: each runs, in that order, and the table does not.
@@ -481,6 +482,30 @@ void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
       s.name, n, (last_end - first_start) * 1e-3, med(skew), max(skew), med(prologue),
       max(prologue), med(tile0), med(tile1), med(steady), max(steady), med(epilogue), med(total),
       max(total), med(end), max(end), med(mhz), med(steady_kclk));
+  // Where a steady tile's clocks go, per warpgroup: the intervals between the kernel's phase points
+  // (SmPhase), medians over the CTAs that run every phase tile and one more.
+  const int points = kSm90PhasePoints;
+  const char* kIntervals[] = {
+      "S issue",   "S wait",          "max swap",       "softmax+own PV issue",
+      "P barrier", "other PV + wait", "to next tile in"};
+  for (int wg = 0; wg < 2; ++wg) {
+    std::vector<std::vector<double>> clk(points);
+    for (int b = 0; b < n; ++b) {
+      const int tiles = (plan->work[b].col_end - plan->work[b].col_begin + 63) / 64;
+      if (tiles <= kSm90PhaseFirstTile + kSm90PhaseTiles) continue;
+      const uint64_t* c = &t[size_t(b) * kSm90TimelineStride + kSm90PhaseBase];
+      for (int k = 0; k < kSm90PhaseTiles; ++k) {
+        const uint64_t* p = c + (k * 2 + wg) * points;
+        for (int i = 0; i + 1 < points; ++i) clk[i].push_back(double(p[i + 1] - p[i]));
+        if (k + 1 < kSm90PhaseTiles) {
+          clk[points - 1].push_back(double(c[((k + 1) * 2 + wg) * points] - p[points - 1]));
+        }
+      }
+    }
+    std::printf("phases %s warpgroup %d (clocks):", s.name, wg);
+    for (int i = 0; i < points; ++i) std::printf(" %s %.0f;", kIntervals[i], med(clk[i]));
+    std::printf("\n");
+  }
   std::fflush(stdout);
   cudaFree(timeline);
   cudaFree(workspace);

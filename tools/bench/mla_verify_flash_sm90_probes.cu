@@ -12,6 +12,10 @@ using flash_sm90::Sm90Probe;
 
 const int kSm90TimelineTiles = flash_sm90::kTimelineTiles;
 const int kSm90TimelineStride = flash_sm90::kTimelineStride;
+const int kSm90PhaseBase = flash_sm90::kPhaseBase;
+const int kSm90PhaseFirstTile = flash_sm90::kPhaseFirstTile;
+const int kSm90PhaseTiles = flash_sm90::kPhaseTiles;
+const int kSm90PhasePoints = flash_sm90::kPhasePoints;
 
 namespace {
 

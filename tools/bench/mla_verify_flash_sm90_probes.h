@@ -20,9 +20,16 @@ enum class Sm90Instrument {
 // kTimeline's stamps per CTA, at timeline[blockIdx.x * kSm90TimelineStride + ...]: [0] globaltimer
 // ns at the start, [1] clock64 at the start, [2 + k] clock64 once tile k's data is in (k <
 // kSm90TimelineTiles), [2 + T] before the epilogue, [3 + T] after it, [4 + T] globaltimer ns at
-// the end, [5 + T] the SM id (T = kSm90TimelineTiles).
+// the end, [5 + T] the SM id (T = kSm90TimelineTiles); then each warpgroup's clock at the
+// kSm90PhasePoints points of tiles kSm90PhaseFirstTile .. + kSm90PhaseTiles - 1, at [kSm90PhaseBase
+// +
+// ((tile - first) * 2 + warpgroup) * points + point] (flash_sm90::SmPhase names the points).
 extern const int kSm90TimelineTiles;
 extern const int kSm90TimelineStride;
+extern const int kSm90PhaseBase;
+extern const int kSm90PhaseFirstTile;
+extern const int kSm90PhaseTiles;
+extern const int kSm90PhasePoints;
 
 // Launches the flash kernel of `params` (a planned launch: MakeMlaVerifyParams) with the
 // instrument; timeline is read only by kTimeline (num_work * kSm90TimelineStride entries).
