@@ -1,5 +1,6 @@
 // The product's instantiation of the Hopper flash kernel (mla_verify_flash_sm90.cuh states its
 // math, tiling, schedule and shared-memory budget) and its launch. Compiled for sm_90a alone.
+#include "kernels/kv_tile_map.h"
 #include "kernels/mla_verify_flash_sm90.cuh"
 
 namespace verifyd {
@@ -14,8 +15,10 @@ const void* HopperFlashKernelSymbol() {
 }
 
 cudaError_t LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
+  const KvTileMap kv_map = EncodeKvTileMap(params.problem.kv, params.problem.num_slots);
   MlaVerifyFlashSm90Kernel<Sm90Probe::kNone>
-      <<<params.num_work, kHopperFlashThreads, flash_sm90::kSmemBytes, stream>>>(params, nullptr);
+      <<<params.num_work, kHopperFlashThreads, flash_sm90::kSmemBytes, stream>>>(params, kv_map,
+                                                                                  nullptr);
   return cudaGetLastError();
 }
 

@@ -31,19 +31,28 @@
 //   KV      2 stages x 9 chunks (64 tokens x 576 dims)             147456 B
 //   P       1 chunk (64 rows x 64 tokens)                             8192 B
 //   row max exchange 2 x 64 fp32, row sum exchange 2 x 64 fp32        1024 B
-//   total 230400 B (+1024 for aligning the base) of the 232448 B an H200 block may take.
+//   one mbarrier per KV stage (the bulk copies complete on it)            16 B
+//   total 230416 B (+1024 for aligning the base) of the 232448 B an H200 block may take.
 //
-// Pipeline per tile: wait for tile j's cp.async, fence to the async proxy, barrier; issue the 36
-// S wgmma with tile j+1's gather into the other stage woven in (one KV row of each warp after
-// every fourth wgmma: the warps stall on the tensor cores there anyway), then the slot-table load
-// for tile j+2; wait for S; mask (a separate loop for the tiles that reach the tree or col_end),
-// max exchange (barrier); P to shared memory; rescale O (skipped when no max moved); P V over its
-// own tokens (registers); P barrier; P V over the other warpgroup's tokens; wait. The gather of
-// tile j+1 overlaps all of tile j but its first barrier; on the last tile it zero-fills the idle
-// stage. KV rows come through the int32 slot table as 16-byte cp.async (page size 1); columns past
-// col_end are zero-filled so a masked column never multiplies garbage. Measured (plans/0004 v18,
-// ncu at S1): the gather issued after the last S wgmma sat on the critical path (16 % of the
-// stall samples); woven in, every shape ran 6-14 % faster.
+// Pipeline per tile: wait for tile j (cp.async, and its stage's mbarrier when it came by bulk
+// copies), fence to the async proxy, barrier; start tile j+1 into the other stage; issue the 36 S
+// wgmma; then the slot-table load for tile j+2; wait for S; mask (a separate loop for the tiles that
+// reach the tree or col_end), max exchange (barrier); P to shared memory; rescale O (skipped when no
+// max moved); P V over its own tokens (registers); P barrier; P V over the other warpgroup's
+// tokens; wait. KV rows come through the int32 slot table (page size 1); columns past col_end are
+// zero-filled so a masked column never multiplies garbage. How tile j+1 arrives depends on the
+// item, decided once from its tile 1 (two instantiations of the loop; plans/0004 v32):
+// - gathered (the item's tile 1 is not 64 consecutive slots, e.g. a fragmented pool): each warp
+//   gathers 8 rows by 16-byte cp.async, one row after every fourth S wgmma (the warps stall on the
+//   tensor cores there anyway; issued after the last wgmma the gather sat on the critical path: v18,
+//   16 % of the stall samples at S1); on the last tile it zero-fills the idle stage;
+// - by copy (tile 1 is one run, as compaction leaves most sequences): a next tile that is one run of
+//   64 slots before col_end comes by 9 bulk tensor copies (TMA, box 64 slots x 64 dims, the 128-byte
+//   swizzle of the operand chunks; kv_tile_map.h) issued by one thread, and S runs with nothing
+//   woven in; any other tile of such an item (the tree's columns, the end of the range) is gathered
+//   in one burst before S. Measured against the gathered form on the same layouts: 4-8 % faster on
+//   every shape (v32d). One form per item, not per tile: a loop holding both S sequences made the
+//   gathered form itself 4-7 % slower (v32a), and a branch among the S wgmma fences them (v31, v32p).
 //
 // Epilogue: O / rowsum, as bf16 (the output, or a split's partial), goes to shared memory (the two
 // KV stages are free by then: 64 rows padded to 1056 B) and leaves as one bulk copy
@@ -61,11 +70,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/mla_verify_flash_common.cuh"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_mma.cuh"
 #include "kernels/programmatic_launch.cuh"
+#include "kernels/kv_tile_map.h"
+#include "kernels/tma_sm90.cuh"
 #include "kernels/tree_visibility.cuh"
 #include "kernels/wgmma_sm90.cuh"
 #include "verify/mla_dims.h"
@@ -99,7 +111,8 @@ constexpr int kKvOffset = kQOffset + kTileBytes;
 constexpr int kPOffset = kKvOffset + 2 * kTileBytes;
 constexpr int kMaxXchgOffset = kPOffset + kChunkBytes;
 constexpr int kSumXchgOffset = kMaxXchgOffset + 2 * kRows * 4;
-constexpr int kSmemUsed = kSumXchgOffset + 2 * kRows * 4;
+constexpr int kCopyBarOffset = kSumXchgOffset + 2 * kRows * 4;  // one mbarrier per KV stage
+constexpr int kSmemUsed = kCopyBarOffset + 2 * 8;
 constexpr int kSmemBytes = kSmemUsed + 1024;  // room to align the base to 1024
 static_assert(kSmemBytes <= 232448, "an sm_90 block may take 227 KB of dynamic shared memory");
 static_assert(kRows * flash::kStageStride <= 2 * kTileBytes,
@@ -159,7 +172,8 @@ __device__ __forceinline__ void LoadKvRow(const bf16_bits* kv, int slot_lo, int 
   }
 }
 
-// A whole tile (the prologue's): all 8 rows of this warp, one commit group.
+// A whole tile in one burst (the prologue's, and the by-copy form's tiles that are not one run): all
+// 8 rows of this warp, one commit group.
 __device__ __forceinline__ void LoadKvTile(const bf16_bits* kv, int slot_lo, int slot_hi,
                                            int tile_col, int col_end, uint32_t dst, int warp,
                                            int lane) {
@@ -197,7 +211,8 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
 // timeline: kTimeline's stamps; unused (nullptr) in every other instantiation.
 template <Sm90Probe kProbe>
 __global__ void __launch_bounds__(kHopperFlashThreads, 1)
-    MlaVerifyFlashSm90Kernel(MlaVerifyParams params, uint64_t* timeline) {
+    MlaVerifyFlashSm90Kernel(MlaVerifyParams params, const __grid_constant__ KvTileMap kv_map,
+                             uint64_t* timeline) {
   constexpr bool kTimeline = kProbe == Sm90Probe::kTimeline;
   constexpr bool kGathers = kProbe != Sm90Probe::kNoGathers;
   constexpr bool kMath = kProbe != Sm90Probe::kNoMath;
@@ -226,6 +241,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const uint32_t p_smem = smem_base + kPOffset;
   const uint32_t max_xchg = smem_base + kMaxXchgOffset;  // 2 x 64 fp32
   const uint32_t sum_xchg = smem_base + kSumXchgOffset;  // 2 x 64 fp32
+  const uint32_t copy_bar = smem_base + kCopyBarOffset;  // 2 mbarriers, stage s at + 8s
 
   const VerifyProblem& pr = params.problem;
   const FlashWorkItem item = params.work[blockIdx.x];
@@ -259,6 +275,12 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
               valid ? pr.q + (first_row + r) * kKvDim + u * 8 : pr.q, valid);
   }
   CpAsyncCommit();
+  if (tid == 0) {
+    tma::MbarrierInit(copy_bar, 1);
+    tma::MbarrierInit(copy_bar + 8, 1);
+    tma::FenceMbarrierInit();
+    if (kv_map.usable) tma::PrefetchTensorMap(&kv_map.map);
+  }
 
   // The two rows this thread holds in every accumulator: wrow + g and wrow + g + 8.
   int my_node[2];
@@ -295,167 +317,221 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
                                     SwizzledOffset(wrow + (lane & 15), 2 * (ks % 4) + (lane >> 4)));
   }
 
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    const int tile_col = item.col_begin + tile * kCols;
-    const uint32_t kv_tile = kv_smem + (tile & 1) * kTileBytes;
-    CpAsyncWaitAll();
-    wgmma::FenceProxyAsyncShared();
-    __syncthreads();  // tile j (and Q) landed for all; both warpgroups are done with the other
-                      // stage
-    // Stamp k + 2: tile k's data is in (k = 0: the prologue, Q and the first tile, is over).
-    if (kTimeline && threadIdx.x == 0 && tile < kTimelineTiles) stamps[2 + tile] = clock64();
-    stamp_phase(tile, kTileIn);
+  // The tile loop comes in two forms, chosen once per item. Gathered (every item whose tile 1 is not
+  // one run of 64 consecutive slots): each next tile is gathered between S's wgmma. By copy: a next
+  // tile that is one run comes by 9 bulk tensor copies (TMA) issued by one thread, completed on its
+  // stage's mbarrier, and S runs with no gather woven in; any other tile of such an item is gathered
+  // in one burst. One form per item rather than per tile: both S sequences in one loop made the
+  // gathered form 4-7 % slower (v32a, plans/0004), and a branch among the S wgmma fences them (v31).
+  // copy_state bits 0-1: the parity of stage 0's / 1's mbarrier phase to wait for next; bit 2: the
+  // tile now waited for came by copy (one register: the kernel has none to spare).
+  uint32_t copy_state = 0;
+  auto run_tiles = [&](auto copies) {
+    constexpr bool kCopies = decltype(copies)::value;
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int tile_col = item.col_begin + tile * kCols;
+      const uint32_t kv_tile = kv_smem + (tile & 1) * kTileBytes;
+      CpAsyncWaitAll();
+      if (kCopies && (copy_state & 4)) {
+        tma::MbarrierWait(copy_bar + 8 * (tile & 1), (copy_state >> (tile & 1)) & 1);
+        copy_state ^= 1u << (tile & 1);
+      }
+      wgmma::FenceProxyAsyncShared();
+      __syncthreads();  // tile j (and Q) landed for all; both warpgroups are done with the other
+                        // stage
+      // Stamp k + 2: tile k's data is in (k = 0: the prologue, Q and the first tile, is over).
+      if (kTimeline && threadIdx.x == 0 && tile < kTimelineTiles) stamps[2 + tile] = clock64();
+      stamp_phase(tile, kTileIn);
+      const uint32_t next_stage = kv_smem + ((tile + 1) & 1) * kTileBytes;
+      const int next_col = tile_col + kCols;
+      if constexpr (kCopies) {
+        // Tile j+1 into the other stage (free since the barrier above): by 9 bulk copies from one
+        // thread when it is one run of slots; otherwise gathered here in one burst (v29a: 4-6 % slower
+        // than woven into S, but a rare tile in an item whose tile 1 was a run; and a branch among the
+        // S wgmma would fence them, v31).
+        copy_state &= 3;
+        if (tile + 1 < num_tiles) {
+          const int run_base = __shfl_sync(kFullMask, next_lo, 0);
+          const bool one_run =
+              next_col + kCols <= item.col_end &&
+              __all_sync(kFullMask, next_lo == run_base + lane && next_hi == run_base + 32 + lane);
+          if (one_run) {
+            if (tid == 0) {
+              const uint32_t bar = copy_bar + 8 * ((tile + 1) & 1);
+              tma::MbarrierArriveExpectTx(bar, kTileBytes);
+  #pragma unroll
+              for (int ch = 0; ch < kKvChunks; ++ch) {
+                tma::TensorCopy2d(next_stage + ch * kChunkBytes, &kv_map.map, 64 * ch, run_base,
+                                  bar);
+              }
+            }
+            copy_state |= 4;
+          } else {
+            LoadKvTile(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane);
+          }
+        }
+      }
 
-    float s[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) s[i] = 0.f;
-    wgmma::PinRegisters(s);
-    wgmma::Fence();
-    const uint64_t k_desc =
-        wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
-    // Tile j+1's gather goes between the S wgmma, one KV row of this warp after every fourth: the
-    // warps wait on the tensor cores there anyway, and issued after the last wgmma it sat on the
-    // critical path (v18, plans/0004: 16 % of the stall samples at S1). On the last tile it
-    // zero-fills the idle stage (every column is past col_end); the epilogue waits for it.
-    const uint32_t next_stage = kv_smem + ((tile + 1) & 1) * kTileBytes;
-    const int next_col = tile_col + kCols;
-#pragma unroll
-    for (int ks = 0; ks < kKvDim / 16; ++ks) {
-      const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
-      if (kMath && ks < kQRegSteps) {
-        wgmma::MmaM64N32K16RegA(s, q_frag[ks < kQRegSteps ? ks : 0],
-                                wgmma::AdvanceDescriptor(k_desc, off));
-      } else if (kMath) {
-        wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
-                            wgmma::AdvanceDescriptor(k_desc, off));
+      float s[16];
+  #pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = 0.f;
+      wgmma::PinRegisters(s);
+      wgmma::Fence();
+      const uint64_t k_desc =
+          wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
+      // Tile j+1's gather goes between the S wgmma, one KV row of this warp after every fourth: the
+      // warps wait on the tensor cores there anyway, and issued after the last wgmma it sat on the
+      // critical path (v18, plans/0004: 16 % of the stall samples at S1). On the last tile it
+      // zero-fills the idle stage (every column is past col_end); the epilogue waits for it.
+  #pragma unroll
+      for (int ks = 0; ks < kKvDim / 16; ++ks) {
+        const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
+        if (kMath && ks < kQRegSteps) {
+          wgmma::MmaM64N32K16RegA(s, q_frag[ks < kQRegSteps ? ks : 0],
+                                  wgmma::AdvanceDescriptor(k_desc, off));
+        } else if (kMath) {
+          wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
+                              wgmma::AdvanceDescriptor(k_desc, off));
+        }
+        if (!kCopies && kGathers && ks % 4 == 3 && ks / 4 < 8) {
+          LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, ks / 4);
+        }
       }
-      if (kGathers && ks % 4 == 3 && ks / 4 < 8) {
-        LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, ks / 4);
-      }
-    }
-    wgmma::Commit();
-    CpAsyncCommit();
-    stamp_phase(tile, kSIssued);
-    next_lo = SlotAt(slots, tile_col + 2 * kCols + lane, item.col_end);
-    next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
-    wgmma::WaitAll();
-    wgmma::PinRegisters(s);
-    stamp_phase(tile, kSDone);
+      wgmma::Commit();
+      if (!kCopies) CpAsyncCommit();
+      stamp_phase(tile, kSIssued);
+      next_lo = SlotAt(slots, tile_col + 2 * kCols + lane, item.col_end);
+      next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
+      wgmma::WaitAll();
+      wgmma::PinRegisters(s);
+      stamp_phase(tile, kSDone);
 
-    // s[4i + e]: row wrow + g + 8 (e >> 1), column 32wg + 8i + 2c + (e & 1) of the tile.
-    const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= item.col_end;
-    float tile_max[2] = {-INFINITY, -INFINITY};
-    // Two loops rather than a test per value: only the tiles that reach the tree or col_end read
-    // the mask (v18: the per-value branch cost instruction-cache misses on every tile).
-    if (all_visible) {
-#pragma unroll
-      for (int v = 0; v < 16; ++v) {
-        s[v] *= scale_log2;
-        tile_max[(v >> 1) & 1] = fmaxf(tile_max[(v >> 1) & 1], s[v]);
+      // s[4i + e]: row wrow + g + 8 (e >> 1), column 32wg + 8i + 2c + (e & 1) of the tile.
+      const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= item.col_end;
+      float tile_max[2] = {-INFINITY, -INFINITY};
+      // Two loops rather than a test per value: only the tiles that reach the tree or col_end read
+      // the mask (v18: the per-value branch cost instruction-cache misses on every tile).
+      if (all_visible) {
+  #pragma unroll
+        for (int v = 0; v < 16; ++v) {
+          s[v] *= scale_log2;
+          tile_max[(v >> 1) & 1] = fmaxf(tile_max[(v >> 1) & 1], s[v]);
+        }
+      } else {
+  #pragma unroll
+        for (int v = 0; v < 16; ++v) {
+          const int h = (v >> 1) & 1;
+          const int t = tile_col + wg * 32 + 8 * (v >> 2) + 2 * c + (v & 1);
+          const bool visible =
+              t < item.col_end &&
+              (t < prefix_len || (my_node[h] >= 0 && ColumnVisible(mask_rows, words_per_row,
+                                                                   prefix_len, my_node[h], t)));
+          s[v] = visible ? s[v] * scale_log2 : -INFINITY;
+          tile_max[h] = fmaxf(tile_max[h], s[v]);
+        }
       }
-    } else {
-#pragma unroll
-      for (int v = 0; v < 16; ++v) {
-        const int h = (v >> 1) & 1;
-        const int t = tile_col + wg * 32 + 8 * (v >> 2) + 2 * c + (v & 1);
-        const bool visible =
-            t < item.col_end &&
-            (t < prefix_len || (my_node[h] >= 0 && ColumnVisible(mask_rows, words_per_row,
-                                                                 prefix_len, my_node[h], t)));
-        s[v] = visible ? s[v] * scale_log2 : -INFINITY;
-        tile_max[h] = fmaxf(tile_max[h], s[v]);
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 2));
-      if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), tile_max[h]);
-    }
-    __syncthreads();  // both warpgroups' tile maxima are visible
-    stamp_phase(tile, kMaxSwapped);
-
-    float alpha[2];
-    float base[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float other = LdSharedF32(max_xchg + 4 * ((1 - wg) * kRows + wrow + g + 8 * h));
-      const float new_max = fmaxf(row_max[h], fmaxf(tile_max[h], other));
-      // A row that has seen nothing yet keeps max -inf; subtracting 0 then keeps exp2 finite.
-      base[h] = new_max == -INFINITY ? 0.f : new_max;
-      alpha[h] = Exp2Ftz(row_max[h] - base[h]);
-      row_max[h] = new_max;
-    }
-    float sum[2] = {0.f, 0.f};
-    // This warpgroup's P as wgmma A fragments: 16 tokens per k-step, accumulator column groups
-    // 2k and 2k + 1 (rows g and g + 8 of the warp).
-    uint32_t p_frag[2][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
+  #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float p0 = Exp2Ftz(s[4 * i + 2 * h] - base[h]);
-        const float p1 = Exp2Ftz(s[4 * i + 2 * h + 1] - base[h]);
-        sum[h] += p0 + p1;
-        const int row = wrow + g + 8 * h;
-        const uint32_t packed = mma::PackBf16x2(p0, p1);
-        p_frag[i >> 1][(i & 1) * 2 + h] = packed;
-        // P row `row`, tokens 32wg + 8i + 2c, +1: unit 4wg + i of the swizzled row, word c.
-        StShared32(p_smem + SwizzledOffset(row, wg * 4 + i) + 4 * c, packed);
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 2));
+        if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), tile_max[h]);
       }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * alpha[h] + sum[h];
-    // Rescale, skipped when no row of this warp moved its max (the common case deep in a long
-    // prefix). The vote is warp-uniform, so every warp reconverges before the wgmma below.
-    if (__any_sync(kFullMask, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        o[4 * i] *= alpha[0];
-        o[4 * i + 1] *= alpha[0];
-        o[4 * i + 2] *= alpha[1];
-        o[4 * i + 3] *= alpha[1];
+      __syncthreads();  // both warpgroups' tile maxima are visible
+      stamp_phase(tile, kMaxSwapped);
+
+      float alpha[2];
+      float base[2];
+  #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float other = LdSharedF32(max_xchg + 4 * ((1 - wg) * kRows + wrow + g + 8 * h));
+        const float new_max = fmaxf(row_max[h], fmaxf(tile_max[h], other));
+        // A row that has seen nothing yet keeps max -inf; subtracting 0 then keeps exp2 finite.
+        base[h] = new_max == -INFINITY ? 0.f : new_max;
+        alpha[h] = Exp2Ftz(row_max[h] - base[h]);
+        row_max[h] = new_max;
       }
-    }
-    // O += P V in two halves of k: this warpgroup's own 32 tokens with P from registers, issued
-    // before the barrier that brings the other warpgroup's 32 (so the barrier waits under tensor
-    // work; v14, plans/0004), then those from shared memory. B = V read MN-major: rows = tokens,
-    // n = dims 256wg .. 256wg+255 over chunks 4wg .. 4wg+3 (LBO = one chunk), SBO = 8 token rows.
-    wgmma::PinRegisters(o);
-    wgmma::Fence();
-    const uint64_t v_desc =
-        wgmma::MakeDescriptor(kv_tile + wg * 4 * kChunkBytes, kChunkBytes, 1024);
-    if (kMath) {
-#pragma unroll
+      float sum[2] = {0.f, 0.f};
+      // This warpgroup's P as wgmma A fragments: 16 tokens per k-step, accumulator column groups
+      // 2k and 2k + 1 (rows g and g + 8 of the warp).
+      uint32_t p_frag[2][4];
+  #pragma unroll
+      for (int i = 0; i < 4; ++i) {
+  #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float p0 = Exp2Ftz(s[4 * i + 2 * h] - base[h]);
+          const float p1 = Exp2Ftz(s[4 * i + 2 * h + 1] - base[h]);
+          sum[h] += p0 + p1;
+          const int row = wrow + g + 8 * h;
+          const uint32_t packed = mma::PackBf16x2(p0, p1);
+          p_frag[i >> 1][(i & 1) * 2 + h] = packed;
+          // P row `row`, tokens 32wg + 8i + 2c, +1: unit 4wg + i of the swizzled row, word c.
+          StShared32(p_smem + SwizzledOffset(row, wg * 4 + i) + 4 * c, packed);
+        }
+      }
+  #pragma unroll
+      for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * alpha[h] + sum[h];
+      // Rescale, skipped when no row of this warp moved its max (the common case deep in a long
+      // prefix). The vote is warp-uniform, so every warp reconverges before the wgmma below.
+      if (__any_sync(kFullMask, alpha[0] != 1.f || alpha[1] != 1.f)) {
+  #pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          o[4 * i] *= alpha[0];
+          o[4 * i + 1] *= alpha[0];
+          o[4 * i + 2] *= alpha[1];
+          o[4 * i + 3] *= alpha[1];
+        }
+      }
+      // O += P V in two halves of k: this warpgroup's own 32 tokens with P from registers, issued
+      // before the barrier that brings the other warpgroup's 32 (so the barrier waits under tensor
+      // work; v14, plans/0004), then those from shared memory. B = V read MN-major: rows = tokens,
+      // n = dims 256wg .. 256wg+255 over chunks 4wg .. 4wg+3 (LBO = one chunk), SBO = 8 token rows.
+      wgmma::PinRegisters(o);
+      wgmma::Fence();
+      const uint64_t v_desc =
+          wgmma::MakeDescriptor(kv_tile + wg * 4 * kChunkBytes, kChunkBytes, 1024);
+      if (kMath) {
+  #pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          wgmma::MmaM64N256K16RegATransB(o, p_frag[k],
+                                         wgmma::AdvanceDescriptor(v_desc, (2 * wg + k) * 16 * 128));
+        }
+      }
+      wgmma::Commit();
+      stamp_phase(tile, kOwnPvIssued);
+      wgmma::FenceProxyAsyncShared();
+      __syncthreads();  // the other warpgroup's 32 columns of P are in shared memory
+      stamp_phase(tile, kPShared);
+      const uint64_t p_desc = wgmma::MakeDescriptor(smem_base + kPOffset, 16, 1024);
+      if (kMath) {
+  #pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const int kk = 2 * (1 - wg) + k;
+          wgmma::MmaM64N256K16TransB(o, wgmma::AdvanceDescriptor(p_desc, kk * 32),
+                                     wgmma::AdvanceDescriptor(v_desc, kk * 16 * 128));
+        }
+      }
+      wgmma::Commit();
+      wgmma::WaitAll();
+      wgmma::PinRegisters(o);
+      stamp_phase(tile, kPvDone);
+      // The register A operand is read asynchronously: its registers stay unclaimed until here.
+  #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        wgmma::MmaM64N256K16RegATransB(o, p_frag[k],
-                                       wgmma::AdvanceDescriptor(v_desc, (2 * wg + k) * 16 * 128));
+  #pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p_frag[k][e])::"memory");
       }
     }
-    wgmma::Commit();
-    stamp_phase(tile, kOwnPvIssued);
-    wgmma::FenceProxyAsyncShared();
-    __syncthreads();  // the other warpgroup's 32 columns of P are in shared memory
-    stamp_phase(tile, kPShared);
-    const uint64_t p_desc = wgmma::MakeDescriptor(smem_base + kPOffset, 16, 1024);
-    if (kMath) {
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int kk = 2 * (1 - wg) + k;
-        wgmma::MmaM64N256K16TransB(o, wgmma::AdvanceDescriptor(p_desc, kk * 32),
-                                   wgmma::AdvanceDescriptor(v_desc, kk * 16 * 128));
-      }
-    }
-    wgmma::Commit();
-    wgmma::WaitAll();
-    wgmma::PinRegisters(o);
-    stamp_phase(tile, kPvDone);
-    // The register A operand is read asynchronously: its registers stay unclaimed until here.
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p_frag[k][e])::"memory");
-    }
+  };
+  bool item_by_copy = false;
+  if (kGathers && kv_map.usable && item.col_begin + 2 * kCols <= item.col_end) {
+    const int run_base = __shfl_sync(kFullMask, next_lo, 0);
+    item_by_copy =
+        __all_sync(kFullMask, next_lo == run_base + lane && next_hi == run_base + 32 + lane);
+  }
+  if (item_by_copy) {
+    run_tiles(std::true_type{});
+  } else {
+    run_tiles(std::false_type{});
   }
 
   if (kTimeline && threadIdx.x == 0) stamps[2 + kTimelineTiles] = clock64();

@@ -117,15 +117,11 @@ INSTANTIATE_TEST_SUITE_P(IssueMatrix, FlashVsOracle, ::testing::ValuesIn(OracleC
                            return info.param.name;
                          });
 
-// One random problem (4 heads) against the float64 oracle, on each flash path, under the split
-// plan made for each SM count.
-void ExpectEveryPlanMatchesFloat64(const std::vector<SequenceSpec>& seqs,
+// `host` on each flash path, under the split plan made for each SM count, against the float64
+// results of the same logical problem.
+void ExpectEveryPathAndPlanMatches(HostProblem& host, const std::vector<double>& ref_out,
+                                   const std::vector<double>& ref_lse,
                                    const std::vector<int>& sm_counts) {
-  const uint64_t seed = TestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  HostProblem host = MakeRandomProblem(seqs, 4, seed, /*scattered=*/true, 11);
-  std::vector<double> ref_out, ref_lse;
-  ComputeVerifyF64(host.problem(), &ref_out, &ref_lse);
   auto dev = DeviceProblem::Upload(host);
   ASSERT_TRUE(dev.ok()) << dev.status();
   for (FlashPath path : AvailableFlashPaths()) {
@@ -138,6 +134,18 @@ void ExpectEveryPlanMatchesFloat64(const std::vector<SequenceSpec>& seqs,
       EXPECT_LE(RelativeError(flash->lse, ref_lse), kTolerance);
     }
   }
+}
+
+// One random problem (4 heads) against the float64 oracle, on each flash path, under the split
+// plan made for each SM count.
+void ExpectEveryPlanMatchesFloat64(const std::vector<SequenceSpec>& seqs,
+                                   const std::vector<int>& sm_counts) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  HostProblem host = MakeRandomProblem(seqs, 4, seed, /*scattered=*/true, 11);
+  std::vector<double> ref_out, ref_lse;
+  ComputeVerifyF64(host.problem(), &ref_out, &ref_lse);
+  ExpectEveryPathAndPlanMatches(host, ref_out, ref_lse, sm_counts);
 }
 
 // The split planner's choice must not matter: no split, a few, and far more splits than columns per
@@ -160,9 +168,33 @@ TEST(FlashPlans, EveryCombineShapeMatchesFloat64) {
   ExpectEveryPlanMatchesFloat64({{1000, 16, kRandom}, {300, 9, kChain}}, {4, 8, 16, 132});
 }
 
-// Page size 1 with random slots and one consecutive run per sequence hold the same KV: the kernel
-// must give the same bytes (the fast path for runs changes addresses, never arithmetic). Also two
-// runs give identical bytes (no atomics, fixed reduction order).
+// The Hopper kernel brings a KV tile that is one run of 64 consecutive slots by bulk tensor copies
+// and every other tile by the gather: one consecutive run per sequence (every whole tile by copy,
+// the last row of the run the pool's last row) and runs of random lengths (tiles of both kinds, runs
+// that start and end inside a tile, a tile one row short of a run), each against float64 on every
+// path under plans that cut the columns at different places.
+TEST(FlashSlotRuns, ContiguousAndRandomRunsMatchFloat64) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  using enum TreeShape;
+  const std::vector<SequenceSpec> seqs = {
+      {20000, 16, kRandom}, {4095, 9, kChain}, {63, 33, kForest}, {1000, 257, kStar}};
+  const HostProblem scattered = MakeRandomProblem(seqs, 8, seed, /*scattered=*/true, 0);
+  std::vector<double> ref_out, ref_lse;
+  HostProblem for_oracle = scattered;
+  ComputeVerifyF64(for_oracle.problem(), &ref_out, &ref_lse);
+  for (const bool contiguous : {true, false}) {
+    SCOPED_TRACE(contiguous ? "one run per sequence" : "runs of random lengths");
+    HostProblem host = contiguous ? WithContiguousSlots(scattered) : WithSlotRuns(scattered, seed);
+    ExpectEveryPathAndPlanMatches(host, ref_out, ref_lse, {5, 132});
+  }
+}
+
+// Page size 1 with random slots, one consecutive run per sequence and runs of random lengths hold
+// the same KV: the kernel must give the same bytes (the bulk copies of one-run tiles change how a
+// tile arrives, never the arithmetic). Also two runs give identical bytes (no atomics, fixed
+// reduction order).
 TEST(FlashBitExact, ScatteredEqualsContiguousAndRunsRepeat) {
   if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
   const uint64_t seed = TestSeed();
@@ -172,17 +204,22 @@ TEST(FlashBitExact, ScatteredEqualsContiguousAndRunsRepeat) {
       {4096, 16, kRandom}, {1000, 9, kChain}, {0, 33, kForest}, {77, 257, kStar}};
   HostProblem scattered = MakeRandomProblem(seqs, 16, seed, /*scattered=*/true, 301);
   HostProblem contiguous = WithContiguousSlots(scattered);
+  HostProblem runs = WithSlotRuns(scattered, seed);
   auto dev_s = DeviceProblem::Upload(scattered);
   auto dev_c = DeviceProblem::Upload(contiguous);
-  ASSERT_TRUE(dev_s.ok() && dev_c.ok());
+  auto dev_r = DeviceProblem::Upload(runs);
+  ASSERT_TRUE(dev_s.ok() && dev_c.ok() && dev_r.ok());
   for (FlashPath path : AvailableFlashPaths()) {
     SCOPED_TRACE(FlashKernelName(path));
     auto a = dev_s->RunFlash(kSms, path);
     auto b = dev_c->RunFlash(kSms, path);
+    auto r = dev_r->RunFlash(kSms, path);
     auto again = dev_s->RunFlash(kSms, path);
-    ASSERT_TRUE(a.ok() && b.ok() && again.ok());
+    ASSERT_TRUE(a.ok() && b.ok() && r.ok() && again.ok());
     EXPECT_TRUE(a->out == b->out) << "scattered and contiguous slot tables differ";
     EXPECT_TRUE(a->lse == b->lse);
+    EXPECT_TRUE(a->out == r->out) << "scattered and random-run slot tables differ";
+    EXPECT_TRUE(a->lse == r->lse);
     EXPECT_TRUE(a->out == again->out) << "two runs differ";
     EXPECT_TRUE(a->lse == again->lse);
   }

@@ -1,10 +1,12 @@
 // The launcher rejects what the host can see is wrong before touching the GPU (runs without one).
 #include "kernels/mla_verify_launch.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/kv_tile_map.h"
 
 namespace verifyd {
 namespace {
@@ -84,6 +86,26 @@ TEST(MlaVerifyLaunch, HopperPathWhereItCannotRunIsAnError) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_EQ(AvailableFlashPaths(), std::vector<FlashPath>{FlashPath::kPortable});
   EXPECT_STREQ(FlashKernelName(FlashPath::kAuto), "portable-mma-sync");
+}
+
+// The Hopper kernel's bulk copies need a tensor map of the pool; where none can be made the map says
+// so (usable = 0) and the kernel gathers every tile. The driver encodes without reading the memory,
+// so a host address stands in for the pool here.
+TEST(KvTileMap, NoMapForAPoolTheCopiesCannotAddress) {
+  std::vector<bf16_bits> pool(576 * 8 + 8);
+  // Force 16-byte alignment of `aligned` whatever the allocator gave.
+  auto* aligned = reinterpret_cast<bf16_bits*>(
+      (reinterpret_cast<uintptr_t>(pool.data()) + 15) & ~static_cast<uintptr_t>(15));
+  EXPECT_EQ(EncodeKvTileMap(nullptr, 8).usable, 0);
+  EXPECT_EQ(EncodeKvTileMap(aligned + 1, 4).usable, 0);  // 2 bytes off: not 16-byte aligned
+  EXPECT_EQ(EncodeKvTileMap(aligned, 0).usable, 0);
+  EXPECT_EQ(EncodeKvTileMap(aligned, (int64_t{1} << 31) + 1).usable, 0);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no CUDA driver and device: whether a map can be made is not known here";
+  }
+  EXPECT_EQ(EncodeKvTileMap(aligned, 8).usable, 1);
 }
 
 }  // namespace

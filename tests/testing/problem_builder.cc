@@ -159,4 +159,58 @@ HostProblem WithContiguousSlots(const HostProblem& p) {
   return c;
 }
 
+HostProblem WithSlotRuns(const HostProblem& p, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t used = static_cast<int64_t>(p.slots.size());
+  struct Run {
+    int64_t first_entry;
+    int64_t length;
+  };
+  std::vector<Run> runs;
+  for (int64_t k = 0; k < used;) {
+    int64_t length = 0;
+    switch (rng() % 3) {
+      case 0:
+        length = 1 + static_cast<int64_t>(rng() % 8);
+        break;
+      case 1:
+        length = 56 + static_cast<int64_t>(rng() % 16);
+        break;
+      default:
+        length = 100 + static_cast<int64_t>(rng() % 300);
+        break;
+    }
+    length = std::min(length, used - k);
+    runs.push_back({k, length});
+    k += length;
+  }
+  std::shuffle(runs.begin(), runs.end(), rng);
+  HostProblem c = p;
+  // Pool rows: each run in its shuffled place, 0-3 unreferenced rows (copies of pool rows, so
+  // finite values) before every run but the first.
+  std::vector<int64_t> source_row;  // for each new pool row, the old row it copies
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (i > 0) {
+      for (int64_t gap = static_cast<int64_t>(rng() % 4); gap > 0; --gap) {
+        source_row.push_back(static_cast<int64_t>(rng() % p.num_slots));
+      }
+    }
+    for (int64_t e = 0; e < runs[i].length; ++e) {
+      const int64_t entry = runs[i].first_entry + e;
+      const int32_t old = p.slots[entry];
+      if (old < 0 || old >= p.num_slots) Die("WithSlotRuns: slot out of range");
+      c.slots[entry] = static_cast<int32_t>(source_row.size());
+      source_row.push_back(old);
+    }
+  }
+  c.num_slots = static_cast<int64_t>(source_row.size());
+  c.kv.assign(static_cast<size_t>(c.num_slots) * kKvDim, 0);
+  for (int64_t row = 0; row < c.num_slots; ++row) {
+    std::copy_n(p.kv.begin() + static_cast<size_t>(source_row[row]) * kKvDim, kKvDim,
+                c.kv.begin() + static_cast<size_t>(row) * kKvDim);
+  }
+  c.Poison();
+  return c;
+}
+
 }  // namespace verifyd::test

@@ -65,6 +65,12 @@ HostProblem MakeRandomProblem(absl::Span<const SequenceSpec> seqs, int num_heads
 // Same logical KV and q, re-laid out so every sequence's slots are consecutive.
 HostProblem WithContiguousSlots(const HostProblem& p);
 
+// Same logical KV and q, re-laid out as runs of consecutive slots of random lengths (1-8, 56-71 or
+// 100-399 entries of the slot table, so runs start and end inside KV tiles and some tiles are one
+// whole run), placed in the pool in random order with 0-3 unreferenced rows between them; the
+// last run placed ends at the pool's last row.
+HostProblem WithSlotRuns(const HostProblem& p, uint64_t seed);
+
 // float64 naive reference (every operation in double from the bf16 inputs), two-pass softmax.
 // Multithreaded (hardware_concurrency) over (query row, group of 8 heads); converts one KV row at a
 // time, so it holds no float64 copy of the pool.

@@ -3,6 +3,7 @@
 // product, other instantiations, compiled for sm_90a into the benchmark alone.
 #include "tools/bench/mla_verify_flash_sm90_probes.h"
 
+#include "kernels/kv_tile_map.h"
 #include "kernels/mla_verify_flash_sm90.cuh"
 
 namespace verifyd::bench {
@@ -26,8 +27,10 @@ cudaError_t Launch(const MlaVerifyParams& params, uint64_t* timeline, cudaStream
       cudaFuncSetAttribute(&MlaVerifyFlashSm90Kernel<kProbe>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, flash_sm90::kSmemBytes);
   if (set != cudaSuccess) return set;
+  const KvTileMap kv_map = EncodeKvTileMap(params.problem.kv, params.problem.num_slots);
   MlaVerifyFlashSm90Kernel<kProbe>
-      <<<params.num_work, kHopperFlashThreads, flash_sm90::kSmemBytes, stream>>>(params, timeline);
+      <<<params.num_work, kHopperFlashThreads, flash_sm90::kSmemBytes, stream>>>(params, kv_map,
+                                                                                  timeline);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,54 @@
+#include "kernels/kv_tile_map.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#include "verify/mla_dims.h"
+
+namespace verifyd {
+namespace {
+
+using EncodeTiledFn = decltype(&cuTensorMapEncodeTiled);
+
+// The driver's encoder, looked up once through the runtime (no link against libcuda).
+EncodeTiledFn DriverEncoder() {
+  static const EncodeTiledFn fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<EncodeTiledFn>(nullptr);
+    }
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+KvTileMap EncodeKvTileMap(const bf16_bits* kv, int64_t num_slots) {
+  KvTileMap out;
+  std::memset(&out.map, 0, sizeof(out.map));
+  const EncodeTiledFn encode = DriverEncoder();
+  // The map's base must be 16-byte aligned; its outer extent is a 32-bit count.
+  if (encode == nullptr || kv == nullptr || reinterpret_cast<uintptr_t>(kv) % 16 != 0 ||
+      num_slots < 1 || num_slots > (int64_t{1} << 31)) {
+    return out;
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kKvDim),
+                              static_cast<cuuint64_t>(num_slots)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kKvDim) * sizeof(bf16_bits)};
+  const cuuint32_t box[2] = {64, 64};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(&out.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                            const_cast<bf16_bits*>(kv), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  out.usable = r == CUDA_SUCCESS ? 1 : 0;
+  return out;
+}
+
+}  // namespace verifyd
