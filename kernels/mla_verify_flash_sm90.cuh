@@ -212,7 +212,7 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
 template <Sm90Probe kProbe>
 __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     MlaVerifyFlashSm90Kernel(MlaVerifyParams params, const __grid_constant__ KvTileMap kv_map,
-                             const __grid_constant__ KvTileMap q_map, uint64_t* timeline) {
+                             uint64_t* timeline) {
   constexpr bool kTimeline = kProbe == Sm90Probe::kTimeline;
   constexpr bool kGathers = kProbe != Sm90Probe::kNoGathers;
   constexpr bool kMath = kProbe != Sm90Probe::kNoMath;
@@ -266,43 +266,20 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const uint64_t* mask_rows = rows.mask_rows;
   const int words_per_row = rows.words_per_row;
 
-  const int tile0_lo = SlotAt(slots, item.col_begin + lane, item.col_end);
-  const int tile0_hi = SlotAt(slots, item.col_begin + 32 + lane, item.col_end);
-  const int tile0_base = __shfl_sync(kFullMask, tile0_lo, 0);
-  bool prologue_by_copy = false;
-  if (kGathers && kv_map.usable && q_map.usable && item.col_begin + kCols <= item.col_end) {
-    prologue_by_copy =
-        __all_sync(kFullMask, tile0_lo == tile0_base + lane && tile0_hi == tile0_base + 32 + lane);
+  // Q: 64 rows x 72 units into 9 swizzled chunks; rows past the sequence are zero.
+  for (int idx = tid; idx < kRows * kUnitsPerRow; idx += kHopperFlashThreads) {
+    const int r = idx / kUnitsPerRow;
+    const int u = idx % kUnitsPerRow;
+    const bool valid = r < rows_here;
+    CpAsync16(q_smem + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7),
+              valid ? pr.q + (first_row + r) * kKvDim + u * 8 : pr.q, valid);
   }
+  CpAsyncCommit();
   if (tid == 0) {
     tma::MbarrierInit(copy_bar, 1);
     tma::MbarrierInit(copy_bar + 8, 1);
     tma::FenceMbarrierInit();
     if (kv_map.usable) tma::PrefetchTensorMap(&kv_map.map);
-  }
-  if (prologue_by_copy) {
-    // Q's 64 rows (rows past the sequence hold the next rows of q, or zeros past its end: finite,
-    // and no valid row reads them) and tile 0 by 18 bulk copies on stage 0's mbarrier.
-    if (tid == 0) {
-      tma::MbarrierArriveExpectTx(copy_bar, 2 * kTileBytes);
-#pragma unroll
-      for (int ch = 0; ch < kKvChunks; ++ch) {
-        tma::TensorCopy2d(q_smem + ch * kChunkBytes, &q_map.map, 64 * ch,
-                          static_cast<int>(first_row), copy_bar);
-        tma::TensorCopy2d(kv_smem + ch * kChunkBytes, &kv_map.map, 64 * ch, tile0_base, copy_bar);
-      }
-    }
-  } else {
-    // Q: 64 rows x 72 units into 9 swizzled chunks; rows past the sequence are zero.
-    for (int idx = tid; idx < kRows * kUnitsPerRow; idx += kHopperFlashThreads) {
-      const int r = idx / kUnitsPerRow;
-      const int u = idx % kUnitsPerRow;
-      const bool valid = r < rows_here;
-      CpAsync16(q_smem + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7),
-                valid ? pr.q + (first_row + r) * kKvDim + u * 8 : pr.q, valid);
-    }
-    CpAsyncCommit();
-    LoadKvTile(pr.kv, tile0_lo, tile0_hi, item.col_begin, item.col_end, kv_smem, warp, lane);
   }
 
   // The two rows this thread holds in every accumulator: wrow + g and wrow + g + 8.
@@ -320,6 +297,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
 
   const int num_tiles = (item.col_end - item.col_begin + kCols - 1) / kCols;
+  LoadKvTile(pr.kv, SlotAt(slots, item.col_begin + lane, item.col_end),
+             SlotAt(slots, item.col_begin + 32 + lane, item.col_end), item.col_begin, item.col_end,
+             kv_smem, warp, lane);
   int next_lo = SlotAt(slots, item.col_begin + kCols + lane, item.col_end);
   int next_hi = SlotAt(slots, item.col_begin + kCols + 32 + lane, item.col_end);
 
@@ -330,7 +310,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // ks / 4.
   uint32_t q_frag[kQRegSteps][4];
   CpAsyncWaitAll();
-  if (prologue_by_copy) tma::MbarrierWait(copy_bar, 0);
   __syncthreads();
 #pragma unroll
   for (int ks = 0; ks < kQRegSteps; ++ks) {
@@ -346,7 +325,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // gathered form 4-7 % slower (v32a, plans/0004), and a branch among the S wgmma fences them (v31).
   // copy_state bits 0-1: the parity of stage 0's / 1's mbarrier phase to wait for next; bit 2: the
   // tile now waited for came by copy (one register: the kernel has none to spare).
-  uint32_t copy_state = prologue_by_copy ? 1 : 0;
+  uint32_t copy_state = 0;
   auto run_tiles = [&](auto copies) {
     constexpr bool kCopies = decltype(copies)::value;
     for (int tile = 0; tile < num_tiles; ++tile) {
