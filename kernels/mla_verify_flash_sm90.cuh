@@ -198,6 +198,12 @@ __device__ __forceinline__ float LdSharedF32(uint32_t addr) {
   return v;
 }
 
+// Whether a tile is one run of 64 consecutive slots (run_base, run_base + 1, ...), from the slot words
+// every warp holds for it (slot_lo = column lane, slot_hi = column 32 + lane). Warp-uniform.
+__device__ __forceinline__ bool TileIsOneRun(int slot_lo, int slot_hi, int lane, int run_base) {
+  return __all_sync(kFullMask, slot_lo == run_base + lane && slot_hi == run_base + 32 + lane);
+}
+
 __device__ __forceinline__ int SlotAt(const int32_t* slots, int col, int col_end) {
   return col < col_end ? slots[col] : 0;
 }
@@ -353,8 +359,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         if (tile + 1 < num_tiles) {
           const int run_base = __shfl_sync(kFullMask, next_lo, 0);
           const bool one_run =
-              next_col + kCols <= item.col_end &&
-              __all_sync(kFullMask, next_lo == run_base + lane && next_hi == run_base + 32 + lane);
+              next_col + kCols <= item.col_end && TileIsOneRun(next_lo, next_hi, lane, run_base);
           if (one_run) {
             if (tid == 0) {
               const uint32_t bar = copy_bar + 8 * ((tile + 1) & 1);
@@ -524,9 +529,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   };
   bool item_by_copy = false;
   if (kGathers && kv_map.usable && item.col_begin + 2 * kCols <= item.col_end) {
-    const int run_base = __shfl_sync(kFullMask, next_lo, 0);
-    item_by_copy =
-        __all_sync(kFullMask, next_lo == run_base + lane && next_hi == run_base + 32 + lane);
+    item_by_copy = TileIsOneRun(next_lo, next_hi, lane, __shfl_sync(kFullMask, next_lo, 0));
   }
   if (item_by_copy) {
     run_tiles(std::true_type{});
