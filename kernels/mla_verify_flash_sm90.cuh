@@ -14,10 +14,14 @@
 //   wgmma m64n32k16, B = K from shared memory, A = Q from shared memory except for the first
 //   kQRegSteps k-steps, whose A fragments each warp holds in registers for the whole item (80
 //   registers: the kernel uses 255, no spills).
-// - Softmax: each warpgroup has all 64 rows of its 32 columns; the two swap their per-row tile
-//   maxima through shared memory (one barrier), so both hold the same running max and the same
-//   rescale factor and need nothing else from each other until the end (each keeps the row sum of
-//   its own columns; the two sums are added once, after the last tile).
+// - Softmax: each warpgroup has all 64 rows of its 32 columns. Both hold the same reference maximum
+//   per row, which moves lazily: only when a score passes it by more than kMaxSlackLog2 (so P <=
+//   2^8). On almost every tile neither warpgroup needs the other's maxima, and the only exchange is
+//   P itself; a warp whose rows passed moves its own reference and rescales its O and sums, and the
+//   P barrier's OR tells both warpgroups to settle on the larger reference of each row (the rarely
+//   taken path: each rescales its O and the other's P in shared memory). v34, plans/0004: the
+//   lock step's max-exchange barrier cost 6-11 % per call. Each keeps the row sum of its own
+//   columns; the two sums are added once, after the last tile.
 // - O (64 x 512 fp32, 128 KB) is split by d_v: warpgroup w owns O[:, 256w .. 256w+256) for all 64
 //   rows, 128 accumulator registers per thread. 4 wgmma m64n256k16 per tile, B = V read MN-major
 //   (transposed) from the same KV tile that served as K: the two over this warpgroup's own 32
@@ -30,16 +34,17 @@
 //   Q       9 chunks (576 dims)                                     73728 B
 //   KV      2 stages x 9 chunks (64 tokens x 576 dims)             147456 B
 //   P       1 chunk (64 rows x 64 tokens)                             8192 B
-//   row max exchange 2 x 64 fp32, row sum exchange 2 x 64 fp32        1024 B
+//   reference max of each row per warpgroup 2 x 64 fp32, row sums 2 x 64  1024 B
 //   one mbarrier per KV stage (the bulk copies complete on it)            16 B
 //   total 230416 B (+1024 for aligning the base) of the 232448 B an H200 block may take.
 //
 // Pipeline per tile: wait for tile j (cp.async, and its stage's mbarrier when it came by bulk
 // copies), fence to the async proxy, barrier; start tile j+1 into the other stage; issue the 36 S
 // wgmma; then the slot-table load for tile j+2; wait for S; mask (a separate loop for the tiles that
-// reach the tree or col_end), max exchange (barrier); P to shared memory; rescale O (skipped when no
-// max moved); P V over its own tokens (registers); P barrier; P V over the other warpgroup's
-// tokens; wait. KV rows come through the int32 slot table (page size 1); columns past col_end are
+// reach the tree or col_end); move the reference maximum where a score passed it (rare: with O's
+// rescale); P to shared memory; P V over its own tokens (registers); P barrier with the OR of "a
+// reference moved" (if so, both settle on a common one: see Softmax); P V over the other
+// warpgroup's tokens; wait. KV rows come through the int32 slot table (page size 1); columns past col_end are
 // zero-filled so a masked column never multiplies garbage. How tile j+1 arrives depends on the
 // item, decided once from its tile 1 (two instantiations of the loop; plans/0004 v32):
 // - gathered (the item's tile 1 is not 64 consecutive slots, e.g. a fragmented pool): each warp
@@ -103,6 +108,9 @@ constexpr int kCols = 64;  // KV columns per tile
 // 20 brings the kernel to 255 registers with no spills, 24 makes ptxas serialise the wgmma (C7512).
 constexpr int kQRegSteps = 20;
 static_assert(kQRegSteps > 0 && kQRegSteps <= kKvDim / 16, "a k-step count of S");
+// How far (log2 units) a score may pass its row's reference maximum before the reference moves: P
+// stays <= 2^8, exact enough in bf16 and far from overflow in the fp32 sums.
+constexpr float kMaxSlackLog2 = 8.f;
 constexpr int kUnitsPerRow = kKvDim / 8;  // 16-byte units per KV row (72)
 constexpr int kKvChunks = kKvDim / 64;    // 9
 constexpr int kTileBytes = kKvChunks * kChunkBytes;
@@ -136,13 +144,14 @@ enum class Sm90Probe { kNone, kTimeline, kNoGathers, kNoMath };
 inline constexpr int kTimelineTiles = 64;
 inline constexpr int kPhaseFirstTile = 4;
 inline constexpr int kPhaseTiles = 8;
-// Points of a tile: the tile barrier passed, S issued, S done, the max exchange barrier passed, the
-// own tokens' P V issued, the P barrier passed, P V done.
+// Points of a tile: the tile barrier passed, S issued, S done, the reference maximum checked (and
+// moved where a score passed it), the own tokens' P V issued, the P barrier (and the rare settling of
+// the references) passed, P V done.
 enum SmPhase {
   kTileIn,
   kSIssued,
   kSDone,
-  kMaxSwapped,
+  kMaxChecked,
   kOwnPvIssued,
   kPShared,
   kPvDone,
@@ -196,6 +205,18 @@ __device__ __forceinline__ float LdSharedF32(uint32_t addr) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
   return v;
+}
+
+// O's accumulator rows times a factor each: o[4i], o[4i+1] are row g of the warp, o[4i+2], o[4i+3]
+// row g + 8 (the wgmma m64n256 accumulator layout).
+__device__ __forceinline__ void ScaleRows(float (&o)[128], const float (&factor)[2]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    o[4 * i] *= factor[0];
+    o[4 * i + 1] *= factor[0];
+    o[4 * i + 2] *= factor[1];
+    o[4 * i + 3] *= factor[1];
+  }
 }
 
 // Whether a tile is one run of 64 consecutive slots (run_base, run_base + 1, ...), from the slot words
@@ -295,7 +316,13 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     const int r = item.row_begin + wrow + g + 8 * h;
     my_node[h] = r < seq_rows ? r / heads : -1;
   }
+  // The reference maximum of each row (lazy: see the tile loop), the same in both warpgroups after
+  // every tile; each warpgroup publishes its own in max_xchg for the other.
   float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), -INFINITY);
+  }
   float row_sum[2] = {0.f, 0.f};  // over this warpgroup's columns, this lane's quarter
   const float scale_log2 = pr.scale * kLog2e;
   float o[128];
@@ -413,7 +440,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 
       // s[4i + e]: row wrow + g + 8 (e >> 1), column 32wg + 8i + 2c + (e & 1) of the tile.
       const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= item.col_end;
-      float tile_max[2] = {-INFINITY, -INFINITY};
+      float tile_max[2] = {-INFINITY, -INFINITY};  // over this thread's values of each row
       // Two loops rather than a test per value: only the tiles that reach the tree or col_end read
       // the mask (v18: the per-value branch cost instruction-cache misses on every tile).
       if (all_visible) {
@@ -435,25 +462,35 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
           tile_max[h] = fmaxf(tile_max[h], s[v]);
         }
       }
+      // Lazy maximum: the reference row_max moves only when a score passes it by more than
+      // kMaxSlackLog2, so P <= 2^kMaxSlackLog2 and, on almost every tile, neither warpgroup waits for
+      // the other's maxima. A warp whose rows passed moves its own reference and rescales its O and
+      // sums; the P barrier then tells both warpgroups (its OR) and they settle on a common reference
+      // before P V reads the other's P.
+      bool moved = false;
+      if (__any_sync(kFullMask, tile_max[0] > row_max[0] + kMaxSlackLog2 ||
+                                    tile_max[1] > row_max[1] + kMaxSlackLog2)) {
+        float alpha[2];
   #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 1));
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 2));
-        if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), tile_max[h]);
+        for (int h = 0; h < 2; ++h) {
+          float m = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 1));
+          m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 2));
+          const float new_max = fmaxf(row_max[h], m);
+          alpha[h] = new_max == -INFINITY ? 1.f : Exp2Ftz(row_max[h] - new_max);
+          row_max[h] = new_max;
+          row_sum[h] *= alpha[h];
+          if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), new_max);
+        }
+        ScaleRows(o, alpha);
+        moved = true;
       }
-      __syncthreads();  // both warpgroups' tile maxima are visible
-      stamp_phase(tile, kMaxSwapped);
+      stamp_phase(tile, kMaxChecked);
 
-      float alpha[2];
       float base[2];
   #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float other = LdSharedF32(max_xchg + 4 * ((1 - wg) * kRows + wrow + g + 8 * h));
-        const float new_max = fmaxf(row_max[h], fmaxf(tile_max[h], other));
         // A row that has seen nothing yet keeps max -inf; subtracting 0 then keeps exp2 finite.
-        base[h] = new_max == -INFINITY ? 0.f : new_max;
-        alpha[h] = Exp2Ftz(row_max[h] - base[h]);
-        row_max[h] = new_max;
+        base[h] = row_max[h] == -INFINITY ? 0.f : row_max[h];
       }
       float sum[2] = {0.f, 0.f};
       // This warpgroup's P as wgmma A fragments: 16 tokens per k-step, accumulator column groups
@@ -474,18 +511,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         }
       }
   #pragma unroll
-      for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * alpha[h] + sum[h];
-      // Rescale, skipped when no row of this warp moved its max (the common case deep in a long
-      // prefix). The vote is warp-uniform, so every warp reconverges before the wgmma below.
-      if (__any_sync(kFullMask, alpha[0] != 1.f || alpha[1] != 1.f)) {
-  #pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          o[4 * i] *= alpha[0];
-          o[4 * i + 1] *= alpha[0];
-          o[4 * i + 2] *= alpha[1];
-          o[4 * i + 3] *= alpha[1];
-        }
-      }
+      for (int h = 0; h < 2; ++h) row_sum[h] += sum[h];
       // O += P V in two halves of k: this warpgroup's own 32 tokens with P from registers, issued
       // before the barrier that brings the other warpgroup's 32 (so the barrier waits under tensor
       // work; v14, plans/0004), then those from shared memory. B = V read MN-major: rows = tokens,
@@ -504,7 +530,47 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       wgmma::Commit();
       stamp_phase(tile, kOwnPvIssued);
       wgmma::FenceProxyAsyncShared();
-      __syncthreads();  // the other warpgroup's 32 columns of P are in shared memory
+      // The other warpgroup's 32 columns of P are in shared memory; and whether any warp moved its
+      // reference maximum.
+      if (__syncthreads_or(moved)) {
+        // Rare (each item's first tile; later only where a score jumps): both warpgroups take the
+        // larger reference of each row. Own O and sums were built on row_max: rescale them (after
+        // the own-token P V lands); the other's P on its reference: rescale it in place (only this
+        // warpgroup reads it). Each warp fixes its own 16 rows.
+        wgmma::WaitAll();
+        wgmma::PinRegisters(o);
+        float own_f[2], other_f[2];
+  #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float other = LdSharedF32(max_xchg + 4 * ((1 - wg) * kRows + wrow + g + 8 * h));
+          const float common = fmaxf(row_max[h], other);
+          own_f[h] = common == -INFINITY ? 1.f : Exp2Ftz(row_max[h] - common);
+          other_f[h] = common == -INFINITY ? 1.f : Exp2Ftz(other - common);
+          row_max[h] = common;
+          row_sum[h] *= own_f[h];
+        }
+        ScaleRows(o, own_f);
+  #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+  #pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t addr =
+                p_smem + SwizzledOffset(wrow + g + 8 * h, (1 - wg) * 4 + i) + 4 * c;
+            uint32_t packed;
+            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(packed) : "r"(addr) : "memory");
+            const float2 pf = mma::UnpackBf16x2(packed);
+            StShared32(addr, mma::PackBf16x2(pf.x * other_f[h], pf.y * other_f[h]));
+          }
+        }
+        wgmma::FenceProxyAsyncShared();
+        __syncthreads();  // every reference read; the rescaled P visible to the wgmma
+  #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), row_max[h]);
+        }
+      }
+      wgmma::PinRegisters(o);
+      wgmma::Fence();
       stamp_phase(tile, kPShared);
       const uint64_t p_desc = wgmma::MakeDescriptor(smem_base + kPOffset, 16, 1024);
       if (kMath) {

@@ -53,4 +53,9 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
   return r;
 }
 
+// The two floats PackBf16x2 packed (exact: a bf16 is the high half of a float).
+__device__ __forceinline__ float2 UnpackBf16x2(uint32_t packed) {
+  return make_float2(__uint_as_float(packed << 16), __uint_as_float(packed & 0xffff0000u));
+}
+
 }  // namespace verifyd::mma

@@ -2,6 +2,7 @@
 // inputs: the H, Q and L values, every tree shape, mixed batches, forced split plans; plus
 // bit-exactness across slot layouts and repeated runs.
 #include <ostream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -189,6 +190,37 @@ TEST(FlashSlotRuns, ContiguousAndRandomRunsMatchFloat64) {
     HostProblem host = contiguous ? WithContiguousSlots(scattered) : WithSlotRuns(scattered, seed);
     ExpectEveryPathAndPlanMatches(host, ref_out, ref_lse, {5, 132});
   }
+}
+
+// Scores that jump past the running maximum deep inside a split's columns: the Hopper kernel moves a
+// row's reference maximum only when a score passes it by a margin, in one warpgroup's half of a tile
+// at a time, and the two then settle on a common one. Every ~100th prefix column is scaled up, more
+// the later it comes (so the maximum keeps moving), on both layouts the kernel loads differently
+// (gathered, and one run per sequence by bulk copies), under plans that cut the columns differently.
+TEST(FlashSoftmax, ScoresThatJumpLateInTheRowMatchFloat64) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  using enum TreeShape;
+  const std::vector<SequenceSpec> seqs = {{30000, 16, kRandom}, {3000, 9, kChain}, {500, 33, kStar}};
+  HostProblem host = MakeRandomProblem(seqs, 8, seed, /*scattered=*/true, 0);
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  std::uniform_int_distribution<int> gap(1, 200);
+  for (int b = 0; b < host.batch(); ++b) {
+    const int len = host.prefix_len[b];
+    for (int t = gap(rng); t < len; t += gap(rng)) {
+      // Scores scale with the row: x2 at the start of the prefix up to x12 at its end (|s| up to
+      // ~70 in log2 units, far past the kernel's margin of 8).
+      const float factor = 2.f + 10.f * static_cast<float>(t) / static_cast<float>(len);
+      bf16_bits* row = &host.kv[static_cast<size_t>(host.slots[host.slot_indptr[b] + t]) * kKvDim];
+      for (int d = 0; d < kKvDim; ++d) row[d] = FloatToBf16(Bf16ToFloat(row[d]) * factor);
+    }
+  }
+  std::vector<double> ref_out, ref_lse;
+  ComputeVerifyF64(host.problem(), &ref_out, &ref_lse);
+  ExpectEveryPathAndPlanMatches(host, ref_out, ref_lse, {5, 132});
+  HostProblem contiguous = WithContiguousSlots(host);
+  ExpectEveryPathAndPlanMatches(contiguous, ref_out, ref_lse, {5, 132});
 }
 
 // Page size 1 with random slots, one consecutive run per sequence and runs of random lengths hold

@@ -425,8 +425,9 @@ void Breakdown(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
 
 // Where a flash CTA's time goes (sm_90a kernel, clock stamps per CTA): the start skew over CTAs,
 // the prologue (Q and the first KV tile), the first tiles and the steady per-tile time, the
-// epilogue (partials out), and the span from the first start to the last end.
-void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
+// epilogue (partials out), and the span from the first start to the last end. scattered: the page-size-1
+// random slot table (the gathered tile loop), else one run per sequence (one-run tiles by bulk copies).
+void Timeline(const Shape& s, bool scattered, std::mt19937_64& rng, int sms) {
   if (!HopperFlashAvailable()) return;
   ShapeData d = BuildShape(s, rng);
   UploadedPlan up = PlanAndUpload(s, sms);
@@ -436,10 +437,11 @@ void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
   const int n = static_cast<int>(plan->work.size());
   auto* timeline = DeviceAlloc<uint64_t>(size_t(n) * kSm90TimelineStride);
   WarmUp(10, [&](int i) {
-    BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, true), *plan, layout, workspace, nullptr));
+    BENCH_OK(
+        LaunchMlaVerify(ProblemFor(d, i % d.copies, scattered), *plan, layout, workspace, nullptr));
   });
   const MlaVerifyParams params =
-      MakeMlaVerifyParams(ProblemFor(d, 10 % d.copies, true), *plan, layout, workspace);
+      MakeMlaVerifyParams(ProblemFor(d, 10 % d.copies, scattered), *plan, layout, workspace);
   BENCH_CUDA(LaunchSm90Instrumented(Sm90Instrument::kTimeline, params, timeline, nullptr));
   BENCH_CUDA(cudaDeviceSynchronize());
   std::vector<uint64_t> t(size_t(n) * kSm90TimelineStride);
@@ -475,18 +477,18 @@ void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
     return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
   };
   std::printf(
-      "timeline %s: %d CTAs, span %.1f us | start skew med %.1f max %.1f | prologue med %.1f max "
+      "timeline %s %s: %d CTAs, span %.1f us | start skew med %.1f max %.1f | prologue med %.1f max "
       "%.1f | tile0 %.2f tile1 %.2f steady/tile %.2f (max %.2f) | last tile+epilogue med %.1f | "
       "CTA total med %.1f max %.1f | end med %.1f max %.1f (us) | SM clock med %.0f MHz, "
       "steady/tile %.2f kclk\n",
-      s.name, n, (last_end - first_start) * 1e-3, med(skew), max(skew), med(prologue),
+      s.name, scattered ? "scattered" : "contiguous", n, (last_end - first_start) * 1e-3, med(skew), max(skew), med(prologue),
       max(prologue), med(tile0), med(tile1), med(steady), max(steady), med(epilogue), med(total),
       max(total), med(end), max(end), med(mhz), med(steady_kclk));
   // Where a steady tile's clocks go, per warpgroup: the intervals between the kernel's phase points
   // (SmPhase), medians over the CTAs that run every phase tile and one more.
   const int points = kSm90PhasePoints;
   const char* kIntervals[] = {
-      "S issue",   "S wait",          "max swap",       "softmax+own PV issue",
+      "S issue",   "S wait",          "max check",      "softmax+own PV issue",
       "P barrier", "other PV + wait", "to next tile in"};
   for (int wg = 0; wg < 2; ++wg) {
     std::vector<std::vector<double>> clk(points);
@@ -502,7 +504,8 @@ void Timeline(const Shape& s, std::mt19937_64& rng, int sms) {
         }
       }
     }
-    std::printf("phases %s warpgroup %d (clocks):", s.name, wg);
+    std::printf("phases %s %s warpgroup %d (clocks):", s.name,
+                scattered ? "scattered" : "contiguous", wg);
     for (int i = 0; i < points; ++i) std::printf(" %s %.0f;", kIntervals[i], med(clk[i]));
     std::printf("\n");
   }
@@ -625,10 +628,12 @@ int Main(int argc, char** argv) {
                                              {"S2", 1, 64, 9, 16384},
                                              {"S3", 1, 64, 33, 65536},
                                              {"S5", 32, 8, 8, 4096},
+                                             {"S6", 1, 128, 64, 131072},
                                              {"S7", 1, 8, 16, 262144},
                                              {"SH", 1, 8, 16, 185000},
                                              {"S1L8K", 1, 8, 16, 8192}}) {
-      if (selected(s)) Timeline(s, rng, sms);
+      if (!selected(s)) continue;
+      for (const bool scattered : {false, true}) Timeline(s, scattered, rng, sms);
     }
   }
   if (diag) {
