@@ -335,21 +335,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
              kv_smem, warp, lane);
   int next_lo = SlotAt(slots, item.col_begin + kCols + lane, item.col_end);
   int next_hi = SlotAt(slots, item.col_begin + kCols + 32 + lane, item.col_end);
-  // The tile loop's form (below), decided now so that the by-copy form's tile 1 (one run, by that
-  // form's definition) starts loading with Q and tile 0 rather than after them.
-  bool item_by_copy = false;
-  if (kGathers && kv_map.usable && item.col_begin + 2 * kCols <= item.col_end) {
-    const int run_base = __shfl_sync(kFullMask, next_lo, 0);
-    item_by_copy = TileIsOneRun(next_lo, next_hi, lane, run_base);
-    if (item_by_copy && tid == 0) {
-      tma::MbarrierArriveExpectTx(copy_bar + 8, kTileBytes);
-#pragma unroll
-      for (int ch = 0; ch < kKvChunks; ++ch) {
-        tma::TensorCopy2d(kv_smem + kTileBytes + ch * kChunkBytes, &kv_map.map, 64 * ch, run_base,
-                          copy_bar + 8);
-      }
-    }
-  }
 
   // Descriptors (K-major, 128-byte swizzle): A = Q rows 0..63; B = K rows 32wg .. 32wg+31.
   const uint64_t q_desc = wgmma::MakeDescriptor(q_smem, 16, 1024);
@@ -398,9 +383,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         // than woven into S, but a rare tile in an item whose tile 1 was a run; and a branch among the
         // S wgmma would fence them, v31).
         copy_state &= 3;
-        if (tile == 0) {
-          copy_state |= 4;  // tile 1 left in the prologue
-        } else if (tile + 1 < num_tiles) {
+        if (tile + 1 < num_tiles) {
           const int run_base = __shfl_sync(kFullMask, next_lo, 0);
           const bool one_run =
               next_col + kCols <= item.col_end && TileIsOneRun(next_lo, next_hi, lane, run_base);
@@ -610,6 +593,10 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       }
     }
   };
+  bool item_by_copy = false;
+  if (kGathers && kv_map.usable && item.col_begin + 2 * kCols <= item.col_end) {
+    item_by_copy = TileIsOneRun(next_lo, next_hi, lane, __shfl_sync(kFullMask, next_lo, 0));
+  }
   if (item_by_copy) {
     run_tiles(std::true_type{});
   } else {
