@@ -391,6 +391,11 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
             if (tid == 0) {
               const uint32_t bar = copy_bar + 8 * ((tile + 1) & 1);
               tma::MbarrierArriveExpectTx(bar, kTileBytes);
+  #pragma unroll
+              for (int ch = 0; ch < kKvChunks; ++ch) {
+                tma::TensorCopy2d(next_stage + ch * kChunkBytes, &kv_map.map, 64 * ch, run_base,
+                                  bar);
+              }
             }
             copy_state |= 4;
           } else {
@@ -419,11 +424,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         } else if (kMath) {
           wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
                               wgmma::AdvanceDescriptor(k_desc, off));
-        }
-        if (kCopies && ks % 4 == 1 && tid == 0 && (copy_state & 4)) {
-          // Thread 0's slot word is the run's first slot.
-          tma::TensorCopy2d(next_stage + (ks / 4) * kChunkBytes, &kv_map.map, 64 * (ks / 4),
-                            next_lo, copy_bar + 8 * ((tile + 1) & 1));
         }
         if (!kCopies && kGathers && ks % 4 == 3 && ks / 4 < 8) {
           LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, ks / 4);
