@@ -56,7 +56,9 @@
 //   swizzle of the operand chunks; kv_tile_map.h) issued by one thread, and S runs with nothing
 //   woven in; any other tile of such an item (the tree's columns, the end of the range) is gathered
 //   in one burst before S. Measured against the gathered form on the same layouts: 4-8 % faster on
-//   every shape (v32d). One form per item, not per tile: a loop holding both S sequences made the
+//   every shape when it came (v32d), 4-19 % since v34 shortened the tile. Thread 0 issues the copies
+//   at the tile's top: spread over warps, after S or woven among its wgmma they cost more (v35-v38).
+//   One form per item, not per tile: a loop holding both S sequences made the
 //   gathered form itself 4-7 % slower (v32a), and a branch among the S wgmma fences them (v31, v32p).
 //
 // Epilogue: O / rowsum, as bf16 (the output, or a split's partial), goes to shared memory (the two
