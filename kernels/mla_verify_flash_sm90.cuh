@@ -108,7 +108,7 @@ constexpr int kCols = 64;  // KV columns per tile
 // 24 clocks per SM, with A from registers 17.3, against 16 at the tensor peak). Measured (v20,
 // plans/0004): 8, 12, 16, 20 steps ran faster in that order;
 // 20 brings the kernel to 255 registers with no spills, 24 makes ptxas serialise the wgmma (C7512).
-constexpr int kQRegSteps = 14;  // v39 k-split: of each warpgroup's 18 steps (16: spills 16 B, 18: 148 B + C7512)
+constexpr int kQRegSteps = 20;
 static_assert(kQRegSteps > 0 && kQRegSteps <= kKvDim / 16, "a k-step count of S");
 // How far (log2 units) a score may pass its row's reference maximum before the reference moves: P
 // stays <= 2^8, exact enough in bf16 and far from overflow in the fp32 sums.
@@ -347,10 +347,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   CpAsyncWaitAll();
   __syncthreads();
 #pragma unroll
-  for (int l = 0; l < kQRegSteps; ++l) {
-    const int ks = 18 * wg + l;
-    mma::LdMatrixX4(q_frag[l], q_smem + (ks / 4) * kChunkBytes +
-                                   SwizzledOffset(wrow + (lane & 15), 2 * (ks % 4) + (lane >> 4)));
+  for (int ks = 0; ks < kQRegSteps; ++ks) {
+    mma::LdMatrixX4(q_frag[ks], q_smem + (ks / 4) * kChunkBytes +
+                                    SwizzledOffset(wrow + (lane & 15), 2 * (ks % 4) + (lane >> 4)));
   }
 
   // The tile loop comes in two forms, chosen once per item. Gathered (every item whose tile 1 is not
@@ -407,25 +406,29 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         }
       }
 
-      float s64[32];
+      float s[16];
   #pragma unroll
-      for (int i = 0; i < 32; ++i) s64[i] = 0.f;
-      wgmma::PinRegisters(s64);
+      for (int i = 0; i < 16; ++i) s[i] = 0.f;
+      wgmma::PinRegisters(s);
       wgmma::Fence();
-      const uint64_t k_desc = wgmma::MakeDescriptor(kv_tile, 16, 1024);
+      const uint64_t k_desc =
+          wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
+      // Tile j+1's gather goes between the S wgmma, one KV row of this warp after every fourth: the
+      // warps wait on the tensor cores there anyway, and issued after the last wgmma it sat on the
+      // critical path (v18, plans/0004: 16 % of the stall samples at S1). On the last tile it
+      // zero-fills the idle stage (every column is past col_end); the epilogue waits for it.
   #pragma unroll
-      for (int l = 0; l < 18; ++l) {
-        const int ks = 18 * wg + l;
+      for (int ks = 0; ks < kKvDim / 16; ++ks) {
         const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
-        if (kMath && l < kQRegSteps) {
-          wgmma::MmaM64N64K16RegA(s64, q_frag[l < kQRegSteps ? l : 0],
+        if (kMath && ks < kQRegSteps) {
+          wgmma::MmaM64N32K16RegA(s, q_frag[ks < kQRegSteps ? ks : 0],
                                   wgmma::AdvanceDescriptor(k_desc, off));
         } else if (kMath) {
-          wgmma::MmaM64N64K16(s64, wgmma::AdvanceDescriptor(q_desc, off),
+          wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
                               wgmma::AdvanceDescriptor(k_desc, off));
         }
-        if (!kCopies && kGathers && l % 2 == 1 && l / 2 < 8) {
-          LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, l / 2);
+        if (!kCopies && kGathers && ks % 4 == 3 && ks / 4 < 8) {
+          LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, ks / 4);
         }
       }
       wgmma::Commit();
@@ -434,20 +437,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       next_lo = SlotAt(slots, tile_col + 2 * kCols + lane, item.col_end);
       next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
       wgmma::WaitAll();
-      wgmma::PinRegisters(s64);
-      // The two partials over k: the other warpgroup's 32 columns out, this one's in (Q's shared
-      // memory is free: all of Q lives in registers); warpgroup 0's partial added first on both.
-      const uint32_t xchg = q_smem + (wg * 128 + (tid & 127)) * 64;
-      const uint32_t xchg_in = q_smem + ((1 - wg) * 128 + (tid & 127)) * 64;
-  #pragma unroll
-      for (int v = 0; v < 16; ++v) StSharedF32(xchg + 4 * v, wg == 0 ? s64[16 + v] : s64[v]);
-      __syncthreads();
-      float s[16];
-  #pragma unroll
-      for (int v = 0; v < 16; ++v) {
-        const float other = LdSharedF32(xchg_in + 4 * v);
-        s[v] = wg == 0 ? s64[v] + other : other + s64[16 + v];
-      }
+      wgmma::PinRegisters(s);
       stamp_phase(tile, kSDone);
 
       // s[4i + e]: row wrow + g + 8 (e >> 1), column 32wg + 8i + 2c + (e & 1) of the tile.
