@@ -40,26 +40,27 @@
 //
 // Pipeline per tile: wait for tile j (cp.async, and its stage's mbarrier when it came by bulk
 // copies), fence to the async proxy, barrier; start tile j+1 into the other stage; issue the 36 S
-// wgmma; then the slot-table load for tile j+2; wait for S; mask (a separate loop for the tiles that
-// reach the tree or col_end); move the reference maximum where a score passed it (rare: with O's
-// rescale); P to shared memory; P V over its own tokens (registers); P barrier with the OR of "a
-// reference moved" (if so, both settle on a common one: see Softmax); P V over the other
-// warpgroup's tokens; wait. KV rows come through the int32 slot table (page size 1); columns past col_end are
-// zero-filled so a masked column never multiplies garbage. How tile j+1 arrives depends on the
-// item, decided once from its tile 1 (two instantiations of the loop; plans/0004 v32):
+// wgmma; then the slot-table load for tile j+2; wait for S; mask (a separate loop for the tiles
+// that reach the tree or col_end); move the reference maximum where a score passed it (rare: with
+// O's rescale); P to shared memory; P V over its own tokens (registers); P barrier with the OR of
+// "a reference moved" (if so, both settle on a common one: see Softmax); P V over the other
+// warpgroup's tokens; wait. KV rows come through the int32 slot table (page size 1); columns past
+// col_end are zero-filled so a masked column never multiplies garbage. How tile j+1 arrives depends
+// on the item, decided once from its tile 1 (two instantiations of the loop; plans/0004 v32):
 // - gathered (the item's tile 1 is not 64 consecutive slots, e.g. a fragmented pool): each warp
 //   gathers 8 rows by 16-byte cp.async, one row after every fourth S wgmma (the warps stall on the
-//   tensor cores there anyway; issued after the last wgmma the gather sat on the critical path: v18,
-//   16 % of the stall samples at S1); on the last tile it zero-fills the idle stage;
-// - by copy (tile 1 is one run, as compaction leaves most sequences): a next tile that is one run of
-//   64 slots before col_end comes by 9 bulk tensor copies (TMA, box 64 slots x 64 dims, the 128-byte
-//   swizzle of the operand chunks; kv_tile_map.h) issued by one thread, and S runs with nothing
-//   woven in; any other tile of such an item (the tree's columns, the end of the range) is gathered
-//   in one burst before S. Measured against the gathered form on the same layouts: 4-8 % faster on
-//   every shape when it came (v32d), 4-19 % since v34 shortened the tile. Thread 0 issues the copies
-//   at the tile's top: spread over warps, after S or woven among its wgmma they cost more (v35-v38).
-//   One form per item, not per tile: a loop holding both S sequences made the
-//   gathered form itself 4-7 % slower (v32a), and a branch among the S wgmma fences them (v31, v32p).
+//   tensor cores there anyway; issued after the last wgmma the gather sat on the critical path:
+//   v18, 16 % of the stall samples at S1); on the last tile it zero-fills the idle stage;
+// - by copy (tile 1 is one run, as compaction leaves most sequences): a next tile that is one run
+//   of 64 slots before col_end comes by 9 bulk tensor copies (TMA, box 64 slots x 64 dims, the
+//   128-byte swizzle of the operand chunks; kv_tile_map.h) issued by one thread, and S runs with
+//   nothing woven in; any other tile of such an item (the tree's columns, the end of the range) is
+//   gathered in one burst before S. Measured against the gathered form on the same layouts: 4-8 %
+//   faster on every shape when it came (v32d), 4-19 % since v34 shortened the tile. Thread 0 issues
+//   the copies at the tile's top: spread over warps, after S or woven among its wgmma they cost
+//   more (v35-v38). One form per item, not per tile: a loop holding both S sequences made the
+//   gathered form itself 4-7 % slower (v32a), and a branch among the S wgmma fences them (v31,
+//   v32p).
 //
 // Epilogue: O / rowsum, as bf16 (the output, or a split's partial), goes to shared memory (the two
 // KV stages are free by then: 64 rows padded to 1056 B) and leaves as one bulk copy
@@ -147,8 +148,8 @@ inline constexpr int kTimelineTiles = 64;
 inline constexpr int kPhaseFirstTile = 4;
 inline constexpr int kPhaseTiles = 8;
 // Points of a tile: the tile barrier passed, S issued, S done, the reference maximum checked (and
-// moved where a score passed it), the own tokens' P V issued, the P barrier (and the rare settling of
-// the references) passed, P V done.
+// moved where a score passed it), the own tokens' P V issued, the P barrier (and the rare settling
+// of the references) passed, P V done.
 enum SmPhase {
   kTileIn,
   kSIssued,
@@ -465,10 +466,10 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         }
       }
       // Lazy maximum: the reference row_max moves only when a score passes it by more than
-      // kMaxSlackLog2, so P <= 2^kMaxSlackLog2 and, on almost every tile, neither warpgroup waits for
-      // the other's maxima. A warp whose rows passed moves its own reference and rescales its O and
-      // sums; the P barrier then tells both warpgroups (its OR) and they settle on a common reference
-      // before P V reads the other's P.
+      // kMaxSlackLog2, so P <= 2^kMaxSlackLog2 and, on almost every tile, neither warpgroup waits
+      // for the other's maxima. A warp whose rows passed moves its own reference and rescales its O
+      // and sums; the P barrier then tells both warpgroups (its OR) and they settle on a common
+      // reference before P V reads the other's P.
       bool moved = false;
       if (__any_sync(kFullMask, tile_max[0] > row_max[0] + kMaxSlackLog2 ||
                                     tile_max[1] > row_max[1] + kMaxSlackLog2)) {

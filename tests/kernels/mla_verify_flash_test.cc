@@ -171,9 +171,9 @@ TEST(FlashPlans, EveryCombineShapeMatchesFloat64) {
 
 // The Hopper kernel brings a KV tile that is one run of 64 consecutive slots by bulk tensor copies
 // and every other tile by the gather: one consecutive run per sequence (every whole tile by copy,
-// the last row of the run the pool's last row) and runs of random lengths (tiles of both kinds, runs
-// that start and end inside a tile, a tile one row short of a run), each against float64 on every
-// path under plans that cut the columns at different places.
+// the last row of the run the pool's last row) and runs of random lengths (tiles of both kinds,
+// runs that start and end inside a tile, a tile one row short of a run), each against float64 on
+// every path under plans that cut the columns at different places.
 TEST(FlashSlotRuns, ContiguousAndRandomRunsMatchFloat64) {
   if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
   const uint64_t seed = TestSeed();
@@ -192,17 +192,19 @@ TEST(FlashSlotRuns, ContiguousAndRandomRunsMatchFloat64) {
   }
 }
 
-// Scores that jump past the running maximum deep inside a split's columns: the Hopper kernel moves a
-// row's reference maximum only when a score passes it by a margin, in one warpgroup's half of a tile
-// at a time, and the two then settle on a common one. Every ~100th prefix column is scaled up, more
-// the later it comes (so the maximum keeps moving), on both layouts the kernel loads differently
-// (gathered, and one run per sequence by bulk copies), under plans that cut the columns differently.
+// Scores that jump past the running maximum deep inside a split's columns: the Hopper kernel moves
+// a row's reference maximum only when a score passes it by a margin, in one warpgroup's half of a
+// tile at a time, and the two then settle on a common one. Every ~100th prefix column is scaled up,
+// more the later it comes (so the maximum keeps moving), on both layouts the kernel loads
+// differently (gathered, and one run per sequence by bulk copies), under plans that cut the columns
+// differently.
 TEST(FlashSoftmax, ScoresThatJumpLateInTheRowMatchFloat64) {
   if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   using enum TreeShape;
-  const std::vector<SequenceSpec> seqs = {{30000, 16, kRandom}, {3000, 9, kChain}, {500, 33, kStar}};
+  const std::vector<SequenceSpec> seqs = {
+      {30000, 16, kRandom}, {3000, 9, kChain}, {500, 33, kStar}};
   HostProblem host = MakeRandomProblem(seqs, 8, seed, /*scattered=*/true, 0);
   std::mt19937_64 rng(seed ^ 0x5eed);
   std::uniform_int_distribution<int> gap(1, 200);
@@ -283,8 +285,8 @@ TEST(FlashPaths, AutoRunsTheFirstAvailablePath) {
 
 // Calls on one stream share one workspace: the combine of call i reads the partials that the flash
 // kernel of call i + 1 overwrites, and the combine may be scheduled before the flash kernel ahead
-// of it has finished (programmatic dependent launch). Alternating two problems with no sync in between, every
-// call must still give the bytes of that problem run alone (which match float64).
+// of it has finished (programmatic dependent launch). Alternating two problems with no sync in
+// between, every call must still give the bytes of that problem run alone (which match float64).
 TEST(FlashStreamOrder, BackToBackCallsOnOneWorkspaceKeepEachResult) {
   if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
   const uint64_t seed = TestSeed();

@@ -425,8 +425,9 @@ void Breakdown(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
 
 // Where a flash CTA's time goes (sm_90a kernel, clock stamps per CTA): the start skew over CTAs,
 // the prologue (Q and the first KV tile), the first tiles and the steady per-tile time, the
-// epilogue (partials out), and the span from the first start to the last end. scattered: the page-size-1
-// random slot table (the gathered tile loop), else one run per sequence (one-run tiles by bulk copies).
+// epilogue (partials out), and the span from the first start to the last end. scattered: the
+// page-size-1 random slot table (the gathered tile loop), else one run per sequence (one-run tiles
+// by bulk copies).
 void Timeline(const Shape& s, bool scattered, std::mt19937_64& rng, int sms) {
   if (!HopperFlashAvailable()) return;
   ShapeData d = BuildShape(s, rng);
@@ -477,13 +478,13 @@ void Timeline(const Shape& s, bool scattered, std::mt19937_64& rng, int sms) {
     return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
   };
   std::printf(
-      "timeline %s %s: %d CTAs, span %.1f us | start skew med %.1f max %.1f | prologue med %.1f max "
-      "%.1f | tile0 %.2f tile1 %.2f steady/tile %.2f (max %.2f) | last tile+epilogue med %.1f | "
-      "CTA total med %.1f max %.1f | end med %.1f max %.1f (us) | SM clock med %.0f MHz, "
+      "timeline %s %s: %d CTAs, span %.1f us | start skew med %.1f max %.1f | prologue med %.1f "
+      "max %.1f | tile0 %.2f tile1 %.2f steady/tile %.2f (max %.2f) | last tile+epilogue med "
+      "%.1f | CTA total med %.1f max %.1f | end med %.1f max %.1f (us) | SM clock med %.0f MHz, "
       "steady/tile %.2f kclk\n",
-      s.name, scattered ? "scattered" : "contiguous", n, (last_end - first_start) * 1e-3, med(skew), max(skew), med(prologue),
-      max(prologue), med(tile0), med(tile1), med(steady), max(steady), med(epilogue), med(total),
-      max(total), med(end), max(end), med(mhz), med(steady_kclk));
+      s.name, scattered ? "scattered" : "contiguous", n, (last_end - first_start) * 1e-3, med(skew),
+      max(skew), med(prologue), max(prologue), med(tile0), med(tile1), med(steady), max(steady),
+      med(epilogue), med(total), max(total), med(end), max(end), med(mhz), med(steady_kclk));
   // Where a steady tile's clocks go, per warpgroup: the intervals between the kernel's phase points
   // (SmPhase), medians over the CTAs that run every phase tile and one more.
   const int points = kSm90PhasePoints;
