@@ -204,6 +204,11 @@ __device__ __forceinline__ void StShared32(uint32_t addr, uint32_t v) {
 __device__ __forceinline__ void StSharedF32(uint32_t addr, float v) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
 }
+__device__ __forceinline__ uint32_t LdShared32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 __device__ __forceinline__ float LdSharedF32(uint32_t addr) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
@@ -285,6 +290,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const int wrow = (warp & 3) * 16;  // this warp's 16 rows of the 64
   const int g = lane >> 2;
   const int c = lane & 3;
+  // Warpgroup w's reference maximum of this thread's row wrow + g + 8h.
+  auto ref_max_at = [&](int w, int h) { return max_xchg + 4 * (w * kRows + wrow + g + 8 * h); };
 
   const flash::ItemRows rows = flash::DecodeItem(pr, item);
   const int prefix_len = rows.prefix_len;
@@ -324,7 +331,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), -INFINITY);
+    if (c == 0) StSharedF32(ref_max_at(wg, h), -INFINITY);
   }
   float row_sum[2] = {0.f, 0.f};  // over this warpgroup's columns, this lane's quarter
   const float scale_log2 = pr.scale * kLog2e;
@@ -482,7 +489,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
           alpha[h] = new_max == -INFINITY ? 1.f : Exp2Ftz(row_max[h] - new_max);
           row_max[h] = new_max;
           row_sum[h] *= alpha[h];
-          if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), new_max);
+          if (c == 0) StSharedF32(ref_max_at(wg, h), new_max);
         }
         ScaleRows(o, alpha);
         moved = true;
@@ -545,7 +552,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         float own_f[2], other_f[2];
   #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float other = LdSharedF32(max_xchg + 4 * ((1 - wg) * kRows + wrow + g + 8 * h));
+          const float other = LdSharedF32(ref_max_at(1 - wg, h));
           const float common = fmaxf(row_max[h], other);
           own_f[h] = common == -INFINITY ? 1.f : Exp2Ftz(row_max[h] - common);
           other_f[h] = common == -INFINITY ? 1.f : Exp2Ftz(other - common);
@@ -559,9 +566,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
           for (int h = 0; h < 2; ++h) {
             const uint32_t addr =
                 p_smem + SwizzledOffset(wrow + g + 8 * h, (1 - wg) * 4 + i) + 4 * c;
-            uint32_t packed;
-            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(packed) : "r"(addr) : "memory");
-            const float2 pf = mma::UnpackBf16x2(packed);
+            const float2 pf = mma::UnpackBf16x2(LdShared32(addr));
             StShared32(addr, mma::PackBf16x2(pf.x * other_f[h], pf.y * other_f[h]));
           }
         }
@@ -569,7 +574,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         __syncthreads();  // every reference read; the rescaled P visible to the wgmma
   #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          if (c == 0) StSharedF32(max_xchg + 4 * (wg * kRows + wrow + g + 8 * h), row_max[h]);
+          if (c == 0) StSharedF32(ref_max_at(wg, h), row_max[h]);
         }
       }
       wgmma::PinRegisters(o);
