@@ -160,7 +160,7 @@ enum SmPhase {
   kPvDone,
   kPhasePoints
 };
-inline constexpr int kPhaseBase = kTimelineTiles + 8;
+inline constexpr int kPhaseBase = kTimelineTiles + 10;
 inline constexpr int kTimelineStride = kPhaseBase + kPhaseTiles * 2 * kPhasePoints;
 
 // Gathers row `rr` of this warp's 8 rows (8w .. 8w+7) of KV columns [tile_col, tile_col + 64) into
@@ -312,6 +312,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
               valid ? pr.q + (first_row + r) * kKvDim + u * 8 : pr.q, valid);
   }
   CpAsyncCommit();
+  if (kTimeline && threadIdx.x == 0) stamps[6 + kTimelineTiles] = clock64();
   if (tid == 0) {
     tma::MbarrierInit(copy_bar, 1);
     tma::MbarrierInit(copy_bar + 8, 1);
@@ -343,6 +344,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   LoadKvTile(pr.kv, SlotAt(slots, item.col_begin + lane, item.col_end),
              SlotAt(slots, item.col_begin + 32 + lane, item.col_end), item.col_begin, item.col_end,
              kv_smem, warp, lane);
+  if (kTimeline && threadIdx.x == 0) stamps[7 + kTimelineTiles] = clock64();
   int next_lo = SlotAt(slots, item.col_begin + kCols + lane, item.col_end);
   int next_hi = SlotAt(slots, item.col_begin + kCols + 32 + lane, item.col_end);
 
@@ -354,6 +356,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   uint32_t q_frag[kQRegSteps][4];
   CpAsyncWaitAll();
   __syncthreads();
+  if (kTimeline && threadIdx.x == 0) stamps[8 + kTimelineTiles] = clock64();
 #pragma unroll
   for (int ks = 0; ks < kQRegSteps; ++ks) {
     mma::LdMatrixX4(q_frag[ks], q_smem + (ks / 4) * kChunkBytes +
