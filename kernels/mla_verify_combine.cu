@@ -110,20 +110,17 @@ __device__ __forceinline__ void FinishRow(MergeState state, int group, int dim4,
 template <int kGroups, int kBatch>
 __global__ void __launch_bounds__(kDimThreads* kGroups, kBatch <= 8 ? 8 : 1)
     MlaVerifyCombineKernel(MlaVerifyParams params) {
+  // Launched programmatically behind the flash kernel (programmatic_launch.cuh): its partials are
+  // complete and visible only after this wait.
+  pdl::WaitForPriorGrid();
+  pdl::AllowDependentLaunch();
   __shared__ GroupExchange<kGroups> shared;
-  // The combine item and qo_indptr were written before the flash kernel began (the plan upload,
-  // the inputs), so they may be read before the wait, while the flash grid's last CTAs still run:
-  // two round trips to memory off the path after it (v44, plans/0004).
   const CombineItem item = params.combine[blockIdx.x];
   const int r = blockIdx.y;
   const VerifyProblem& pr = params.problem;
   const int q_begin = pr.qo_indptr[item.seq];
   const int seq_rows = (pr.qo_indptr[item.seq + 1] - q_begin) * pr.num_heads;
   if (item.row_begin + r >= seq_rows) return;  // the whole CTA leaves: no barrier is skipped
-  // Launched programmatically behind the flash kernel (programmatic_launch.cuh): its partials are
-  // complete and visible only after this wait.
-  pdl::WaitForPriorGrid();
-  pdl::AllowDependentLaunch();
   const int n = item.num_splits;
   const int group = threadIdx.x / kDimThreads;
   const int dim4 = threadIdx.x % kDimThreads;

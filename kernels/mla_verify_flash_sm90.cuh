@@ -81,7 +81,6 @@
 #include <type_traits>
 
 #include "kernels/mla_verify_flash_common.cuh"
-#include "kernels/mla_verify_fused_combine.cuh"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_mma.cuh"
 #include "kernels/programmatic_launch.cuh"
@@ -131,8 +130,6 @@ static_assert(kRows * flash::kStageStride <= 2 * kTileBytes,
               "the staged epilogue fits the KV stages");
 static_assert(kRows == 64, "one warpgroup's wgmma covers 64 rows");
 static_assert(kHopperFlashThreads == 256, "two warpgroups");
-static_assert(kHopperFlashThreads == fused_combine::kThreads, "the fused combine: two dims per thread");
-static_assert(1024 + 16 + kFusedCombineMaxSplits <= 2 * kTileBytes, "the fused combine's scratch");
 
 // What an instantiation adds to the kernel. kNone is the product. The others are the benchmark's
 // instruments (plans/0004): kTimeline writes clock stamps per CTA (layout below) and computes the
@@ -282,7 +279,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const uint32_t copy_bar = smem_base + kCopyBarOffset;  // 2 mbarriers, stage s at + 8s
 
   const VerifyProblem& pr = params.problem;
-  fused_combine::AnnounceStart(params);
   const FlashWorkItem item = params.work[blockIdx.x];
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -666,7 +662,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
                  : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
     // Until the stage has been read, not until the rows have landed: the kernel's end makes them
-    // visible to the combine kernel (the fused combine waits for them itself).
+    // visible to the combine.
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
   }
   if (kTimeline) {
@@ -678,11 +674,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
       stamps[5 + kTimelineTiles] = sm;
     }
-  }
-  if (params.fused_combine != FusedCombine::kOff && item.partial >= 0) {
-    // Scratch inside the idle KV stages whatever the base's alignment (a fixed address, not the
-    // aligned base kept alive through the tile loop).
-    fused_combine::MergeAfterPartial(params, smem_raw + kKvOffset + 1024);
   }
 }
 

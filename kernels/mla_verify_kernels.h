@@ -27,10 +27,6 @@ cudaError_t LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream
 // Its machine code exists only for sm_90a: HopperFlashKernelSymbol() has no image elsewhere. The
 // benchmark's instrumented builds of it (timeline, no gathers, no wgmma) live in tools/bench.
 inline constexpr int kHopperFlashThreads = 256;
-// Plans whose every combine item has at least this many splits are merged by the Hopper kernel's
-// own CTAs (MlaVerifyParams::fused_combine; mla_verify_fused_combine.cuh), with no combine kernel.
-inline constexpr int kFusedCombineMinSplits = 32;
-inline constexpr int kFusedCombineMaxSplits = 4096;
 int HopperFlashSmemBytes();
 const void* HopperFlashKernelSymbol();
 cudaError_t LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);

@@ -91,19 +91,6 @@ bool UsesHopper(FlashPath path) {
 
 bool HopperFlashAvailable() { return HopperImageRunsHere(); }
 
-// At most two rows per split CTA (mla_verify_fused_combine.cuh); below that the combine kernel,
-// whose thousands of small CTAs merge many rows per item side by side, is faster (plans/0004,
-// session 10: a fused merge of 4-16 rows per CTA lost 6-37 %).
-bool HopperMergesSplits(const SplitPlan& plan) {
-  if (plan.combine.empty()) return false;
-  for (const CombineItem& c : plan.combine) {
-    // (and at most kFusedCombineMaxSplits: the kernel marks the splits that left their rows in
-    // shared memory, a byte each)
-    if (c.num_splits < kFusedCombineMinSplits || c.num_splits > kFusedCombineMaxSplits) return false;
-  }
-  return true;
-}
-
 std::vector<FlashPath> AvailableFlashPaths() {
   if (HopperFlashAvailable()) return {FlashPath::kHopper, FlashPath::kPortable};
   return {FlashPath::kPortable};
@@ -142,7 +129,6 @@ MlaVerifyParams MakeMlaVerifyParams(const VerifyProblem& problem, const SplitPla
   params.partial_o = reinterpret_cast<bf16_bits*>(base + layout.partial_o_offset);
   params.partial_lse = reinterpret_cast<float*>(base + layout.partial_lse_offset);
   params.num_partials = plan.num_partials;
-  params.combine_sync = reinterpret_cast<uint32_t*>(base + layout.combine_sync_offset);
   for (const CombineItem& c : plan.combine) {
     params.max_splits = std::max(params.max_splits, static_cast<int>(c.num_splits));
   }
@@ -165,15 +151,12 @@ absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan
   VERIFYD_CUDA_CHECK(cudaFuncSetAttribute(hopper ? HopperFlashKernelSymbol() : FlashKernelSymbol(),
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           hopper ? HopperFlashSmemBytes() : FlashSmemBytes()));
-  MlaVerifyParams params = MakeMlaVerifyParams(problem, plan, layout, workspace);
-  if (hopper && stages == VerifyStages::kFlashAndCombine && HopperMergesSplits(plan)) {
-    params.fused_combine = FusedCombine::kOn;
-  }
+  const MlaVerifyParams params = MakeMlaVerifyParams(problem, plan, layout, workspace);
   if (stages != VerifyStages::kCombineOnly) {
     VERIFYD_CUDA_CHECK(hopper ? LaunchHopperFlashKernel(params, stream)
                               : LaunchFlashKernel(params, stream));
   }
-  if (stages != VerifyStages::kFlashOnly && params.fused_combine == FusedCombine::kOff) {
+  if (stages != VerifyStages::kFlashOnly) {
     VERIFYD_CUDA_CHECK(LaunchCombineKernel(params, ProgrammaticLaunchRunsHere(), stream));
   }
   return absl::OkStatus();

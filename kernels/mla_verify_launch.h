@@ -50,10 +50,6 @@ absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan
 MlaVerifyParams MakeMlaVerifyParams(const VerifyProblem& problem, const SplitPlan& plan,
                                     const WorkspaceLayout& layout, void* workspace);
 
-// Whether a Hopper launch of `plan` merges its splits inside the flash kernel (every combine item
-// has at least kFusedCombineMinSplits splits) rather than in the combine kernel after it.
-bool HopperMergesSplits(const SplitPlan& plan);
-
 // Whether the current device can run the Hopper kernel (compute capability 9 and an sm_90a image in
 // this library).
 bool HopperFlashAvailable();

@@ -28,8 +28,6 @@ struct FlashWorkItem {
   // -1: this item covers all columns and writes `out`/`lse` directly. Otherwise the index of its
   // partial slot: fp32 O [64][512] normalised by its own sum, and its LSE [64], in the workspace.
   int32_t partial;
-  // The combine item its partial belongs to (-1 with partial = -1).
-  int32_t combine = -1;
 };
 
 // One combine CTA group: merges `num_splits` consecutive partials into rows [row_begin, +64) of
@@ -40,11 +38,6 @@ struct CombineItem {
   int32_t partial_begin;
   int32_t num_splits;
 };
-
-// kOn: the Hopper flash kernel's split CTAs merge their rows themselves. kLeaveToLast: as kOn, but
-// every split CTA leaves its rows to the item's last one, the path CTAs take when not all of an
-// item's splits have started (the tests force it; it gives the same bits).
-enum class FusedCombine : int32_t { kOff = 0, kOn = 1, kLeaveToLast = 2 };
 
 // What the kernels receive. Every pointer is device memory.
 struct MlaVerifyParams {
@@ -60,12 +53,6 @@ struct MlaVerifyParams {
   float* partial_lse = nullptr;  // [num_partials][64], natural log, -inf where a row saw nothing
   int num_partials = 0;
   int max_splits = 0;  // the largest num_splits of a combine item (picks the combine's shape)
-  // [num_combine][4] then [num_partials]: the fused combine's handshake words (zero between
-  // launches: PackPlan writes them as zeros, and each launch leaves them so).
-  uint32_t* combine_sync = nullptr;
-  // Whether the Hopper flash kernel merges the splits itself (mla_verify_fused_combine.cuh; then no
-  // combine kernel runs). The launcher decides.
-  FusedCombine fused_combine = FusedCombine::kOff;
 };
 
 }  // namespace verifyd

@@ -118,7 +118,6 @@ absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
     const int64_t splits = SplitsFor(shapes[b], best_chunk);
     for (int64_t rb = 0; rb < shapes[b].row_blocks; ++rb) {
       const int32_t row_begin = static_cast<int32_t>(rb * kFlashBlockRows);
-      const int32_t combine_index = splits > 1 ? static_cast<int32_t>(plan.combine.size()) : -1;
       if (splits > 1) {
         plan.combine.push_back(
             {static_cast<int32_t>(b), row_begin, plan.num_partials, static_cast<int32_t>(splits)});
@@ -132,7 +131,6 @@ absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
         item.col_begin = static_cast<int32_t>(tile_begin * kFlashBlockCols);
         item.col_end = static_cast<int32_t>(std::min(cols, tile_end * kFlashBlockCols));
         item.partial = splits > 1 ? plan.num_partials++ : -1;
-        item.combine = combine_index;
         plan.work.push_back(item);
       }
     }
@@ -144,11 +142,8 @@ WorkspaceLayout LayoutWorkspace(const SplitPlan& plan) {
   WorkspaceLayout layout;
   layout.work_offset = 0;
   layout.combine_offset = AlignUp(layout.work_offset + plan.work.size() * sizeof(FlashWorkItem));
-  layout.combine_sync_offset =
-      AlignUp(layout.combine_offset + plan.combine.size() * sizeof(CombineItem));
   layout.partial_o_offset =
-      AlignUp(layout.combine_sync_offset +
-              (plan.combine.size() * 4 + size_t(plan.num_partials)) * sizeof(uint32_t));
+      AlignUp(layout.combine_offset + plan.combine.size() * sizeof(CombineItem));
   layout.partial_lse_offset =
       AlignUp(layout.partial_o_offset +
               size_t(plan.num_partials) * kFlashBlockRows * kVDim * sizeof(bf16_bits));

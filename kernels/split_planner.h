@@ -28,7 +28,6 @@ struct SplitPlan {
 struct WorkspaceLayout {
   size_t work_offset = 0;
   size_t combine_offset = 0;
-  size_t combine_sync_offset = 0;  // MlaVerifyParams::combine_sync
   size_t partial_o_offset = 0;
   size_t partial_lse_offset = 0;
   size_t total_bytes = 0;
@@ -52,8 +51,7 @@ int64_t PlanningTiles(int64_t tiles);
 
 WorkspaceLayout LayoutWorkspace(const SplitPlan& plan);
 
-// The first layout.partial_o_offset bytes of the workspace: work items, combine items, then the
-// fused combine's handshake words (zeros).
+// The first layout.partial_o_offset bytes of the workspace: work items, then combine items.
 std::vector<uint8_t> PackPlan(const SplitPlan& plan, const WorkspaceLayout& layout);
 
 }  // namespace verifyd

@@ -4,7 +4,6 @@
 
 #include "base/cuda_check.h"
 #include "verify/mla_dims.h"
-#include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_launch.h"
 #include "base/status_macros.h"
 
@@ -99,27 +98,6 @@ absl::StatusOr<KernelOutput> DeviceProblem::RunFlash(int num_sms, FlashPath path
   VERIFYD_RETURN_IF_ERROR(UploadPlan(plan, layout, workspace.get(), nullptr));
   VERIFYD_RETURN_IF_ERROR(LaunchMlaVerify(problem_, plan, layout, workspace.get(), nullptr,
                                           VerifyStages::kFlashAndCombine, path));
-  return Download();
-}
-
-absl::StatusOr<KernelOutput> DeviceProblem::RunHopperLeavingMergesToLastSplit(int num_sms) {
-  VERIFYD_ASSIGN_OR_RETURN(SplitPlan plan,
-                           PlanSplits(prefix_len_, q_len_, problem_.num_heads, num_sms));
-  if (!HopperMergesSplits(plan)) {
-    return absl::InvalidArgumentError("the plan has a combine item the Hopper kernel leaves alone");
-  }
-  const WorkspaceLayout layout = LayoutWorkspace(plan);
-  DeviceBuffer workspace;
-  VERIFYD_RETURN_IF_ERROR(workspace.Allocate(layout.total_bytes));
-  VERIFYD_CUDA_CHECK(cudaMemset(workspace.get(), 0xFF, layout.total_bytes));
-  VERIFYD_RETURN_IF_ERROR(PoisonOutputs());
-  VERIFYD_RETURN_IF_ERROR(UploadPlan(plan, layout, workspace.get(), nullptr));
-  MlaVerifyParams params = MakeMlaVerifyParams(problem_, plan, layout, workspace.get());
-  params.fused_combine = FusedCombine::kLeaveToLast;
-  VERIFYD_CUDA_CHECK(cudaFuncSetAttribute(HopperFlashKernelSymbol(),
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          HopperFlashSmemBytes()));
-  VERIFYD_CUDA_CHECK(LaunchHopperFlashKernel(params, nullptr));
   return Download();
 }
 

@@ -49,10 +49,6 @@ class DeviceProblem {
   // The flash kernel of `path` (kAuto: the launcher's choice) under the plan made for num_sms.
   absl::StatusOr<KernelOutput> RunFlash(int num_sms, FlashPath path = FlashPath::kAuto);
   absl::StatusOr<KernelOutput> RunNaive();
-  // The Hopper kernel under the plan for num_sms with its splits merged in the kernel as when not
-  // all of an item's splits have started: every split leaves its rows to the item's last one
-  // (FusedCombine::kLeaveToLast). The plan must be one the kernel merges (HopperMergesSplits).
-  absl::StatusOr<KernelOutput> RunHopperLeavingMergesToLastSplit(int num_sms);
 
  private:
   absl::StatusOr<KernelOutput> Download();

@@ -283,44 +283,6 @@ TEST(FlashPaths, AutoRunsTheFirstAvailablePath) {
   EXPECT_TRUE(a->lse == b->lse);
 }
 
-// Plans whose every combine item has many splits (S1, S7, SH) are merged by the Hopper kernel's own
-// split CTAs; a split that finds one of its item's splits not yet started (CTAs that do not all fit
-// at once, e.g. an MPS client) leaves its rows to the item's last split instead of waiting. Both
-// ways, on both tile loops (scattered slots, one run), against float64 and bit for bit against each
-// other (the same merge of each row, whichever CTA runs it).
-TEST(FlashFusedCombine, SplitsMergedInTheKernelMatchFloat64EitherWay) {
-  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
-  if (!HopperFlashAvailable()) GTEST_SKIP() << "no Hopper kernel on this device";
-  const uint64_t seed = TestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  using enum TreeShape;
-  // 8 heads x 16 nodes = two row blocks, each cut into ~66 splits at 132 SMs (S1's plan).
-  const std::vector<SequenceSpec> seqs = {{30000, 16, kRandom}};
-  constexpr int kHeads = 8;
-  auto plan = PlanSplits(std::vector<int32_t>{30000}, std::vector<int32_t>{16}, kHeads, kSms);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_TRUE(HopperMergesSplits(*plan));
-  for (const bool contiguous : {false, true}) {
-    SCOPED_TRACE(contiguous ? "one run per sequence" : "scattered slots");
-    HostProblem scattered = MakeRandomProblem(seqs, kHeads, seed, /*scattered=*/true, 17);
-    std::vector<double> ref_out, ref_lse;
-    ComputeVerifyF64(scattered.problem(), &ref_out, &ref_lse);
-    HostProblem host = contiguous ? WithContiguousSlots(scattered) : scattered;
-    auto dev = DeviceProblem::Upload(host);
-    ASSERT_TRUE(dev.ok()) << dev.status();
-    auto merged = dev->RunFlash(kSms, FlashPath::kHopper);
-    ASSERT_TRUE(merged.ok()) << merged.status();
-    auto left_to_last = dev->RunHopperLeavingMergesToLastSplit(kSms);
-    ASSERT_TRUE(left_to_last.ok()) << left_to_last.status();
-    for (const KernelOutput* got : {&*merged, &*left_to_last}) {
-      EXPECT_LE(RelativeError(got->out, ref_out), kTolerance);
-      EXPECT_LE(RelativeError(got->lse, ref_lse), kTolerance);
-    }
-    EXPECT_TRUE(merged->out == left_to_last->out);
-    EXPECT_TRUE(merged->lse == left_to_last->lse);
-  }
-}
-
 // Calls on one stream share one workspace: the combine of call i reads the partials that the flash
 // kernel of call i + 1 overwrites, and the combine may be scheduled before the flash kernel ahead
 // of it has finished (programmatic dependent launch). Alternating two problems with no sync in
