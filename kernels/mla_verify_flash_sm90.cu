@@ -16,7 +16,10 @@ const void* HopperFlashKernelSymbol() {
 
 cudaError_t LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
   const KvTileMap kv_map = EncodeKvTileMap(params.problem.kv, params.problem.num_slots);
-  return flash_sm90::LaunchInPairs<Sm90Probe::kNone>(params, kv_map, nullptr, stream);
+  MlaVerifyFlashSm90Kernel<Sm90Probe::kNone>
+      <<<params.num_work, kHopperFlashThreads, flash_sm90::kSmemBytes, stream>>>(params, kv_map,
+                                                                                  nullptr);
+  return cudaGetLastError();
 }
 
 }  // namespace verifyd

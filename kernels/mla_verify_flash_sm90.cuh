@@ -123,10 +123,7 @@ constexpr int kPOffset = kKvOffset + 2 * kTileBytes;
 constexpr int kMaxXchgOffset = kPOffset + kChunkBytes;
 constexpr int kSumXchgOffset = kMaxXchgOffset + 2 * kRows * 4;
 constexpr int kCopyBarOffset = kSumXchgOffset + 2 * kRows * 4;  // one mbarrier per KV stage
-// One mbarrier per KV stage on which the cluster peer says it has left the stage (tiles shared by
-// multicast copies).
-constexpr int kPeerLeftBarOffset = kCopyBarOffset + 2 * 8;
-constexpr int kSmemUsed = kPeerLeftBarOffset + 2 * 8;
+constexpr int kSmemUsed = kCopyBarOffset + 2 * 8;
 constexpr int kSmemBytes = kSmemUsed + 1024;  // room to align the base to 1024
 static_assert(kSmemBytes <= 232448, "an sm_90 block may take 227 KB of dynamic shared memory");
 static_assert(kRows * flash::kStageStride <= 2 * kTileBytes,
@@ -254,7 +251,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   constexpr bool kTimeline = kProbe == Sm90Probe::kTimeline;
   constexpr bool kGathers = kProbe != Sm90Probe::kNoGathers;
   constexpr bool kMath = kProbe != Sm90Probe::kNoMath;
-  if (blockIdx.x >= params.num_work) return;  // the grid is rounded up to whole clusters
   // The combine (launched programmatically) may be scheduled onto each SM this CTA leaves; it
   // waits for this whole grid itself.
   pdl::AllowDependentLaunch();
@@ -281,7 +277,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const uint32_t max_xchg = smem_base + kMaxXchgOffset;  // 2 x 64 fp32
   const uint32_t sum_xchg = smem_base + kSumXchgOffset;  // 2 x 64 fp32
   const uint32_t copy_bar = smem_base + kCopyBarOffset;  // 2 mbarriers, stage s at + 8s
-  const uint32_t peer_left_bar = smem_base + kPeerLeftBarOffset;  // the same
 
   const VerifyProblem& pr = params.problem;
   const FlashWorkItem item = params.work[blockIdx.x];
@@ -321,16 +316,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   if (tid == 0) {
     tma::MbarrierInit(copy_bar, 1);
     tma::MbarrierInit(copy_bar + 8, 1);
-    tma::MbarrierInit(peer_left_bar, 2);  // one arrival per warpgroup of the peer
-    tma::MbarrierInit(peer_left_bar + 8, 2);
     tma::FenceMbarrierInit();
     if (kv_map.usable) tma::PrefetchTensorMap(&kv_map.map);
   }
-  // A pair that shares its KV tiles (launched in a cluster of two) multicasts into both CTAs'
-  // stages and mbarriers: the peer's mbarriers must be initialised before the first copy (the wait
-  // is before the tile loop).
-  const bool shares_tiles = item.shares_tiles != 0 && tma::ClusterSize() == 2;
-  if (shares_tiles) tma::ClusterBarrierArrive();
 
   // The two rows this thread holds in every accumulator: wrow + g and wrow + g + 8.
   int my_node[2];
@@ -374,7 +362,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     mma::LdMatrixX4(q_frag[ks], q_smem + (ks / 4) * kChunkBytes +
                                     SwizzledOffset(wrow + (lane & 15), 2 * (ks % 4) + (lane >> 4)));
   }
-  if (shares_tiles) tma::ClusterBarrierWait();
 
   // The tile loop comes in two forms, chosen once per item. Gathered (every item whose tile 1 is not
   // one run of 64 consecutive slots): each next tile is gathered between S's wgmma. By copy: a next
@@ -383,10 +370,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // in one burst. One form per item rather than per tile: both S sequences in one loop made the
   // gathered form 4-7 % slower (v32a, plans/0004), and a branch among the S wgmma fences them (v31).
   // copy_state bits 0-1: the parity of stage 0's / 1's mbarrier phase to wait for next; bit 2: the
-  // tile now waited for came by copy; bits 3-4: the parity of stage 0's / 1's peer-left mbarrier
-  // phase to wait for next; bit 5: this CTA and its cluster peer share the tiles; bit 6: the next
-  // tile to issue is one run (one register: the kernel has none to spare).
-  uint32_t copy_state = shares_tiles ? 32u : 0u;
+  // tile now waited for came by copy (one register: the kernel has none to spare).
+  uint32_t copy_state = 0;
   auto run_tiles = [&](auto copies) {
     constexpr bool kCopies = decltype(copies)::value;
     for (int tile = 0; tile < num_tiles; ++tile) {
@@ -410,39 +395,19 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         // thread when it is one run of slots; otherwise gathered here in one burst (v29a: 4-6 % slower
         // than woven into S, but a rare tile in an item whose tile 1 was a run; and a branch among the
         // S wgmma would fence them, v31).
-        copy_state &= ~4u;
+        copy_state &= 3;
         if (tile + 1 < num_tiles) {
           const int run_base = __shfl_sync(kFullMask, next_lo, 0);
-          if (copy_state & 64) {  // tile j+1 is one run (decided at the end of tile j-1)
+          const bool one_run =
+              next_col + kCols <= item.col_end && TileIsOneRun(next_lo, next_hi, lane, run_base);
+          if (one_run) {
             if (tid == 0) {
-              const int next = (tile + 1) & 1;
-              const uint32_t bar = copy_bar + 8 * next;
-              if (copy_state & 32) {
-                // Shared with the cluster peer (the other row block, same columns): each CTA
-                // copies part of the tile's chunks into both CTAs' stages. The stage held tile j-1
-                // (from tile 1 on): both must have left it, this CTA (the barrier above) and the
-                // peer (its warpgroups' arrivals on our peer-left mbarrier, sent at the end of
-                // their tile j-1, so that they are here by now).
-                const uint32_t rank = tma::ClusterCtaRank();
-                if (tile >= 1) {
-                  tma::MbarrierWaitCluster(peer_left_bar + 8 * next, (copy_state >> (3 + next)) & 1);
-                  copy_state ^= 1u << (3 + next);
-                }
-                tma::MbarrierArriveExpectTx(bar, kTileBytes);
+              const uint32_t bar = copy_bar + 8 * ((tile + 1) & 1);
+              tma::MbarrierArriveExpectTx(bar, kTileBytes);
   #pragma unroll
-                for (int ch = 0; ch < kKvChunks; ++ch) {
-                  if ((ch < kKvChunks / 2 + 1) == (rank == 0)) {
-                    tma::TensorCopy2dMulticast(next_stage + ch * kChunkBytes, &kv_map.map, 64 * ch,
-                                               run_base, bar, 3);
-                  }
-                }
-              } else {
-                tma::MbarrierArriveExpectTx(bar, kTileBytes);
-  #pragma unroll
-                for (int ch = 0; ch < kKvChunks; ++ch) {
-                  tma::TensorCopy2d(next_stage + ch * kChunkBytes, &kv_map.map, 64 * ch, run_base,
-                                    bar);
-                }
+              for (int ch = 0; ch < kKvChunks; ++ch) {
+                tma::TensorCopy2d(next_stage + ch * kChunkBytes, &kv_map.map, 64 * ch, run_base,
+                                  bar);
               }
             }
             copy_state |= 4;
@@ -631,20 +596,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       wgmma::WaitAll();
       wgmma::PinRegisters(o);
       stamp_phase(tile, kPvDone);
-      if constexpr (kCopies) {
-        // This warpgroup has left the stage of tile j; when tile j+2 comes into it by multicast
-        // copies (the same test the copies' issue makes at the top of tile j+1), say so to the
-        // peer, whose copies write half of it.
-        if (tile + 2 < num_tiles) {
-          const bool one_run = tile_col + 3 * kCols <= item.col_end &&
-                               TileIsOneRun(next_lo, next_hi, lane,
-                                            __shfl_sync(kFullMask, next_lo, 0));
-          copy_state = one_run ? copy_state | 64 : copy_state & ~64u;
-          if (one_run && (copy_state & 32) && (tid & 127) == 0) {
-            tma::MbarrierArriveRemote(peer_left_bar + 8 * (tile & 1), tma::ClusterCtaRank() ^ 1);
-          }
-        }
-      }
       // The register A operand is read asynchronously: its registers stay unclaimed until here.
   #pragma unroll
       for (int k = 0; k < 2; ++k) {
@@ -658,7 +609,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     item_by_copy = TileIsOneRun(next_lo, next_hi, lane, __shfl_sync(kFullMask, next_lo, 0));
   }
   if (item_by_copy) {
-    copy_state |= 64;  // tile 1 is one run
     run_tiles(std::true_type{});
   } else {
     run_tiles(std::false_type{});
@@ -725,27 +675,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       stamps[5 + kTimelineTiles] = sm;
     }
   }
-}
-
-// The kernel's launch (the product's and the benchmark's instruments alike): in clusters of two
-// CTAs, work items 2i and 2i + 1 (the planner pairs row blocks that can share their KV tiles;
-// a CTA launched alone loads its own), the grid rounded up to whole clusters.
-template <Sm90Probe kProbe>
-cudaError_t LaunchInPairs(const MlaVerifyParams& params, const KvTileMap& kv_map,
-                          uint64_t* timeline, cudaStream_t stream) {
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = 2;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((params.num_work + 1) / 2 * 2);
-  config.blockDim = dim3(kHopperFlashThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, &MlaVerifyFlashSm90Kernel<kProbe>, params, kv_map, timeline);
 }
 
 }  // namespace verifyd::flash_sm90

@@ -28,10 +28,6 @@ struct FlashWorkItem {
   // -1: this item covers all columns and writes `out`/`lse` directly. Otherwise the index of its
   // partial slot: fp32 O [64][512] normalised by its own sum, and its LSE [64], in the workspace.
   int32_t partial;
-  // 1: the other item of this item's pair (work items 2i and 2i + 1) covers the same sequence and
-  // columns with the next row block, so the Hopper kernel, launched in clusters of two, loads each
-  // KV tile once for both (multicast bulk copies). 0: it loads its own.
-  int32_t shares_tiles = 0;
 };
 
 // One combine CTA group: merges `num_splits` consecutive partials into rows [row_begin, +64) of

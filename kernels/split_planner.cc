@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <utility>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -30,40 +28,6 @@ struct SequenceShape {
 // Splits of a sequence for a chunk: chosen for its band, never more than it has tiles.
 int64_t SplitsFor(const SequenceShape& s, int64_t chunk) {
   return std::min(CeilDiv(s.planning_tiles, chunk), s.tiles);
-}
-
-// Orders the work items (built sequence by sequence, row block by row block, split by split) into
-// pairs 2i, 2i + 1 of two neighbouring row blocks of one sequence with the same split, which the
-// Hopper kernel, launched in clusters of two, feeds from one load of each KV tile; row blocks left
-// over (an odd count) follow, in pairs that share nothing. The order within a row block stays by
-// column, and the partial slots and combine items do not move.
-void PairRowBlocks(const std::vector<SequenceShape>& shapes, std::vector<FlashWorkItem>& work) {
-  std::vector<FlashWorkItem> paired, single;
-  paired.reserve(work.size());
-  size_t first = 0;  // the sequence's first item
-  for (const SequenceShape& shape : shapes) {
-    const int64_t row_blocks = shape.row_blocks;
-    // Items of this sequence: row_blocks x splits, row block major.
-    size_t count = 0;
-    while (first + count < work.size() && work[first + count].seq == work[first].seq) ++count;
-    const int64_t splits = static_cast<int64_t>(count) / row_blocks;
-    for (int64_t k = 0; k < splits; ++k) {
-      for (int64_t rb = 0; rb < row_blocks; rb += 2) {
-        FlashWorkItem a = work[first + rb * splits + k];
-        if (rb + 1 < row_blocks) {
-          FlashWorkItem b = work[first + (rb + 1) * splits + k];
-          a.shares_tiles = b.shares_tiles = 1;
-          paired.push_back(a);
-          paired.push_back(b);
-        } else {
-          single.push_back(a);
-        }
-      }
-    }
-    first += count;
-  }
-  paired.insert(paired.end(), single.begin(), single.end());
-  work = std::move(paired);
 }
 
 }  // namespace
@@ -171,7 +135,6 @@ absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
       }
     }
   }
-  PairRowBlocks(shapes, plan.work);
   return plan;
 }
 

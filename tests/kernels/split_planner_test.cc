@@ -3,7 +3,6 @@
 #include "kernels/split_planner.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <random>
 #include <tuple>
@@ -152,51 +151,6 @@ TEST(SplitPlanner, TwoRowBlocksOfOneLongSequenceTakeEverySm) {
     for (const FlashWorkItem& w : plan->work) longest = std::max(longest, w.col_end - w.col_begin);
     // The longest item is within one 64-column tile of an even cut.
     EXPECT_LE(longest, (l + 16) / 66 + 64) << "L=" << l;
-  }
-}
-
-// The Hopper kernel runs items 2i and 2i + 1 as a cluster of two and, where both say so, loads each
-// KV tile once for both: such a pair must be two neighbouring row blocks of one sequence over the
-// same columns. Every row block but the last of an odd count is paired, for every split.
-TEST(SplitPlanner, PairsNeighbouringRowBlocksOfOneSplit) {
-  std::mt19937 rng(7);
-  for (int trial = 0; trial < 50; ++trial) {
-    const int batch = 1 + int(rng() % 6);
-    const int heads = 1 + int(rng() % 64);
-    std::vector<int32_t> L(batch), Q(batch);
-    for (int b = 0; b < batch; ++b) {
-      L[b] = int32_t(rng() % 70000);
-      Q[b] = 1 + int32_t(rng() % 64);
-    }
-    auto plan = PlanSplits(L, Q, heads, 132);
-    ASSERT_TRUE(plan.ok());
-    CheckCoverage(*plan, L, Q, heads);
-    size_t shared = 0;
-    for (size_t i = 0; i < plan->work.size(); ++i) {
-      const FlashWorkItem& w = plan->work[i];
-      const size_t peer = i ^ 1;
-      if (peer >= plan->work.size()) {
-        EXPECT_EQ(w.shares_tiles, 0);
-        continue;
-      }
-      const FlashWorkItem& p = plan->work[peer];
-      EXPECT_EQ(w.shares_tiles, p.shares_tiles);
-      if (w.shares_tiles == 0) continue;
-      ++shared;
-      EXPECT_EQ(w.seq, p.seq);
-      EXPECT_EQ(w.col_begin, p.col_begin);
-      EXPECT_EQ(w.col_end, p.col_end);
-      EXPECT_EQ(std::abs(w.row_begin - p.row_begin), kFlashBlockRows);
-      EXPECT_EQ(std::min(w.row_begin, p.row_begin) % (2 * kFlashBlockRows), 0);
-    }
-    size_t pairable = 0;
-    for (int b = 0; b < batch; ++b) {
-      const int row_blocks = (Q[b] * heads + kFlashBlockRows - 1) / kFlashBlockRows;
-      size_t splits = 0;
-      for (const FlashWorkItem& w : plan->work) splits += w.seq == b && w.row_begin == 0;
-      pairable += size_t(row_blocks / 2) * 2 * splits;
-    }
-    EXPECT_EQ(shared, pairable) << "trial " << trial;
   }
 }
 

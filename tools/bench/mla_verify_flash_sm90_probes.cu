@@ -28,7 +28,10 @@ cudaError_t Launch(const MlaVerifyParams& params, uint64_t* timeline, cudaStream
                            cudaFuncAttributeMaxDynamicSharedMemorySize, flash_sm90::kSmemBytes);
   if (set != cudaSuccess) return set;
   const KvTileMap kv_map = EncodeKvTileMap(params.problem.kv, params.problem.num_slots);
-  return flash_sm90::LaunchInPairs<kProbe>(params, kv_map, timeline, stream);
+  MlaVerifyFlashSm90Kernel<kProbe>
+      <<<params.num_work, kHopperFlashThreads, flash_sm90::kSmemBytes, stream>>>(params, kv_map,
+                                                                                  timeline);
+  return cudaGetLastError();
 }
 
 }  // namespace
