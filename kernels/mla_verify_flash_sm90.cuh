@@ -370,8 +370,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // in one burst. One form per item rather than per tile: both S sequences in one loop made the
   // gathered form 4-7 % slower (v32a, plans/0004), and a branch among the S wgmma fences them (v31).
   // copy_state bits 0-1: the parity of stage 0's / 1's mbarrier phase to wait for next; bit 2: the
-  // tile now waited for came by copy; bit 6: the tile after the next is one run, its copies issued
-  // (one register: the kernel has none to spare).
+  // tile now waited for came by copy (one register: the kernel has none to spare).
   uint32_t copy_state = 0;
   auto run_tiles = [&](auto copies) {
     constexpr bool kCopies = decltype(copies)::value;
@@ -396,9 +395,21 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         // thread when it is one run of slots; otherwise gathered here in one burst (v29a: 4-6 % slower
         // than woven into S, but a rare tile in an item whose tile 1 was a run; and a branch among the
         // S wgmma would fence them, v31).
-        copy_state &= ~4u;
+        copy_state &= 3;
         if (tile + 1 < num_tiles) {
-          if (copy_state & 64) {  // tile j+1 is one run: its copies are in flight already
+          const int run_base = __shfl_sync(kFullMask, next_lo, 0);
+          const bool one_run =
+              next_col + kCols <= item.col_end && TileIsOneRun(next_lo, next_hi, lane, run_base);
+          if (one_run) {
+            if (tid == 0) {
+              const uint32_t bar = copy_bar + 8 * ((tile + 1) & 1);
+              tma::MbarrierArriveExpectTx(bar, kTileBytes);
+  #pragma unroll
+              for (int ch = 0; ch < kKvChunks; ++ch) {
+                tma::TensorCopy2d(next_stage + ch * kChunkBytes, &kv_map.map, 64 * ch, run_base,
+                                  bar);
+              }
+            }
             copy_state |= 4;
           } else {
             LoadKvTile(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane);
@@ -582,37 +593,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         }
       }
       wgmma::Commit();
-      if constexpr (kCopies) {
-        // Tile j+2 goes into this tile's stage. Both S are done (the P barrier): its rope chunk
-        // (8), which only S reads, can be refilled now; the V chunks once P V has read them.
-        copy_state &= ~64u;
-        if (tile + 2 < num_tiles) {
-          // (The run's first slot is next_lo of lane 0, which issues the copies.)
-          if (tile_col + 3 * kCols <= item.col_end &&
-              TileIsOneRun(next_lo, next_hi, lane, __shfl_sync(kFullMask, next_lo, 0))) {
-            copy_state |= 64;
-            if (tid == 0) {
-              const uint32_t bar = copy_bar + 8 * (tile & 1);
-              tma::MbarrierArriveExpectTx(bar, kTileBytes);
-              tma::TensorCopy2d(kv_tile + 8 * kChunkBytes, &kv_map.map, 64 * 8, next_lo, bar);
-            }
-          }
-        }
-      }
       wgmma::WaitAll();
       wgmma::PinRegisters(o);
-      if constexpr (kCopies) {
-        // This warpgroup's P V has read its V chunks (0-3 for warpgroup 0, 4-7 for 1) of this
-        // stage: tile j+2's copies of them, without waiting for the other warpgroup.
-        if ((copy_state & 64) && (tid & 127) == 0) {
-          const uint32_t bar = copy_bar + 8 * (tile & 1);
-  #pragma unroll
-          for (int ch = 0; ch < 4; ++ch) {
-            tma::TensorCopy2d(kv_tile + (4 * wg + ch) * kChunkBytes, &kv_map.map,
-                              64 * (4 * wg + ch), next_lo, bar);
-          }
-        }
-      }
       stamp_phase(tile, kPvDone);
       // The register A operand is read asynchronously: its registers stay unclaimed until here.
   #pragma unroll
@@ -627,19 +609,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     item_by_copy = TileIsOneRun(next_lo, next_hi, lane, __shfl_sync(kFullMask, next_lo, 0));
   }
   if (item_by_copy) {
-    // Tile 1 (a run, or the item would gather) into stage 1, never used yet; later tiles' copies
-    // are issued inside the loop, as soon as their stage's chunks are free.
-    if (tid == 0) {
-      const int run_base = next_lo;  // lane 0's: the run's first slot
-      const uint32_t bar = copy_bar + 8;
-      tma::MbarrierArriveExpectTx(bar, kTileBytes);
-  #pragma unroll
-      for (int ch = 0; ch < kKvChunks; ++ch) {
-        tma::TensorCopy2d(kv_smem + kTileBytes + ch * kChunkBytes, &kv_map.map, 64 * ch, run_base,
-                          bar);
-      }
-    }
-    copy_state |= 64;
     run_tiles(std::true_type{});
   } else {
     run_tiles(std::false_type{});
