@@ -57,8 +57,10 @@
 //   nothing woven in; any other tile of such an item (the tree's columns, the end of the range) is
 //   gathered in one burst before S. Measured against the gathered form on the same layouts: 4-8 %
 //   faster on every shape when it came (v32d), 4-19 % since v34 shortened the tile. Thread 0 issues
-//   the copies at the tile's top: spread over warps, after S or woven among its wgmma they cost
-//   more (v35-v38). One form per item, not per tile: a loop holding both S sequences made the
+//   the copies at the tile's top, so that they land under the softmax and the P barrier: spread
+//   over warps or both warpgroups, after S, woven among its wgmma, as one 3-D copy, or each chunk
+//   as soon as it is free (landing under P V) they cost more (v35-v38, v40, v47, v48). One form
+//   per item, not per tile: a loop holding both S sequences made the
 //   gathered form itself 4-7 % slower (v32a), and a branch among the S wgmma fences them (v31,
 //   v32p).
 //
