@@ -60,9 +60,8 @@
 //   the copies at the tile's top, so that they land under the softmax and the P barrier: spread
 //   over warps or both warpgroups, after S, woven among its wgmma, as one 3-D copy, or each chunk
 //   as soon as it is free (landing under P V) they cost more (v35-v38, v40, v47, v48). One form
-//   per item, not per tile: a loop holding both S sequences made the
-//   gathered form itself 4-7 % slower (v32a), and a branch among the S wgmma fences them (v31,
-//   v32p).
+//   per item, not per tile: a loop holding both S sequences made the gathered form itself 4-7 %
+//   slower (v32a), and a branch among the S wgmma fences them (v31, v32p).
 //
 // Epilogue: O / rowsum, as bf16 (the output, or a split's partial), goes to shared memory (the two
 // KV stages are free by then: 64 rows padded to 1056 B) and leaves as one bulk copy

@@ -454,7 +454,7 @@ void Timeline(const Shape& s, bool scattered, std::mt19937_64& rng, int sms) {
     last_end = std::max(last_end, t[size_t(b) * kSm90TimelineStride + 4 + T]);
   }
   std::vector<double> skew, prologue, tile0, tile1, steady, epilogue, total, end, mhz, steady_kclk;
-  std::vector<double> q_issued, tile0_issued, landed;
+  std::vector<double> q_issued, tile0_issued, landed, to_barrier;
   for (int b = 0; b < n; ++b) {
     const uint64_t* c = &t[size_t(b) * kSm90TimelineStride];
     const double ns_per_clk = double(c[4 + T] - c[0]) / double(c[3 + T] - c[1]);
@@ -465,6 +465,7 @@ void Timeline(const Shape& s, bool scattered, std::mt19937_64& rng, int sms) {
     q_issued.push_back(us(c[1], c[6 + T]));
     tile0_issued.push_back(us(c[6 + T], c[7 + T]));
     landed.push_back(us(c[7 + T], c[8 + T]));
+    to_barrier.push_back(us(c[8 + T], c[2]));
     if (tiles >= 2) tile0.push_back(us(c[2], c[3]));
     if (tiles >= 3) tile1.push_back(us(c[3], c[4]));
     const int last = std::min(tiles, T) - 1;  // stamp of the last tile's data arriving
@@ -493,7 +494,7 @@ void Timeline(const Shape& s, bool scattered, std::mt19937_64& rng, int sms) {
       "prologue %s %s (us, medians): item decoded and Q's copies issued %.2f | tile 0's slots read "
       "and its copies issued %.2f | both landed %.2f | to tile 0's barrier %.2f\n",
       s.name, scattered ? "scattered" : "contiguous", med(q_issued), med(tile0_issued), med(landed),
-      med(prologue) - med(q_issued) - med(tile0_issued) - med(landed));
+      med(to_barrier));
   // Where a steady tile's clocks go, per warpgroup: the intervals between the kernel's phase points
   // (SmPhase), medians over the CTAs that run every phase tile and one more.
   const int points = kSm90PhasePoints;
