@@ -38,12 +38,15 @@ KvTileMap EncodeKvTileMap(const bf16_bits* kv, int64_t num_slots) {
       num_slots < 1 || num_slots > (int64_t{1} << 31)) {
     return out;
   }
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kKvDim),
-                              static_cast<cuuint64_t>(num_slots)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kKvDim) * sizeof(bf16_bits)};
-  const cuuint32_t box[2] = {64, 64};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(&out.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+  // Three dimensions so that one copy brings a whole half tile: 64 dims of a chunk (contiguous),
+  // the slot (a row of the pool), the chunk (128 bytes apart in a row). A box of 64 x 32 x 9 lands
+  // as 9 chunks of 32 rows x 128 bytes, the layout of a ring slot.
+  const cuuint64_t dims[3] = {64, static_cast<cuuint64_t>(num_slots), kKvDim / 64};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kKvDim) * sizeof(bf16_bits),
+                                 64 * sizeof(bf16_bits)};
+  const cuuint32_t box[3] = {64, 32, kKvDim / 64};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode(&out.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
                             const_cast<bf16_bits*>(kv), dims, strides, box, element_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -1,7 +1,8 @@
 // One layer of the KV pool ([num_slots][576] bf16) as a TMA tensor map for the Hopper flash
-// kernel: boxes of 64 slots x 64 dims with the 128-byte swizzle of the wgmma operand chunks
-// (wgmma_sm90.cuh), so that a KV tile of 64 consecutive slots lands in shared memory as 9 bulk
-// tensor copies instead of 4608 16-byte gathers. Encoded on the host for each launch (it holds the
+// kernel: boxes of 64 dims x 32 slots x 9 chunks of 64 dims, with the 128-byte swizzle of the
+// wgmma operand chunks (wgmma_sm90.cuh), so that a half tile of 32 consecutive slots lands in
+// shared memory as one bulk tensor copy instead of 2304 16-byte gathers (a pool of fewer slots
+// than a box may get no map: usable = 0). Encoded on the host for each launch (it holds the
 // layer's address) and passed to the kernel by value, so a captured graph keeps its own.
 #pragma once
 

@@ -9,66 +9,65 @@
 // tree nodes); S = scale * Q K^T, -inf where node(r) cannot see t; O = softmax(S) V, LSE = ln sum
 // exp(S). Online softmax in fp32 in log2 units, 64 KV columns per tile.
 //
-// Tiling. One CTA = one work item = 64 rows x a column range. Two warpgroups (256 threads):
-// - S (64 x 64 per tile, k = 576): warpgroup w computes the 32 columns 32w .. 32w+31 with 36
-//   wgmma m64n32k16, B = K from shared memory, A = Q from shared memory except for the first
-//   kQRegSteps k-steps, whose A fragments each warp holds in registers for the whole item (80
-//   registers: the kernel uses 255, no spills).
-// - Softmax: each warpgroup has all 64 rows of its 32 columns. Both hold the same reference maximum
-//   per row, which moves lazily: only when a score passes it by more than kMaxSlackLog2 (so P <=
-//   2^8). On almost every tile neither warpgroup needs the other's maxima, and the only exchange is
-//   P itself; a warp whose rows passed moves its own reference and rescales its O and sums, and the
-//   P barrier's OR tells both warpgroups to settle on the larger reference of each row (the rarely
-//   taken path: each rescales its O and the other's P in shared memory). v34, plans/0004: the
-//   lock step's max-exchange barrier cost 6-11 % per call. Each keeps the row sum of its own
-//   columns; the two sums are added once, after the last tile.
+// Tiling. One CTA = one work item = 64 rows x a column range, taken in halves of 32 columns. Two
+// warpgroups (256 threads); warpgroup w owns the halves h = w, w + 2, w + 4, ... and the two run
+// half a step apart, so that one's softmax runs while the other's S is on the tensor cores (v49,
+// plans/0004; until v48 both worked on the same 64 columns in lock step and the tensor cores
+// idled through every softmax and barrier).
+// - S of a half (64 x 32, k = 576), by its owner: 36 wgmma m64n32k16, B = K from the half's ring
+//   slot, A = Q from shared memory except for the first kQRegSteps k-steps, whose A fragments each
+//   warp holds in registers for the whole item (80 registers: the kernel uses 255, no spills).
+// - Softmax: each warpgroup has its own reference maximum per row, which moves lazily: only when a
+//   score passes it by more than kMaxSlackLog2 (so P <= 2^8). A P goes to shared memory with the
+//   reference it was made on; the warpgroup that reads it compares that reference with its own and,
+//   where a row's two differ (rare: after either moved), both sides of the product are brought to
+//   the larger (its O and sums, or that P in place). Each keeps the row sum of its own halves; the
+//   two sums and references meet once, after the last half.
 // - O (64 x 512 fp32, 128 KB) is split by d_v: warpgroup w owns O[:, 256w .. 256w+256) for all 64
-//   rows, 128 accumulator registers per thread. 4 wgmma m64n256k16 per tile, B = V read MN-major
-//   (transposed) from the same KV tile that served as K: the two over this warpgroup's own 32
-//   tokens take A = P from registers and are issued before the barrier that publishes P; the two
-//   over the other warpgroup's 32 take A from shared memory (P goes there for that reason).
-//   Why split d_v rather than two passes over the KV: a second pass would read every KV tile twice
-//   from device memory and recompute S; splitting d_v costs only the P exchange (8 KB per tile).
+//   rows, 128 accumulator registers per thread. For its half h it adds P(h) V(h) (P from registers,
+//   2 wgmma m64n256k16) and the other's P(h-1) V(h-1) (P from shared memory), B = V read MN-major
+//   (transposed) from the same ring slot that served as K. Why split d_v rather than two passes over
+//   the KV: a second pass would read every KV tile twice from device memory and recompute S;
+//   splitting d_v costs only the P exchange (4 KB per half).
 //
-// Shared memory (wgmma_sm90.cuh: 64-row x 128-byte chunks, 128-byte swizzle, 1024-byte aligned):
-//   Q       9 chunks (576 dims)                                     73728 B
-//   KV      2 stages x 9 chunks (64 tokens x 576 dims)             147456 B
-//   P       1 chunk (64 rows x 64 tokens)                             8192 B
-//   reference max of each row per warpgroup 2 x 64 fp32, row sums 2 x 64  1024 B
-//   one mbarrier per KV stage (the bulk copies complete on it)            16 B
-//   total 230416 B (+1024 for aligning the base) of the 232448 B an H200 block may take.
+// Shared memory (wgmma_sm90.cuh: rows of 128 bytes, 128-byte swizzle, 1024-byte aligned):
+//   Q       9 chunks of 64 rows (576 dims); chunks 0-4 are read into registers in the prologue and
+//           their 40 KB then hold ring slot 4                                 73728 B
+//   ring slots 0-3: a half each, 9 chunks of 32 rows (32 tokens x 576 dims) 147456 B
+//   P       1 chunk (64 rows x 64 tokens: warpgroup w's half in tokens 32w..)   8192 B
+//   published reference of each row per warpgroup 2 x 64 fp32, row sums 2 x 64, final references
+//   2 x 64                                                                     1536 B
+//   one mbarrier per ring slot for its data, one for "its owner is done with it", and per
+//   warpgroup one for "P published", one for "P read"                                112 B
+//   total 231024 B (+1024 for aligning the base) of the 232448 B an H200 block may take.
 //
-// Pipeline per tile: wait for tile j (cp.async, and its stage's mbarrier when it came by bulk
-// copies), fence to the async proxy, barrier; start tile j+1 into the other stage; issue the 36 S
-// wgmma; then the slot-table load for tile j+2; wait for S; mask (a separate loop for the tiles
-// that reach the tree or col_end); move the reference maximum where a score passed it (rare: with
-// O's rescale); P to shared memory; P V over its own tokens (registers); P barrier with the OR of
-// "a reference moved" (if so, both settle on a common one: see Softmax); P V over the other
-// warpgroup's tokens; wait. KV rows come through the int32 slot table (page size 1); columns past
-// col_end are zero-filled so a masked column never multiplies garbage. How tile j+1 arrives depends
-// on the item, decided once from its tile 1 (two instantiations of the loop; plans/0004 v32):
-// - gathered (the item's tile 1 is not 64 consecutive slots, e.g. a fragmented pool): each warp
-//   gathers 8 rows by 16-byte cp.async, one row after every fourth S wgmma (the warps stall on the
-//   tensor cores there anyway; issued after the last wgmma the gather sat on the critical path:
-//   v18, 16 % of the stall samples at S1); on the last tile it zero-fills the idle stage;
-// - by copy (tile 1 is one run, as compaction leaves most sequences): a next tile that is one run
-//   of 64 slots before col_end comes by 9 bulk tensor copies (TMA, box 64 slots x 64 dims, the
-//   128-byte swizzle of the operand chunks; kv_tile_map.h) issued by one thread, and S runs with
-//   nothing woven in; any other tile of such an item (the tree's columns, the end of the range) is
-//   gathered in one burst before S. Measured against the gathered form on the same layouts: 4-8 %
-//   faster on every shape when it came (v32d), 4-19 % since v34 shortened the tile. Thread 0 issues
-//   the copies at the tile's top, so that they land under the softmax and the P barrier: spread
-//   over warps or both warpgroups, after S, woven among its wgmma, as one 3-D copy, or each chunk
-//   as soon as it is free (landing under P V) they cost more (v35-v38, v40, v47, v48). One form
-//   per item, not per tile: a loop holding both S sequences made the gathered form itself 4-7 %
-//   slower (v32a), and a branch among the S wgmma fences them (v31, v32p).
+// Pipeline of a warpgroup, per own half h: wait for the half's slot (its mbarrier); issue S(h);
+// wait for the other's P(h-1) (an mbarrier per warpgroup's P, whose arrive and wait are a release
+// and an acquire by definition) and issue P(h-1) V(h-1); wait for S; mask (a separate
+// loop for the halves that reach the tree or col_end); move the reference where a score passed it
+// (rare: with O's rescale); wait until the other has read P(h-2), then publish P(h) and its
+// reference; issue P(h) V(h); wait for both P V; release P(h-1) to the other, "done" on the slot
+// of h; refill the ring: half h+4 into the slot of half h-1 (after the other's "done" on it). Half
+// h+4 thus has about one round of both warpgroups to land (refilling before the P V wait, v49i,
+// measured level). KV rows come through the int32 slot table (page size 1); columns past col_end
+// are zero-filled so a masked column never multiplies garbage. How a half arrives:
+// - one run of 32 consecutive slots before col_end (compaction leaves most sequences so): one bulk
+//   tensor copy (TMA, box 64 dims x 32 slots x 9 chunks, kv_tile_map.h) issued by the owner's
+//   first thread. Nine 2-D copies per half cost that thread ~750 clocks (~250 each) on its
+//   warpgroup's path (v49f), the single 3-D copy ~250 (v49h);
+// - otherwise (a fragmented pool, the tree's columns, the range's end): gathered at the refill by
+//   the owner's 128 threads, 16-byte cp.async, completing on the slot's mbarrier through
+//   cp.async.mbarrier.arrive (~1.6 kclk of the warpgroup's path; woven between the wgmma of its
+//   next S instead, as the lock-step kernel did, it was slower on every shape, v49j).
+// The prologue gathers tile 0 (halves 0 and 1) with Q; halves 2 and 3 are copied once Q and tile 0
+// have landed (issued with them, they slowed the landing every CTA waits for: v49h/v49k).
 //
-// Epilogue: O / rowsum, as bf16 (the output, or a split's partial), goes to shared memory (the two
-// KV stages are free by then: 64 rows padded to 1056 B) and leaves as one bulk copy
-// (cp.async.bulk) per row. Measured on the H200 (v10, fp32 partials then): the direct 8-byte
-// stores from the accumulators took ~14 us per CTA when all CTAs end together (132 x 128 KB of
-// partials), 16-byte coalesced stores from the stage ~5.5 us, the bulk copies ~5 us; the other two
-// were deleted.
+// Epilogue: O / rowsum over both warpgroups' sums at the larger of their references, as bf16 (the
+// output, or a split's partial), goes to shared memory (ring slots 0-1 are free by then: 64 rows
+// padded to 1056 B) and leaves as one bulk copy (cp.async.bulk) per row. Measured on the H200 (v10,
+// fp32 partials then): the direct 8-byte stores from the accumulators took ~14 us per CTA when all
+// CTAs end together (132 x 128 KB of partials), 16-byte coalesced stores from the stage ~5.5 us,
+// the bulk copies ~5 us; the other two were deleted.
 //
 // Launch: as usual; its first statement lets the combine, launched programmatically behind it
 // (programmatic_launch.cuh), be scheduled, so the combine's CTAs start on each SM this grid leaves
@@ -103,7 +102,6 @@ using mma::CpAsyncWaitAll;
 using wgmma::kChunkBytes;
 using wgmma::SwizzledOffset;
 
-constexpr int kCols = 64;  // KV columns per tile
 // S's first kQRegSteps k-steps (16 dims each) take A = Q from registers, loaded once: each is a
 // 2 KB shared-memory read per warpgroup per tile that S no longer makes (S at N = 32 is bound by
 // its operand reads: wgmma_rate_bench on the H200, m64n32k16 with both operands in shared memory
@@ -123,78 +121,114 @@ constexpr int kKvOffset = kQOffset + kTileBytes;
 constexpr int kPOffset = kKvOffset + 2 * kTileBytes;
 constexpr int kMaxXchgOffset = kPOffset + kChunkBytes;
 constexpr int kSumXchgOffset = kMaxXchgOffset + 2 * kRows * 4;
-constexpr int kCopyBarOffset = kSumXchgOffset + 2 * kRows * 4;  // one mbarrier per KV stage
-constexpr int kSmemUsed = kCopyBarOffset + 2 * 8;
+// The by-copy form's ring (see run_halves): 32-column halves of a tile, each 9 chunks of 32 rows,
+// five of them: the two stages as four, and Q's first five chunks (40 KB, read into registers
+// in the prologue) as the fifth.
+constexpr int kHalfCols = 32;
+constexpr int kHalfChunkBytes = kHalfCols * wgmma::kSwizzleRowBytes;
+constexpr int kHalfBytes = kKvChunks * kHalfChunkBytes;
+constexpr int kRingHalves = 5;
+static_assert(4 * kHalfBytes == 2 * kTileBytes, "the two stages are four halves");
+static_assert(kHalfBytes <= (kQRegSteps / 4) * kChunkBytes,
+              "the fifth half fits in the chunks of Q that live in registers");
+constexpr int kFinalRefOffset = kSumXchgOffset + 2 * kRows * 4;
+constexpr int kRingBarOffset = kFinalRefOffset + 2 * kRows * 4;  // full, then done, per half slot
+// P(w) published / read, per warpgroup: mbarriers of 128 arrivals (every thread of the warpgroup
+// that wrote or read it).
+constexpr int kPBarOffset = kRingBarOffset + 2 * kRingHalves * 8;
+constexpr int kSmemUsed = kPBarOffset + 4 * 8;
 constexpr int kSmemBytes = kSmemUsed + 1024;  // room to align the base to 1024
 static_assert(kSmemBytes <= 232448, "an sm_90 block may take 227 KB of dynamic shared memory");
 static_assert(kRows * flash::kStageStride <= 2 * kTileBytes,
               "the staged epilogue fits the KV stages");
 static_assert(kRows == 64, "one warpgroup's wgmma covers 64 rows");
 static_assert(kHopperFlashThreads == 256, "two warpgroups");
+// Named barriers of one warpgroup (128 threads; 0 is __syncthreads): settling the references, a
+// gathered half tracked.
+enum : int { kBarWgSettle = 1, kBarWgGather = 3 };
 
 // What an instantiation adds to the kernel. kNone is the product. The others are the benchmark's
 // instruments (plans/0004): kTimeline writes clock stamps per CTA (layout below) and computes the
-// same output; kNoGathers drops the main loop's KV gathers (tiles after the first are stale: the
-// time of the math and the barriers alone) and kNoMath its wgmma (the time of the gathers, the
+// same output; kNoGathers drops the ring's refills (halves after the first four are stale: the
+// time of the math and the barriers alone) and kNoMath its wgmma (the time of the copies, the
 // softmax and the barriers): both write garbage on purpose.
 enum class Sm90Probe { kNone, kTimeline, kNoGathers, kNoMath };
 
 // kTimeline's stamps, at timeline[blockIdx.x * kTimelineStride + ...]: [0] globaltimer ns at the
-// start, [1] clock64 at the start, [2 + k] clock64 once tile k's data is in (k < kTimelineTiles),
-// [2 + T] before the epilogue, [3 + T] after it, [4 + T] globaltimer ns at the end, [5 + T] the SM
-// id (T = kTimelineTiles); then, for tiles kPhaseFirstTile .. + kPhaseTiles - 1, the clock64 of
-// each warpgroup's first thread at the kPhasePoints points of a tile (SmPhase), at [kPhaseBase +
-// ((tile - kPhaseFirstTile) * 2 + warpgroup) * kPhasePoints + point].
+// start, [1] clock64 at the start, [2 + k] clock64 once warpgroup 0's half 2k (tile k's first
+// half) is in (k < kTimelineTiles), [2 + T] before the epilogue, [3 + T] after it, [4 + T]
+// globaltimer ns at the end, [5 + T] the SM id (T = kTimelineTiles), [6 + T] Q's copies issued,
+// [7 + T] tiles 0 and 1 issued, [8 + T] Q and tile 0 landed; then, for tiles kPhaseFirstTile ..
+// + kPhaseTiles - 1, the clock64 of each warpgroup's first thread at the kPhasePoints points of its
+// own half of the tile (SmPhase), at [kPhaseBase + ((tile - kPhaseFirstTile) * 2 + warpgroup) *
+// kPhasePoints + point].
 inline constexpr int kTimelineTiles = 64;
 inline constexpr int kPhaseFirstTile = 4;
 inline constexpr int kPhaseTiles = 8;
-// Points of a tile: the tile barrier passed, S issued, S done, the reference maximum checked (and
-// moved where a score passed it), the own tokens' P V issued, the P barrier (and the rare settling
-// of the references) passed, P V done.
+// Points of a warpgroup's half: its data in, S issued, the other's P V issued and S done, the
+// reference maximum checked (and moved where a score passed it), P published and the own P V
+// issued, every P V done, the ring refilled (half h+4 issued or gathered).
 enum SmPhase {
-  kTileIn,
+  kHalfIn,
   kSIssued,
   kSDone,
   kMaxChecked,
   kOwnPvIssued,
-  kPShared,
   kPvDone,
+  kRefilled,
   kPhasePoints
 };
 inline constexpr int kPhaseBase = kTimelineTiles + 10;
 inline constexpr int kTimelineStride = kPhaseBase + kPhaseTiles * 2 * kPhasePoints;
 
-// Gathers row `rr` of this warp's 8 rows (8w .. 8w+7) of KV columns [tile_col, tile_col + 64) into
-// one stage: lane i copies units i, i+32, i+64 (< 72) of the row. slot_lo / slot_hi = the slots of
-// columns tile_col + lane and tile_col + 32 + lane, loaded a tile ahead. Columns past col_end are
-// zero-filled. The tile's 8 rows are issued between the S wgmma (see the main loop).
-__device__ __forceinline__ void LoadKvRow(const bf16_bits* kv, int slot_lo, int slot_hi,
-                                          int tile_col, int col_end, uint32_t dst, int warp,
-                                          int lane, int rr) {
-  const int r = warp * 8 + rr;
-  const int slot = __shfl_sync(kFullMask, r < 32 ? slot_lo : slot_hi, r & 31);
-  const bool valid = tile_col + r < col_end;
+// Row `rr` of this warp's 8 rows of a half (32 columns from half_col) gathered by one warpgroup
+// into a ring slot: warp w of the warpgroup takes rows 8w .. 8w+7, lane i units i, i+32, i+64 (< 72)
+// of the row; slot_word = the slot of column half_col + lane. Columns past col_end are zero-filled.
+__device__ __forceinline__ void LoadKvHalfRow(const bf16_bits* kv, int slot_word, int half_col,
+                                              int col_end, uint32_t dst, int wg_warp, int lane,
+                                              int rr) {
+  const int r = wg_warp * 8 + rr;
+  const int slot = __shfl_sync(kFullMask, slot_word, r);
+  const bool valid = half_col + r < col_end;
   const bf16_bits* src_row = kv + (valid ? static_cast<int64_t>(slot) * kKvDim : 0);
 #pragma unroll
   for (int j = 0; j < 3; ++j) {
     const int u = lane + 32 * j;
     if (u < kUnitsPerRow) {
-      CpAsync16(dst + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7),
+      CpAsync16(dst + (u >> 3) * kHalfChunkBytes + SwizzledOffset(r, u & 7),
                 src_row + (valid ? u * 8 : 0), valid);
     }
   }
 }
 
-// A whole tile in one burst (the prologue's, and the by-copy form's tiles that are not one run): all
-// 8 rows of this warp, one commit group.
-__device__ __forceinline__ void LoadKvTile(const bf16_bits* kv, int slot_lo, int slot_hi,
-                                           int tile_col, int col_end, uint32_t dst, int warp,
-                                           int lane) {
+// A whole half in one burst (the prologue's, and a refill that is not one run).
+__device__ __forceinline__ void LoadKvHalf(const bf16_bits* kv, int slot_word, int half_col,
+                                           int col_end, uint32_t dst, int wg_warp, int lane) {
 #pragma unroll
   for (int rr = 0; rr < 8; ++rr) {
-    LoadKvRow(kv, slot_lo, slot_hi, tile_col, col_end, dst, warp, lane, rr);
+    LoadKvHalfRow(kv, slot_word, half_col, col_end, dst, wg_warp, lane, rr);
   }
-  CpAsyncCommit();
+}
+
+// The shared-memory address of ring slot `slot` (0..4) of the by-copy form.
+__device__ __forceinline__ uint32_t RingSlot(uint32_t smem_base, int slot) {
+  return slot < 4 ? smem_base + kKvOffset + slot * kHalfBytes : smem_base + kQOffset;
+}
+
+// Named barriers over `threads` threads (a multiple of 32) of the CTA.
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// A barrier that also returns the OR of `pred` over its threads.
+__device__ __forceinline__ bool NamedBarrierOr(int id, int threads, bool pred) {
+  uint32_t out;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\n"
+      "selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(out)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return out != 0;
 }
 
 // Shared-window stores and loads (the generic ones the compiler emits for a pointer into the
@@ -228,10 +262,19 @@ __device__ __forceinline__ void ScaleRows(float (&o)[128], const float (&factor)
   }
 }
 
-// Whether a tile is one run of 64 consecutive slots (run_base, run_base + 1, ...), from the slot words
-// every warp holds for it (slot_lo = column lane, slot_hi = column 32 + lane). Warp-uniform.
-__device__ __forceinline__ bool TileIsOneRun(int slot_lo, int slot_hi, int lane, int run_base) {
-  return __all_sync(kFullMask, slot_lo == run_base + lane && slot_hi == run_base + 32 + lane);
+// Whether the half from half_col is one run of 32 consecutive slots (run_base, run_base + 1, ...)
+// before col_end, from the slot word every lane holds (column half_col + lane). Warp-uniform.
+__device__ __forceinline__ bool HalfIsOneRun(int word, int lane, int run_base, int half_col,
+                                             int col_end) {
+  return half_col + kHalfCols <= col_end && __all_sync(kFullMask, word == run_base + lane);
+}
+
+// A half that is one run: one bulk tensor copy (box 64 dims x 32 slots x 9 chunks, kv_tile_map.h)
+// into ring slot `dst`, completing on `bar`. One thread.
+__device__ __forceinline__ void IssueHalfCopy(const void* map, int run_base, uint32_t dst,
+                                              uint32_t bar) {
+  tma::MbarrierArriveExpectTx(bar, kHalfBytes);
+  tma::TensorCopy3d(dst, map, 0, run_base, 0, bar);
 }
 
 __device__ __forceinline__ int SlotAt(const int32_t* slots, int col, int col_end) {
@@ -242,6 +285,142 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+
+// 2^(ref - common) for a reference that moves to `common` (>= ref): exactly 1 when it does not move.
+__device__ __forceinline__ float RebaseFactor(float ref, float common) {
+  return ref == common ? 1.f : Exp2Ftz(ref - common);
+}
+
+// S of this warpgroup's 32 columns (from col0) in log2 units, -inf where a row cannot see the
+// column; tile_max = this thread's maximum of each of its two rows. Two loops rather than a test
+// per value: only the columns that reach the tree or col_end read the mask (v18: the per-value
+// branch cost instruction-cache misses on every tile). s[4i + e]: row wrow + g + 8 (e >> 1),
+// column col0 + 8i + 2c + (e & 1).
+__device__ __forceinline__ void ScaleAndMask(float (&s)[16], float (&tile_max)[2], int col0,
+                                             int prefix_len, int col_end, float scale_log2,
+                                             const int (&my_node)[2], const uint64_t* mask_rows,
+                                             int words_per_row, int c) {
+  tile_max[0] = tile_max[1] = -INFINITY;
+  if (col0 + 32 <= prefix_len && col0 + 32 <= col_end) {
+#pragma unroll
+    for (int v = 0; v < 16; ++v) {
+      s[v] *= scale_log2;
+      tile_max[(v >> 1) & 1] = fmaxf(tile_max[(v >> 1) & 1], s[v]);
+    }
+  } else {
+#pragma unroll
+    for (int v = 0; v < 16; ++v) {
+      const int h = (v >> 1) & 1;
+      const int t = col0 + 8 * (v >> 2) + 2 * c + (v & 1);
+      const bool visible =
+          t < col_end &&
+          (t < prefix_len || (my_node[h] >= 0 && ColumnVisible(mask_rows, words_per_row,
+                                                               prefix_len, my_node[h], t)));
+      s[v] = visible ? s[v] * scale_log2 : -INFINITY;
+      tile_max[h] = fmaxf(tile_max[h], s[v]);
+    }
+  }
+}
+
+// Lazy maximum: a row's reference moves only when a score passes it by more than kMaxSlackLog2,
+// so P <= 2^kMaxSlackLog2 and the warpgroups rarely need each other's maxima. Warp-uniform.
+__device__ __forceinline__ bool MaxMustMove(const float (&tile_max)[2], const float (&row_max)[2]) {
+  return __any_sync(kFullMask, tile_max[0] > row_max[0] + kMaxSlackLog2 ||
+                                   tile_max[1] > row_max[1] + kMaxSlackLog2);
+}
+
+// Moves this warp's references to the rows' maxima and rescales its O and sums to them.
+__device__ __forceinline__ void MoveReference(const float (&tile_max)[2], float (&row_max)[2],
+                                              float (&row_sum)[2], float (&o)[128]) {
+  float alpha[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float m = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 1));
+    m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 2));
+    const float new_max = fmaxf(row_max[h], m);
+    alpha[h] = new_max == -INFINITY ? 1.f : Exp2Ftz(row_max[h] - new_max);
+    row_max[h] = new_max;
+    row_sum[h] *= alpha[h];
+  }
+  ScaleRows(o, alpha);
+}
+
+// P = 2^(S - reference) as wgmma A fragments (16 tokens per k-step: accumulator column groups 2k
+// and 2k + 1, rows g and g + 8 of the warp), its sums added to row_sum.
+__device__ __forceinline__ void MakeP(const float (&s)[16], const float (&row_max)[2],
+                                      float (&row_sum)[2], uint32_t (&p_frag)[2][4]) {
+  float base[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    // A row that has seen nothing yet keeps max -inf; subtracting 0 then keeps exp2 finite.
+    base[h] = row_max[h] == -INFINITY ? 0.f : row_max[h];
+  }
+  float sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float p0 = Exp2Ftz(s[4 * i + 2 * h] - base[h]);
+      const float p1 = Exp2Ftz(s[4 * i + 2 * h + 1] - base[h]);
+      sum[h] += p0 + p1;
+      p_frag[i >> 1][(i & 1) * 2 + h] = mma::PackBf16x2(p0, p1);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) row_sum[h] += sum[h];
+}
+
+// This warpgroup's P (tokens 32w .. 32w+31 of the P chunk) to shared memory for the other: row
+// wrow + g + 8h, tokens 32w + 8i + 2c, +1 = unit 4w + i of the swizzled row, word c.
+__device__ __forceinline__ void StoreP(const uint32_t (&p_frag)[2][4], uint32_t p_smem, int w,
+                                       int wrow, int g, int c) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      StShared32(p_smem + SwizzledOffset(wrow + g + 8 * h, w * 4 + i) + 4 * c,
+                 p_frag[i >> 1][(i & 1) * 2 + h]);
+    }
+  }
+}
+
+// Both warpgroups' references of a row to the larger: this one's O and sums rescaled from its
+// reference, the other warpgroup's P in shared memory (tokens of warpgroup other_w; only this
+// warpgroup reads it) from the other's. Each warp fixes its own 16 rows.
+__device__ __forceinline__ void SettleReferences(const float (&other)[2], float (&row_max)[2],
+                                                 float (&row_sum)[2], float (&o)[128],
+                                                 uint32_t p_smem, int other_w, int wrow, int g,
+                                                 int c) {
+  float own_f[2], other_f[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float common = fmaxf(row_max[h], other[h]);
+    own_f[h] = common == -INFINITY ? 1.f : Exp2Ftz(row_max[h] - common);
+    other_f[h] = common == -INFINITY ? 1.f : Exp2Ftz(other[h] - common);
+    row_max[h] = common;
+    row_sum[h] *= own_f[h];
+  }
+  ScaleRows(o, own_f);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t addr = p_smem + SwizzledOffset(wrow + g + 8 * h, other_w * 4 + i) + 4 * c;
+      const float2 pf = mma::UnpackBf16x2(LdShared32(addr));
+      StShared32(addr, mma::PackBf16x2(pf.x * other_f[h], pf.y * other_f[h]));
+    }
+  }
+}
+
+// A register A operand is read asynchronously: its registers stay unclaimed until its wgmma is
+// waited for.
+__device__ __forceinline__ void PinFragments(uint32_t (&p_frag)[2][4]) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p_frag[k][e])::"memory");
+  }
 }
 
 // timeline: kTimeline's stamps; unused (nullptr) in every other instantiation.
@@ -273,11 +452,17 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
                                              ~static_cast<uintptr_t>(1023));
   const uint32_t smem_base = mma::SmemAddr(smem);
   const uint32_t q_smem = smem_base + kQOffset;
-  const uint32_t kv_smem = smem_base + kKvOffset;
   const uint32_t p_smem = smem_base + kPOffset;
   const uint32_t max_xchg = smem_base + kMaxXchgOffset;  // 2 x 64 fp32
   const uint32_t sum_xchg = smem_base + kSumXchgOffset;  // 2 x 64 fp32
-  const uint32_t copy_bar = smem_base + kCopyBarOffset;  // 2 mbarriers, stage s at + 8s
+  const uint32_t final_ref = smem_base + kFinalRefOffset;  // 2 x 64 fp32
+  // The by-copy ring: half h waits on full_bar + 8 (h % 5); its owner arrives on done_bar + 8 (h % 5)
+  // once its own products no longer read it.
+  const uint32_t full_bar = smem_base + kRingBarOffset;
+  const uint32_t done_bar = full_bar + 8 * kRingHalves;
+  // P(w) and its reference published (p_full + 8w) / read by the other warpgroup (p_empty + 8w).
+  const uint32_t p_full = smem_base + kPBarOffset;
+  const uint32_t p_empty = p_full + 16;
 
   const VerifyProblem& pr = params.problem;
   const FlashWorkItem item = params.work[blockIdx.x];
@@ -315,8 +500,10 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   CpAsyncCommit();
   if (kTimeline && threadIdx.x == 0) stamps[6 + kTimelineTiles] = clock64();
   if (tid == 0) {
-    tma::MbarrierInit(copy_bar, 1);
-    tma::MbarrierInit(copy_bar + 8, 1);
+#pragma unroll
+    for (int b = 0; b < 2 * kRingHalves; ++b) tma::MbarrierInit(full_bar + 8 * b, 1);
+#pragma unroll
+    for (int b = 0; b < 4; ++b) tma::MbarrierInit(p_full + 8 * b, 128);
     tma::FenceMbarrierInit();
     if (kv_map.usable) tma::PrefetchTensorMap(&kv_map.map);
   }
@@ -328,8 +515,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     const int r = item.row_begin + wrow + g + 8 * h;
     my_node[h] = r < seq_rows ? r / heads : -1;
   }
-  // The reference maximum of each row (lazy: see the tile loop), the same in both warpgroups after
-  // every tile; each warpgroup publishes its own in max_xchg for the other.
+  // The reference maximum of each row (lazy: see the tile loops). The gathered form keeps it the
+  // same in both warpgroups after every tile; in the by-copy form each warpgroup has its own, and
+  // a P goes out with the reference it was made with.
   float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -341,13 +529,33 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
 
-  const int num_tiles = (item.col_end - item.col_begin + kCols - 1) / kCols;
-  LoadKvTile(pr.kv, SlotAt(slots, item.col_begin + lane, item.col_end),
-             SlotAt(slots, item.col_begin + 32 + lane, item.col_end), item.col_begin, item.col_end,
-             kv_smem, warp, lane);
+  const int num_halves = (item.col_end - item.col_begin + kHalfCols - 1) / kHalfCols;
+  // Tile 0 gathered (warpgroup k: half k); halves 2 and 3 by bulk copies where each is one run of
+  // 32 slots, else gathered as well (warpgroup k: half 2 + k). Bit k of prologue_gathered: half
+  // 2 + k was gathered here (its barrier's first phase is a plain arrival after the prologue).
+  LoadKvHalf(pr.kv, SlotAt(slots, item.col_begin + wg * kHalfCols + lane, item.col_end),
+             item.col_begin + wg * kHalfCols, item.col_end, RingSlot(smem_base, wg), warp & 3,
+             lane);
+  uint32_t prologue_gathered = 0;
+  int copy_base = -1;  // warpgroup k: the run of half 2 + k, copied after the prologue's barrier
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int half = 2 + k;
+    if (half >= num_halves) break;
+    const int half_col = item.col_begin + half * kHalfCols;
+    const int word = SlotAt(slots, half_col + lane, item.col_end);
+    const int run_base = __shfl_sync(kFullMask, word, 0);
+    if (kv_map.usable && HalfIsOneRun(word, lane, run_base, half_col, item.col_end)) {
+      if (wg == k) copy_base = run_base;  // issued once Q and tile 0 have landed
+    } else {
+      if (wg == k) {
+        LoadKvHalf(pr.kv, word, half_col, item.col_end, RingSlot(smem_base, half), warp & 3,
+                   lane);
+      }
+      prologue_gathered |= 1u << k;
+    }
+  }
   if (kTimeline && threadIdx.x == 0) stamps[7 + kTimelineTiles] = clock64();
-  int next_lo = SlotAt(slots, item.col_begin + kCols + lane, item.col_end);
-  int next_hi = SlotAt(slots, item.col_begin + kCols + 32 + lane, item.col_end);
 
   // Descriptors (K-major, 128-byte swizzle): A = Q rows 0..63; B = K rows 32wg .. 32wg+31.
   const uint64_t q_desc = wgmma::MakeDescriptor(q_smem, 16, 1024);
@@ -356,6 +564,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // ks / 4.
   uint32_t q_frag[kQRegSteps][4];
   CpAsyncWaitAll();
+  wgmma::FenceProxyAsyncShared();
   __syncthreads();
   if (kTimeline && threadIdx.x == 0) stamps[8 + kTimelineTiles] = clock64();
 #pragma unroll
@@ -364,267 +573,200 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
                                     SwizzledOffset(wrow + (lane & 15), 2 * (ks % 4) + (lane >> 4)));
   }
 
-  // The tile loop comes in two forms, chosen once per item. Gathered (every item whose tile 1 is not
-  // one run of 64 consecutive slots): each next tile is gathered between S's wgmma. By copy: a next
-  // tile that is one run comes by 9 bulk tensor copies (TMA) issued by one thread, completed on its
-  // stage's mbarrier, and S runs with no gather woven in; any other tile of such an item is gathered
-  // in one burst. One form per item rather than per tile: both S sequences in one loop made the
-  // gathered form 4-7 % slower (v32a, plans/0004), and a branch among the S wgmma fences them (v31).
-  // copy_state bits 0-1: the parity of stage 0's / 1's mbarrier phase to wait for next; bit 2: the
-  // tile now waited for came by copy (one register: the kernel has none to spare).
-  uint32_t copy_state = 0;
-  auto run_tiles = [&](auto copies) {
-    constexpr bool kCopies = decltype(copies)::value;
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      const int tile_col = item.col_begin + tile * kCols;
-      const uint32_t kv_tile = kv_smem + (tile & 1) * kTileBytes;
-      CpAsyncWaitAll();
-      if (kCopies && (copy_state & 4)) {
-        tma::MbarrierWait(copy_bar + 8 * (tile & 1), (copy_state >> (tile & 1)) & 1);
-        copy_state ^= 1u << (tile & 1);
+  // The by-copy form (tile 1 is one run, as compaction leaves most sequences): the warpgroups take
+  // alternate 32-column halves (warpgroup w the halves h = w, w + 2, ...) and run half a step
+  // apart, so that one's softmax runs under the other's S. For its half h a warpgroup waits for the
+  // half's data, issues S (64 x 32, as in the gathered form), then the P V of the other's half h-1
+  // over its own 256 dims (P from shared memory, published with the reference it was made on),
+  // waits for S, runs the softmax, publishes P(h), issues the P V of its own half (P from
+  // registers), waits, and refills the ring: half h+4 goes into the slot of half h-1, which both
+  // warpgroups are done with by then. Ring: five 36 KB halves (the two 64-row stages as four
+  // halves, and Q's first five chunks, whose k-steps live in registers after the prologue), so a
+  // half's copies have about three halves' time to land.
+  auto run_halves = [&]() {
+    const uint64_t p_desc = wgmma::MakeDescriptor(p_smem, 16, 1024);
+    // The slot word (column + lane) of the half this warpgroup refills next (h + 4).
+    int refill_word = SlotAt(slots, item.col_begin + (wg + 4) * kHalfCols + lane, item.col_end);
+    // Bit k: this warpgroup's own half h + 2k (h the current one) was gathered in the loop.
+    uint32_t gathered_ahead = 0;
+    // O += P(hp) V(hp) over this warpgroup's dims, P(hp) being the other warpgroup's (in shared
+    // memory, made on the reference it published with it): first both settle on a common
+    // reference for the rows where the two differ (rare: after either moved its own).
+    auto issue_other_pv = [&](int hp) {
+      // The other's P number (hp - (1 - wg)) / 2 completes that phase of its barrier.
+      tma::MbarrierWait(p_full + 8 * (1 - wg), ((hp - (1 - wg)) / 2) & 1);
+      float other[2];
+      bool differs = false;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        other[h] = LdSharedF32(ref_max_at(1 - wg, h));
+        differs |= other[h] != row_max[h];
       }
-      wgmma::FenceProxyAsyncShared();
-      __syncthreads();  // tile j (and Q) landed for all; both warpgroups are done with the other
-                        // stage
-      // Stamp k + 2: tile k's data is in (k = 0: the prologue, Q and the first tile, is over).
-      if (kTimeline && threadIdx.x == 0 && tile < kTimelineTiles) stamps[2 + tile] = clock64();
-      stamp_phase(tile, kTileIn);
-      const uint32_t next_stage = kv_smem + ((tile + 1) & 1) * kTileBytes;
-      const int next_col = tile_col + kCols;
-      if constexpr (kCopies) {
-        // Tile j+1 into the other stage (free since the barrier above): by 9 bulk copies from one
-        // thread when it is one run of slots; otherwise gathered here in one burst (v29a: 4-6 % slower
-        // than woven into S, but a rare tile in an item whose tile 1 was a run; and a branch among the
-        // S wgmma would fence them, v31).
-        copy_state &= 3;
-        if (tile + 1 < num_tiles) {
-          const int run_base = __shfl_sync(kFullMask, next_lo, 0);
-          const bool one_run =
-              next_col + kCols <= item.col_end && TileIsOneRun(next_lo, next_hi, lane, run_base);
-          if (one_run) {
-            if (tid == 0) {
-              const uint32_t bar = copy_bar + 8 * ((tile + 1) & 1);
-              tma::MbarrierArriveExpectTx(bar, kTileBytes);
-  #pragma unroll
-              for (int ch = 0; ch < kKvChunks; ++ch) {
-                tma::TensorCopy2d(next_stage + ch * kChunkBytes, &kv_map.map, 64 * ch, run_base,
-                                  bar);
-              }
-            }
-            copy_state |= 4;
-          } else {
-            LoadKvTile(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane);
-          }
+      if (NamedBarrierOr(kBarWgSettle + wg, 128, differs)) {
+        SettleReferences(other, row_max, row_sum, o, p_smem, 1 - wg, wrow, g, c);
+        wgmma::FenceProxyAsyncShared();
+        NamedBarrierSync(kBarWgSettle + wg, 128);  // the rescaled P visible to the wgmma
+      }
+      wgmma::PinRegisters(o);
+      wgmma::Fence();
+      const uint64_t v_desc = wgmma::MakeDescriptor(
+          RingSlot(smem_base, hp % kRingHalves) + wg * 4 * kHalfChunkBytes, kHalfChunkBytes, 1024);
+      if (kMath) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          wgmma::MmaM64N256K16TransB(o, wgmma::AdvanceDescriptor(p_desc, (2 * (1 - wg) + k) * 32),
+                                     wgmma::AdvanceDescriptor(v_desc, k * 16 * 128));
         }
       }
+      wgmma::Commit();
+    };
+    for (int h = wg; h < num_halves; h += 2) {
+      const int slot = h % kRingHalves;
+      const uint32_t half_smem = RingSlot(smem_base, slot);
+      const int half_col = item.col_begin + h * kHalfCols;
+      const int next_refill_word = SlotAt(slots, half_col + 6 * kHalfCols + lane, item.col_end);
+      if (kGathers || h < 4) tma::MbarrierWait(full_bar + 8 * slot, (h / kRingHalves) & 1);
+      // A half gathered in the loop came by cp.async (the generic proxy); this warpgroup gathered
+      // it itself (the refiller of half h is its owner), so it knows.
+      if (gathered_ahead & 1) wgmma::FenceProxyAsyncShared();
+      gathered_ahead >>= 1;
+      if (kTimeline && threadIdx.x == 0 && h / 2 < kTimelineTiles) stamps[2 + h / 2] = clock64();
+      stamp_phase(h / 2, kHalfIn);
 
       float s[16];
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < 16; ++i) s[i] = 0.f;
       wgmma::PinRegisters(s);
       wgmma::Fence();
-      const uint64_t k_desc =
-          wgmma::MakeDescriptor(kv_tile + wg * 32 * wgmma::kSwizzleRowBytes, 16, 1024);
-      // Tile j+1's gather goes between the S wgmma, one KV row of this warp after every fourth: the
-      // warps wait on the tensor cores there anyway, and issued after the last wgmma it sat on the
-      // critical path (v18, plans/0004: 16 % of the stall samples at S1). On the last tile it
-      // zero-fills the idle stage (every column is past col_end); the epilogue waits for it.
-  #pragma unroll
+      const uint64_t k_desc = wgmma::MakeDescriptor(half_smem, 16, 1024);
+#pragma unroll
       for (int ks = 0; ks < kKvDim / 16; ++ks) {
-        const uint32_t off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
+        const uint32_t q_off = (ks / 4) * kChunkBytes + (ks % 4) * 32;
+        const uint32_t k_off = (ks / 4) * kHalfChunkBytes + (ks % 4) * 32;
         if (kMath && ks < kQRegSteps) {
           wgmma::MmaM64N32K16RegA(s, q_frag[ks < kQRegSteps ? ks : 0],
-                                  wgmma::AdvanceDescriptor(k_desc, off));
+                                  wgmma::AdvanceDescriptor(k_desc, k_off));
         } else if (kMath) {
-          wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, off),
-                              wgmma::AdvanceDescriptor(k_desc, off));
-        }
-        if (!kCopies && kGathers && ks % 4 == 3 && ks / 4 < 8) {
-          LoadKvRow(pr.kv, next_lo, next_hi, next_col, item.col_end, next_stage, warp, lane, ks / 4);
+          wgmma::MmaM64N32K16(s, wgmma::AdvanceDescriptor(q_desc, q_off),
+                              wgmma::AdvanceDescriptor(k_desc, k_off));
         }
       }
       wgmma::Commit();
-      if (!kCopies) CpAsyncCommit();
-      stamp_phase(tile, kSIssued);
-      next_lo = SlotAt(slots, tile_col + 2 * kCols + lane, item.col_end);
-      next_hi = SlotAt(slots, tile_col + 2 * kCols + 32 + lane, item.col_end);
-      wgmma::WaitAll();
-      wgmma::PinRegisters(s);
-      stamp_phase(tile, kSDone);
-
-      // s[4i + e]: row wrow + g + 8 (e >> 1), column 32wg + 8i + 2c + (e & 1) of the tile.
-      const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= item.col_end;
-      float tile_max[2] = {-INFINITY, -INFINITY};  // over this thread's values of each row
-      // Two loops rather than a test per value: only the tiles that reach the tree or col_end read
-      // the mask (v18: the per-value branch cost instruction-cache misses on every tile).
-      if (all_visible) {
-  #pragma unroll
-        for (int v = 0; v < 16; ++v) {
-          s[v] *= scale_log2;
-          tile_max[(v >> 1) & 1] = fmaxf(tile_max[(v >> 1) & 1], s[v]);
-        }
+      stamp_phase(h / 2, kSIssued);
+      if (h >= 1) {
+        issue_other_pv(h - 1);
+        wgmma::WaitAllButNewest();  // S(h); the other's P V may still run
       } else {
-  #pragma unroll
-        for (int v = 0; v < 16; ++v) {
-          const int h = (v >> 1) & 1;
-          const int t = tile_col + wg * 32 + 8 * (v >> 2) + 2 * c + (v & 1);
-          const bool visible =
-              t < item.col_end &&
-              (t < prefix_len || (my_node[h] >= 0 && ColumnVisible(mask_rows, words_per_row,
-                                                                   prefix_len, my_node[h], t)));
-          s[v] = visible ? s[v] * scale_log2 : -INFINITY;
-          tile_max[h] = fmaxf(tile_max[h], s[v]);
-        }
+        wgmma::WaitAll();
       }
-      // Lazy maximum: the reference row_max moves only when a score passes it by more than
-      // kMaxSlackLog2, so P <= 2^kMaxSlackLog2 and, on almost every tile, neither warpgroup waits
-      // for the other's maxima. A warp whose rows passed moves its own reference and rescales its O
-      // and sums; the P barrier then tells both warpgroups (its OR) and they settle on a common
-      // reference before P V reads the other's P.
-      bool moved = false;
-      if (__any_sync(kFullMask, tile_max[0] > row_max[0] + kMaxSlackLog2 ||
-                                    tile_max[1] > row_max[1] + kMaxSlackLog2)) {
-        float alpha[2];
-  #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float m = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 1));
-          m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 2));
-          const float new_max = fmaxf(row_max[h], m);
-          alpha[h] = new_max == -INFINITY ? 1.f : Exp2Ftz(row_max[h] - new_max);
-          row_max[h] = new_max;
-          row_sum[h] *= alpha[h];
-          if (c == 0) StSharedF32(ref_max_at(wg, h), new_max);
-        }
-        ScaleRows(o, alpha);
-        moved = true;
-      }
-      stamp_phase(tile, kMaxChecked);
+      wgmma::PinRegisters(s);
+      stamp_phase(h / 2, kSDone);
 
-      float base[2];
-  #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // A row that has seen nothing yet keeps max -inf; subtracting 0 then keeps exp2 finite.
-        base[h] = row_max[h] == -INFINITY ? 0.f : row_max[h];
+      float tile_max[2];
+      ScaleAndMask(s, tile_max, half_col, prefix_len, item.col_end, scale_log2, my_node,
+                   mask_rows, words_per_row, c);
+      if (MaxMustMove(tile_max, row_max)) {
+        wgmma::WaitAll();  // the other's P V adds into O
+        wgmma::PinRegisters(o);
+        MoveReference(tile_max, row_max, row_sum, o);
       }
-      float sum[2] = {0.f, 0.f};
-      // This warpgroup's P as wgmma A fragments: 16 tokens per k-step, accumulator column groups
-      // 2k and 2k + 1 (rows g and g + 8 of the warp).
+      stamp_phase(h / 2, kMaxChecked);
+
       uint32_t p_frag[2][4];
-  #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-  #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float p0 = Exp2Ftz(s[4 * i + 2 * h] - base[h]);
-          const float p1 = Exp2Ftz(s[4 * i + 2 * h + 1] - base[h]);
-          sum[h] += p0 + p1;
-          const int row = wrow + g + 8 * h;
-          const uint32_t packed = mma::PackBf16x2(p0, p1);
-          p_frag[i >> 1][(i & 1) * 2 + h] = packed;
-          // P row `row`, tokens 32wg + 8i + 2c, +1: unit 4wg + i of the swizzled row, word c.
-          StShared32(p_smem + SwizzledOffset(row, wg * 4 + i) + 4 * c, packed);
-        }
+      MakeP(s, row_max, row_sum, p_frag);
+      // P(h-2) and its reference were read by the other warpgroup before it let this one reuse them.
+      if (h >= wg + 2) tma::MbarrierWait(p_empty + 8 * wg, ((h - wg) / 2 - 1) & 1);
+      StoreP(p_frag, p_smem, wg, wrow, g, c);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        if (c == 0) StSharedF32(ref_max_at(wg, hh), row_max[hh]);
       }
-  #pragma unroll
-      for (int h = 0; h < 2; ++h) row_sum[h] += sum[h];
-      // O += P V in two halves of k: this warpgroup's own 32 tokens with P from registers, issued
-      // before the barrier that brings the other warpgroup's 32 (so the barrier waits under tensor
-      // work; v14, plans/0004), then those from shared memory. B = V read MN-major: rows = tokens,
-      // n = dims 256wg .. 256wg+255 over chunks 4wg .. 4wg+3 (LBO = one chunk), SBO = 8 token rows.
+      wgmma::FenceProxyAsyncShared();
+      tma::MbarrierArrive(p_full + 8 * wg);
+
       wgmma::PinRegisters(o);
       wgmma::Fence();
       const uint64_t v_desc =
-          wgmma::MakeDescriptor(kv_tile + wg * 4 * kChunkBytes, kChunkBytes, 1024);
+          wgmma::MakeDescriptor(half_smem + wg * 4 * kHalfChunkBytes, kHalfChunkBytes, 1024);
       if (kMath) {
-  #pragma unroll
+#pragma unroll
         for (int k = 0; k < 2; ++k) {
           wgmma::MmaM64N256K16RegATransB(o, p_frag[k],
-                                         wgmma::AdvanceDescriptor(v_desc, (2 * wg + k) * 16 * 128));
+                                         wgmma::AdvanceDescriptor(v_desc, k * 16 * 128));
         }
       }
       wgmma::Commit();
-      stamp_phase(tile, kOwnPvIssued);
-      wgmma::FenceProxyAsyncShared();
-      // The other warpgroup's 32 columns of P are in shared memory; and whether any warp moved its
-      // reference maximum.
-      if (__syncthreads_or(moved)) {
-        // Rare (each item's first tile; later only where a score jumps): both warpgroups take the
-        // larger reference of each row. Own O and sums were built on row_max: rescale them (after
-        // the own-token P V lands); the other's P on its reference: rescale it in place (only this
-        // warpgroup reads it). Each warp fixes its own 16 rows.
-        wgmma::WaitAll();
-        wgmma::PinRegisters(o);
-        float own_f[2], other_f[2];
-  #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float other = LdSharedF32(ref_max_at(1 - wg, h));
-          const float common = fmaxf(row_max[h], other);
-          own_f[h] = common == -INFINITY ? 1.f : Exp2Ftz(row_max[h] - common);
-          other_f[h] = common == -INFINITY ? 1.f : Exp2Ftz(other - common);
-          row_max[h] = common;
-          row_sum[h] *= own_f[h];
-        }
-        ScaleRows(o, own_f);
-  #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-  #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint32_t addr =
-                p_smem + SwizzledOffset(wrow + g + 8 * h, (1 - wg) * 4 + i) + 4 * c;
-            const float2 pf = mma::UnpackBf16x2(LdShared32(addr));
-            StShared32(addr, mma::PackBf16x2(pf.x * other_f[h], pf.y * other_f[h]));
-          }
-        }
-        wgmma::FenceProxyAsyncShared();
-        __syncthreads();  // every reference read; the rescaled P visible to the wgmma
-  #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (c == 0) StSharedF32(ref_max_at(wg, h), row_max[h]);
-        }
-      }
-      wgmma::PinRegisters(o);
-      wgmma::Fence();
-      stamp_phase(tile, kPShared);
-      const uint64_t p_desc = wgmma::MakeDescriptor(smem_base + kPOffset, 16, 1024);
-      if (kMath) {
-  #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const int kk = 2 * (1 - wg) + k;
-          wgmma::MmaM64N256K16TransB(o, wgmma::AdvanceDescriptor(p_desc, kk * 32),
-                                     wgmma::AdvanceDescriptor(v_desc, kk * 16 * 128));
-        }
-      }
-      wgmma::Commit();
+      stamp_phase(h / 2, kOwnPvIssued);
       wgmma::WaitAll();
       wgmma::PinRegisters(o);
-      stamp_phase(tile, kPvDone);
-      // The register A operand is read asynchronously: its registers stay unclaimed until here.
-  #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-  #pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p_frag[k][e])::"memory");
+      PinFragments(p_frag);
+      stamp_phase(h / 2, kPvDone);
+      // The other's P(h-1) is read: it may write its next one (if it has one). S(h) and P V(h) are
+      // done with the slot of h.
+      if (h >= 1 && h + 1 < num_halves) tma::MbarrierArrive(p_empty + 8 * (1 - wg));
+      if ((tid & 127) == 0) tma::MbarrierArrive(done_bar + 8 * slot);
+      // Refill: half h+4 into the slot of half h-1 (this warpgroup's P V of it is done; the other's
+      // S and P V of it, done_bar).
+      if (kGathers && h + 4 < num_halves) {
+        const int refill_slot = (h + 4) % kRingHalves;
+        const uint32_t refill_smem = RingSlot(smem_base, refill_slot);
+        const uint32_t refill_bar = full_bar + 8 * refill_slot;
+        if (h >= 1) tma::MbarrierWait(done_bar + 8 * refill_slot, ((h - 1) / kRingHalves) & 1);
+        const int refill_col = half_col + 4 * kHalfCols;
+        const int run_base = __shfl_sync(kFullMask, refill_word, 0);
+        if (kv_map.usable && HalfIsOneRun(refill_word, lane, run_base, refill_col, item.col_end)) {
+          if ((tid & 127) == 0) IssueHalfCopy(&kv_map.map, run_base, refill_smem, refill_bar);
+        } else {
+          // Not one run (the tree's columns, the range's end, a fragmented pool): gathered by this
+          // warpgroup, tracked by the same barrier (each thread's copies raise its pending count
+          // until they land).
+          LoadKvHalf(pr.kv, refill_word, refill_col, item.col_end, refill_smem, warp & 3, lane);
+          gathered_ahead |= 2u;  // half h + 4: two own halves on (the shift is at the loop's top)
+          tma::CpAsyncMbarrierArrive(refill_bar);
+          NamedBarrierSync(kBarWgGather + wg, 128);  // every copy tracked before the arrival
+          if ((tid & 127) == 0) tma::MbarrierArrive(refill_bar);
+        }
       }
+      stamp_phase(h / 2, kRefilled);
+      refill_word = next_refill_word;
+    }
+    // The other warpgroup's last half, if it has the last one.
+    if ((num_halves - 1) % 2 != wg) {
+      issue_other_pv(num_halves - 1);
+      wgmma::WaitAll();
+      wgmma::PinRegisters(o);
     }
   };
-  bool item_by_copy = false;
-  if (kGathers && kv_map.usable && item.col_begin + 2 * kCols <= item.col_end) {
-    item_by_copy = TileIsOneRun(next_lo, next_hi, lane, __shfl_sync(kFullMask, next_lo, 0));
+  // Halves 0 and 1, and 2 and 3 where gathered, have landed for all: their barriers' first phase.
+  if (tid == 0) {
+    tma::MbarrierArrive(full_bar);
+    tma::MbarrierArrive(full_bar + 8);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      if (prologue_gathered & (1u << k)) tma::MbarrierArrive(full_bar + 8 * (2 + k));
+    }
   }
-  if (item_by_copy) {
-    run_tiles(std::true_type{});
-  } else {
-    run_tiles(std::false_type{});
+  __syncthreads();  // every warp's Q fragments read before half 4 overwrites Q's first chunks
+  // Halves 2 and 3 by copy: issued only now, so that they do not slow the landing of Q and tile 0
+  // that every CTA waits for at once (v49k).
+  if ((tid & 127) == 0 && copy_base >= 0) {
+    IssueHalfCopy(&kv_map.map, copy_base, RingSlot(smem_base, 2 + wg), full_bar + 8 * (2 + wg));
   }
+  run_halves();
 
   if (kTimeline && threadIdx.x == 0) stamps[2 + kTimelineTiles] = clock64();
   CpAsyncWaitAll();  // the last tile's zero-filling gather, before the stages hold the epilogue
-  // Row sums: this lane's quarter, then the quad, then both warpgroups (warpgroup 0 first, so every
-  // run adds in the same order).
+  // Row sums (this lane's quarter, then the quad) and references of both warpgroups: the by-copy
+  // form's two may differ; the sum adds warpgroup 0 first, so every run adds in the same order.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float x = row_sum[h];
     x += __shfl_xor_sync(kFullMask, x, 1);
     x += __shfl_xor_sync(kFullMask, x, 2);
-    if (c == 0) StSharedF32(sum_xchg + 4 * (wg * kRows + wrow + g + 8 * h), x);
+    if (c == 0) {
+      StSharedF32(sum_xchg + 4 * (wg * kRows + wrow + g + 8 * h), x);
+      StSharedF32(final_ref + 4 * (wg * kRows + wrow + g + 8 * h), row_max[h]);
+    }
   }
   __syncthreads();
 
@@ -633,10 +775,14 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = wrow + g + 8 * h;
-    const float total = LdSharedF32(sum_xchg + 4 * r) + LdSharedF32(sum_xchg + 4 * (kRows + r));
-    inv[h] = total > 0.f ? 1.f / total : 0.f;
+    const float ref0 = LdSharedF32(final_ref + 4 * r);
+    const float ref1 = LdSharedF32(final_ref + 4 * (kRows + r));
+    const float common = fmaxf(ref0, ref1);
+    const float total = LdSharedF32(sum_xchg + 4 * r) * RebaseFactor(ref0, common) +
+                        LdSharedF32(sum_xchg + 4 * (kRows + r)) * RebaseFactor(ref1, common);
+    inv[h] = total > 0.f ? RebaseFactor(row_max[h], common) / total : 0.f;
     if (r < rows_here && wg == 0 && c == 0) {
-      flash::WriteLse(params, item, first_row, r, flash::RowLse(row_max[h], total));
+      flash::WriteLse(params, item, first_row, r, flash::RowLse(common, total));
     }
   }
   // Staged: the rows go to shared memory (the KV stages are free: no gather is in flight and every

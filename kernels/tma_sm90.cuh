@@ -22,6 +22,18 @@ __device__ __forceinline__ void MbarrierArriveExpectTx(uint32_t bar, uint32_t by
                : "memory");
 }
 
+// One plain arrival (no transactions announced).
+__device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Makes `bar` track this thread's cp.async issued so far: its current phase cannot complete until
+// they have landed (the pending count is raised now and lowered when they land, so the arrival
+// count the barrier was initialised with is unchanged).
+__device__ __forceinline__ void CpAsyncMbarrierArrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Waits until the phase with parity `parity` of `bar` has completed; the copies that completed it
 // are then visible to this thread.
 __device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
@@ -50,6 +62,16 @@ __device__ __forceinline__ void TensorCopy2d(uint32_t dst, const void* map, int 
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
       "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+
+// One box of a 3-D tensor map at element coordinates (x, y, z) into shared memory at `dst`.
+__device__ __forceinline__ void TensorCopy3d(uint32_t dst, const void* map, int x, int y, int z,
+                                             uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar)
       : "memory");
 }
 

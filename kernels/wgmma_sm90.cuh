@@ -51,6 +51,10 @@ __device__ __forceinline__ void Commit() {
 __device__ __forceinline__ void WaitAll() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
+// Waits until at most one committed group (the newest) is still in flight.
+__device__ __forceinline__ void WaitAllButNewest() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
 // Shared memory written by ordinary stores or cp.async, read next by wgmma (the async proxy).
 __device__ __forceinline__ void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

@@ -92,7 +92,7 @@ TEST(MlaVerifyLaunch, HopperPathWhereItCannotRunIsAnError) {
 // so (usable = 0) and the kernel gathers every tile. The driver encodes without reading the memory,
 // so a host address stands in for the pool here.
 TEST(KvTileMap, NoMapForAPoolTheCopiesCannotAddress) {
-  std::vector<bf16_bits> pool(576 * 8 + 8);
+  std::vector<bf16_bits> pool(576 * 64 + 8);
   // Force 16-byte alignment of `aligned` whatever the allocator gave.
   auto* aligned = reinterpret_cast<bf16_bits*>(
       (reinterpret_cast<uintptr_t>(pool.data()) + 15) & ~static_cast<uintptr_t>(15));
@@ -105,7 +105,7 @@ TEST(KvTileMap, NoMapForAPoolTheCopiesCannotAddress) {
     cudaGetLastError();
     GTEST_SKIP() << "no CUDA driver and device: whether a map can be made is not known here";
   }
-  EXPECT_EQ(EncodeKvTileMap(aligned, 8).usable, 1);
+  EXPECT_EQ(EncodeKvTileMap(aligned, 64).usable, 1);  // a pool of more slots than one box holds
 }
 
 }  // namespace

@@ -491,16 +491,20 @@ void Timeline(const Shape& s, bool scattered, std::mt19937_64& rng, int sms) {
       max(skew), med(prologue), max(prologue), med(tile0), med(tile1), med(steady), max(steady),
       med(epilogue), med(total), max(total), med(end), max(end), med(mhz), med(steady_kclk));
   std::printf(
-      "prologue %s %s (us, medians): item decoded and Q's copies issued %.2f | tile 0's slots read "
-      "and its copies issued %.2f | both landed %.2f | to tile 0's barrier %.2f\n",
+      "prologue %s %s (us, medians): item decoded and Q's copies issued %.2f | tiles 0 and 1's "
+      "slots read and their copies issued %.2f | Q and tile 0 landed %.2f | to the loop %.2f\n",
       s.name, scattered ? "scattered" : "contiguous", med(q_issued), med(tile0_issued), med(landed),
       med(to_barrier));
   // Where a steady tile's clocks go, per warpgroup: the intervals between the kernel's phase points
   // (SmPhase), medians over the CTAs that run every phase tile and one more.
   const int points = kSm90PhasePoints;
-  const char* kIntervals[] = {
-      "S issue",   "S wait",          "max check",      "softmax+own PV issue",
-      "P barrier", "other PV + wait", "to next tile in"};
+  const char* kIntervals[] = {"S issue",
+                              "other's P V issue + S wait",
+                              "max check",
+                              "P published + own P V issue",
+                              "P V wait",
+                              "refill",
+                              "to next own half in"};
   for (int wg = 0; wg < 2; ++wg) {
     std::vector<std::vector<double>> clk(points);
     for (int b = 0; b < n; ++b) {
