@@ -121,7 +121,7 @@ constexpr int kKvOffset = kQOffset + kTileBytes;
 constexpr int kPOffset = kKvOffset + 2 * kTileBytes;
 constexpr int kMaxXchgOffset = kPOffset + kChunkBytes;
 constexpr int kSumXchgOffset = kMaxXchgOffset + 2 * kRows * 4;
-// The by-copy form's ring (see run_halves): 32-column halves of a tile, each 9 chunks of 32 rows,
+// The ring (see run_halves): 32-column halves of a tile, each 9 chunks of 32 rows,
 // five of them: the two stages as four, and Q's first five chunks (40 KB, read into registers
 // in the prologue) as the fifth.
 constexpr int kHalfCols = 32;
@@ -210,7 +210,7 @@ __device__ __forceinline__ void LoadKvHalf(const bf16_bits* kv, int slot_word, i
   }
 }
 
-// The shared-memory address of ring slot `slot` (0..4) of the by-copy form.
+// The shared-memory address of ring slot `slot` (0..4).
 __device__ __forceinline__ uint32_t RingSlot(uint32_t smem_base, int slot) {
   return slot < 4 ? smem_base + kKvOffset + slot * kHalfBytes : smem_base + kQOffset;
 }
@@ -456,8 +456,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const uint32_t max_xchg = smem_base + kMaxXchgOffset;  // 2 x 64 fp32
   const uint32_t sum_xchg = smem_base + kSumXchgOffset;  // 2 x 64 fp32
   const uint32_t final_ref = smem_base + kFinalRefOffset;  // 2 x 64 fp32
-  // The by-copy ring: half h waits on full_bar + 8 (h % 5); its owner arrives on done_bar + 8 (h % 5)
-  // once its own products no longer read it.
+  // The ring: half h waits on full_bar + 8 (h % 5); its owner arrives on done_bar + 8 (h % 5) once
+  // its own products no longer read it.
   const uint32_t full_bar = smem_base + kRingBarOffset;
   const uint32_t done_bar = full_bar + 8 * kRingHalves;
   // P(w) and its reference published (p_full + 8w) / read by the other warpgroup (p_empty + 8w).
@@ -469,7 +469,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  // Warpgroup: S columns 32wg.., O columns 256wg... Broadcast from lane 0 so that the compiler
+  // Warpgroup: halves wg, wg + 2, ..., O columns 256wg... Broadcast from lane 0 so that the compiler
   // knows it is warp-uniform and keeps the wgmma descriptors built from it in uniform registers
   // (v18: without it every wgmma of S paid seven instructions of 64-bit arithmetic and moves).
   const int wg = __shfl_sync(kFullMask, tid >> 7, 0);
@@ -515,15 +515,14 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     const int r = item.row_begin + wrow + g + 8 * h;
     my_node[h] = r < seq_rows ? r / heads : -1;
   }
-  // The reference maximum of each row (lazy: see the tile loops). The gathered form keeps it the
-  // same in both warpgroups after every tile; in the by-copy form each warpgroup has its own, and
-  // a P goes out with the reference it was made with.
+  // The reference maximum of each row (lazy: see run_halves), this warpgroup's own; a P goes out
+  // with the reference it was made on.
   float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (c == 0) StSharedF32(ref_max_at(wg, h), -INFINITY);
   }
-  float row_sum[2] = {0.f, 0.f};  // over this warpgroup's columns, this lane's quarter
+  float row_sum[2] = {0.f, 0.f};  // over this warpgroup's halves, this lane's quarter
   const float scale_log2 = pr.scale * kLog2e;
   float o[128];
 #pragma unroll
@@ -557,7 +556,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   }
   if (kTimeline && threadIdx.x == 0) stamps[7 + kTimelineTiles] = clock64();
 
-  // Descriptors (K-major, 128-byte swizzle): A = Q rows 0..63; B = K rows 32wg .. 32wg+31.
+  // Q as S's A operand where it comes from shared memory (K-major, 128-byte swizzle, rows 0..63).
   const uint64_t q_desc = wgmma::MakeDescriptor(q_smem, 16, 1024);
   // Q's first kQRegSteps k-steps as this warp's A fragments (rows wrow .. wrow+15), read once Q has
   // landed: lane l addresses row wrow + (l & 15), 16-byte unit 2 (ks % 4) + (l >> 4) of chunk
@@ -573,16 +572,15 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
                                     SwizzledOffset(wrow + (lane & 15), 2 * (ks % 4) + (lane >> 4)));
   }
 
-  // The by-copy form (tile 1 is one run, as compaction leaves most sequences): the warpgroups take
-  // alternate 32-column halves (warpgroup w the halves h = w, w + 2, ...) and run half a step
-  // apart, so that one's softmax runs under the other's S. For its half h a warpgroup waits for the
-  // half's data, issues S (64 x 32, as in the gathered form), then the P V of the other's half h-1
+  // The loop: the warpgroups take alternate 32-column halves (warpgroup w the halves h = w, w + 2,
+  // ...) and run half a step apart, so that one's softmax runs under the other's S. For its half h
+  // a warpgroup waits for the half's data, issues S (64 x 32), then the P V of the other's half h-1
   // over its own 256 dims (P from shared memory, published with the reference it was made on),
   // waits for S, runs the softmax, publishes P(h), issues the P V of its own half (P from
   // registers), waits, and refills the ring: half h+4 goes into the slot of half h-1, which both
   // warpgroups are done with by then. Ring: five 36 KB halves (the two 64-row stages as four
   // halves, and Q's first five chunks, whose k-steps live in registers after the prologue), so a
-  // half's copies have about three halves' time to land.
+  // half's copies have about one round of both warpgroups to land.
   auto run_halves = [&]() {
     const uint64_t p_desc = wgmma::MakeDescriptor(p_smem, 16, 1024);
     // The slot word (column + lane) of the half this warpgroup refills next (h + 4).
@@ -755,9 +753,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   run_halves();
 
   if (kTimeline && threadIdx.x == 0) stamps[2 + kTimelineTiles] = clock64();
-  CpAsyncWaitAll();  // the last tile's zero-filling gather, before the stages hold the epilogue
-  // Row sums (this lane's quarter, then the quad) and references of both warpgroups: the by-copy
-  // form's two may differ; the sum adds warpgroup 0 first, so every run adds in the same order.
+  CpAsyncWaitAll();  // (each gathered half was waited for by its owner: a guard before the stage)
+  // Row sums (this lane's quarter, then the quad) and references of both warpgroups (the two may
+  // differ); the sum adds warpgroup 0 first, so every run adds in the same order.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float x = row_sum[h];
