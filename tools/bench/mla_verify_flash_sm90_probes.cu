@@ -1,5 +1,5 @@
 // The sm_90a flash kernel's benchmark instruments (plans/0004: v10's timeline, session 4's "no
-// gathers" / "no wgmma" split of the lock-step kernel's time): the same kernel template as the
+// gathers" / "no wgmma" split of the kernel's time): the same kernel template as the
 // product, other instantiations, compiled for sm_90a into the benchmark alone.
 #include "tools/bench/mla_verify_flash_sm90_probes.h"
 
