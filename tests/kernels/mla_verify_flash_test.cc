@@ -169,11 +169,11 @@ TEST(FlashPlans, EveryCombineShapeMatchesFloat64) {
   ExpectEveryPlanMatchesFloat64({{1000, 16, kRandom}, {300, 9, kChain}}, {4, 8, 16, 132});
 }
 
-// The Hopper kernel brings a KV tile that is one run of 64 consecutive slots by bulk tensor copies
-// and every other tile by the gather: one consecutive run per sequence (every whole tile by copy,
-// the last row of the run the pool's last row) and runs of random lengths (tiles of both kinds,
-// runs that start and end inside a tile, a tile one row short of a run), each against float64 on
-// every path under plans that cut the columns at different places.
+// The Hopper kernel brings a 32-column half tile that is one run of consecutive slots by one bulk
+// tensor copy and every other half by the gather: one consecutive run per sequence (every whole
+// half by copy, the last row of the run the pool's last row) and runs of random lengths (halves of
+// both kinds in one item, runs that start and end inside a half, a half one row short of a run),
+// each against float64 on every path under plans that cut the columns at different places.
 TEST(FlashSlotRuns, ContiguousAndRandomRunsMatchFloat64) {
   if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
   const uint64_t seed = TestSeed();
@@ -193,8 +193,9 @@ TEST(FlashSlotRuns, ContiguousAndRandomRunsMatchFloat64) {
 }
 
 // Scores that jump past the running maximum deep inside a split's columns: the Hopper kernel moves
-// a row's reference maximum only when a score passes it by a margin, in one warpgroup's half of a
-// tile at a time, and the two then settle on a common one. Every ~100th prefix column is scaled up,
+// a row's reference maximum only when a score passes it by a margin, in one warpgroup's half at a
+// time, and the other brings the P it reads (or its own O) to the larger reference when the two
+// differ. Every ~100th prefix column is scaled up,
 // more the later it comes (so the maximum keeps moving), on both layouts the kernel loads
 // differently (gathered, and one run per sequence by bulk copies), under plans that cut the columns
 // differently.
@@ -226,8 +227,8 @@ TEST(FlashSoftmax, ScoresThatJumpLateInTheRowMatchFloat64) {
 }
 
 // Page size 1 with random slots, one consecutive run per sequence and runs of random lengths hold
-// the same KV: the kernel must give the same bytes (the bulk copies of one-run tiles change how a
-// tile arrives, never the arithmetic). Also two runs give identical bytes (no atomics, fixed
+// the same KV: the kernel must give the same bytes (the bulk copies of one-run halves change how a
+// half arrives, never the arithmetic). Also two runs give identical bytes (no atomics, fixed
 // reduction order).
 TEST(FlashBitExact, ScatteredEqualsContiguousAndRunsRepeat) {
   if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
