@@ -45,6 +45,9 @@ for t in $({ echo "$B"/bin/wgmma_unit_test; ls "$B"/bin/*_test "$B"/bin/*_tests;
   [ $rc -ne 0 ] && status=1
   echo "== $name rc=$rc"
   grep -E "err|FAILED|Failure|Expected|Which is|seed=|PASSED|SKIPPED" "$OUT/test.log" | head -60
+  # The seed a failed test ran with (the service tests print VERIFYD_TEST_SEED= at set-up, the
+  # kernel tests seed= in their trace): the last one seen before the test's FAILED line.
+  awk '/SEED=|seed=/{s=$0} /^\[  FAILED  \] .*\(/{print "  seed of " $4 ": " s}' "$OUT/test.log" | head -20
   summary="$summary$(printf '%-30s rc=%d %s' "$name" $rc \
     "$(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]' "$OUT/test.log" | tr -s ' \n' ' ')")\n"
   cat "$OUT/test.log" >>"$OUT/tests.log"
