@@ -7,7 +7,7 @@
 //
 // Math (SPEC §1): rows r = node * H + head of one sequence, columns t = 0 .. L+Q-1 (prefix, then
 // tree nodes); S = scale * Q K^T, -inf where node(r) cannot see t; O = softmax(S) V, LSE = ln sum
-// exp(S). Online softmax in fp32 in log2 units, 64 KV columns per tile.
+// exp(S). Online softmax in fp32 in log2 units, 32 KV columns per step (a half of a 64-column tile).
 //
 // Tiling. One CTA = one work item = 64 rows x a column range, taken in halves of 32 columns. Two
 // warpgroups (256 threads); warpgroup w owns the halves h = w, w + 2, w + 4, ... and the two run
