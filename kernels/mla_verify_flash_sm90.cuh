@@ -7,7 +7,7 @@
 //
 // Math (SPEC §1): rows r = node * H + head of one sequence, columns t = 0 .. L+Q-1 (prefix, then
 // tree nodes); S = scale * Q K^T, -inf where node(r) cannot see t; O = softmax(S) V, LSE = ln sum
-// exp(S). Online softmax in fp32 in log2 units, 32 KV columns per step (a half of a 64-column tile).
+// exp(S). Online softmax in fp32 in log2 units, 32 KV columns (half a tile) per step.
 //
 // Tiling. One CTA = one work item = 64 rows x a column range, taken in halves of 32 columns. Two
 // warpgroups (256 threads); warpgroup w owns the halves h = w, w + 2, w + 4, ... and the two run
@@ -26,8 +26,8 @@
 // - O (64 x 512 fp32, 128 KB) is split by d_v: warpgroup w owns O[:, 256w .. 256w+256) for all 64
 //   rows, 128 accumulator registers per thread. For its half h it adds P(h) V(h) (P from registers,
 //   2 wgmma m64n256k16) and the other's P(h-1) V(h-1) (P from shared memory), B = V read MN-major
-//   (transposed) from the same ring slot that served as K. Why split d_v rather than two passes over
-//   the KV: a second pass would read every KV tile twice from device memory and recompute S;
+//   (transposed) from the same ring slot that served as K. Why split d_v rather than two passes
+//   over the KV: a second pass would read every KV tile twice from device memory and recompute S;
 //   splitting d_v costs only the P exchange (4 KB per half).
 //
 // Shared memory (wgmma_sm90.cuh: rows of 128 bytes, 128-byte swizzle, 1024-byte aligned):
@@ -80,11 +80,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/kv_tile_map.h"
 #include "kernels/mla_verify_flash_common.cuh"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_mma.cuh"
 #include "kernels/programmatic_launch.cuh"
-#include "kernels/kv_tile_map.h"
 #include "kernels/tma_sm90.cuh"
 #include "kernels/tree_visibility.cuh"
 #include "kernels/wgmma_sm90.cuh"
@@ -182,8 +182,9 @@ inline constexpr int kPhaseBase = kTimelineTiles + 10;
 inline constexpr int kTimelineStride = kPhaseBase + kPhaseTiles * 2 * kPhasePoints;
 
 // Row `rr` of this warp's 8 rows of a half (32 columns from half_col) gathered by one warpgroup
-// into a ring slot: warp w of the warpgroup takes rows 8w .. 8w+7, lane i units i, i+32, i+64 (< 72)
-// of the row; slot_word = the slot of column half_col + lane. Columns past col_end are zero-filled.
+// into a ring slot: warp w of the warpgroup takes rows 8w .. 8w+7, lane i the units i, i+32 and
+// i+64 (those < 72) of the row; slot_word = the slot of column half_col + lane. Columns past
+// col_end are zero-filled.
 __device__ __forceinline__ void LoadKvHalfRow(const bf16_bits* kv, int slot_word, int half_col,
                                               int col_end, uint32_t dst, int wg_warp, int lane,
                                               int rr) {
@@ -287,7 +288,7 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   return t;
 }
 
-// 2^(ref - common) for a reference that moves to `common` (>= ref): exactly 1 when it does not move.
+// 2^(ref - common) for a reference that moves to `common` (>= ref): exactly 1 if it stays.
 __device__ __forceinline__ float RebaseFactor(float ref, float common) {
   return ref == common ? 1.f : Exp2Ftz(ref - common);
 }
@@ -315,8 +316,8 @@ __device__ __forceinline__ void ScaleAndMask(float (&s)[16], float (&tile_max)[2
       const int t = col0 + 8 * (v >> 2) + 2 * c + (v & 1);
       const bool visible =
           t < col_end &&
-          (t < prefix_len || (my_node[h] >= 0 && ColumnVisible(mask_rows, words_per_row,
-                                                               prefix_len, my_node[h], t)));
+          (t < prefix_len ||
+           (my_node[h] >= 0 && ColumnVisible(mask_rows, words_per_row, prefix_len, my_node[h], t)));
       s[v] = visible ? s[v] * scale_log2 : -INFINITY;
       tile_max[h] = fmaxf(tile_max[h], s[v]);
     }
@@ -453,8 +454,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const uint32_t smem_base = mma::SmemAddr(smem);
   const uint32_t q_smem = smem_base + kQOffset;
   const uint32_t p_smem = smem_base + kPOffset;
-  const uint32_t max_xchg = smem_base + kMaxXchgOffset;  // 2 x 64 fp32
-  const uint32_t sum_xchg = smem_base + kSumXchgOffset;  // 2 x 64 fp32
+  const uint32_t max_xchg = smem_base + kMaxXchgOffset;    // 2 x 64 fp32
+  const uint32_t sum_xchg = smem_base + kSumXchgOffset;    // 2 x 64 fp32
   const uint32_t final_ref = smem_base + kFinalRefOffset;  // 2 x 64 fp32
   // The ring: half h waits on full_bar + 8 (h % 5); its owner arrives on done_bar + 8 (h % 5) once
   // its own products no longer read it.
@@ -469,9 +470,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  // Warpgroup: halves wg, wg + 2, ..., O columns 256wg... Broadcast from lane 0 so that the compiler
-  // knows it is warp-uniform and keeps the wgmma descriptors built from it in uniform registers
-  // (v18: without it every wgmma of S paid seven instructions of 64-bit arithmetic and moves).
+  // Warpgroup (halves wg, wg + 2, ...; O columns 256wg..), broadcast from lane 0 so that the
+  // compiler knows it is warp-uniform and keeps the wgmma descriptors built from it in uniform
+  // registers (v18: without it every wgmma of S paid seven instructions of 64-bit moves).
   const int wg = __shfl_sync(kFullMask, tid >> 7, 0);
   const int wrow = (warp & 3) * 16;  // this warp's 16 rows of the 64
   const int g = lane >> 2;
@@ -548,8 +549,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       if (wg == k) copy_base = run_base;  // issued once Q and tile 0 have landed
     } else {
       if (wg == k) {
-        LoadKvHalf(pr.kv, word, half_col, item.col_end, RingSlot(smem_base, half), warp & 3,
-                   lane);
+        LoadKvHalf(pr.kv, word, half_col, item.col_end, RingSlot(smem_base, half), warp & 3, lane);
       }
       prologue_gathered |= 1u << k;
     }
@@ -661,8 +661,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       stamp_phase(h / 2, kSDone);
 
       float tile_max[2];
-      ScaleAndMask(s, tile_max, half_col, prefix_len, item.col_end, scale_log2, my_node,
-                   mask_rows, words_per_row, c);
+      ScaleAndMask(s, tile_max, half_col, prefix_len, item.col_end, scale_log2, my_node, mask_rows,
+                   words_per_row, c);
       if (MaxMustMove(tile_max, row_max)) {
         wgmma::WaitAll();  // the other's P V adds into O
         wgmma::PinRegisters(o);
@@ -672,7 +672,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 
       uint32_t p_frag[2][4];
       MakeP(s, row_max, row_sum, p_frag);
-      // P(h-2) and its reference were read by the other warpgroup before it let this one reuse them.
+      // P(h-2) and its reference were read by the other warpgroup before it let this one reuse
+      // them.
       if (h >= wg + 2) tma::MbarrierWait(p_empty + 8 * wg, ((h - wg) / 2 - 1) & 1);
       StoreP(p_frag, p_smem, wg, wrow, g, c);
 #pragma unroll

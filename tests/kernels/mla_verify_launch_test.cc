@@ -88,14 +88,14 @@ TEST(MlaVerifyLaunch, HopperPathWhereItCannotRunIsAnError) {
   EXPECT_STREQ(FlashKernelName(FlashPath::kAuto), "portable-mma-sync");
 }
 
-// The Hopper kernel's bulk copies need a tensor map of the pool; where none can be made the map says
-// so (usable = 0) and the kernel gathers every tile. The driver encodes without reading the memory,
-// so a host address stands in for the pool here.
+// The Hopper kernel's bulk copies need a tensor map of the pool; where none can be made the map
+// says so (usable = 0) and the kernel gathers every half. The driver encodes without reading the
+// memory, so a host address stands in for the pool here.
 TEST(KvTileMap, NoMapForAPoolTheCopiesCannotAddress) {
   std::vector<bf16_bits> pool(576 * 64 + 8);
   // Force 16-byte alignment of `aligned` whatever the allocator gave.
-  auto* aligned = reinterpret_cast<bf16_bits*>(
-      (reinterpret_cast<uintptr_t>(pool.data()) + 15) & ~static_cast<uintptr_t>(15));
+  auto* aligned = reinterpret_cast<bf16_bits*>((reinterpret_cast<uintptr_t>(pool.data()) + 15) &
+                                               ~static_cast<uintptr_t>(15));
   EXPECT_EQ(EncodeKvTileMap(nullptr, 8).usable, 0);
   EXPECT_EQ(EncodeKvTileMap(aligned + 1, 4).usable, 0);  // 2 bytes off: not 16-byte aligned
   EXPECT_EQ(EncodeKvTileMap(aligned, 0).usable, 0);
