@@ -78,7 +78,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/kv_tile_map.h"
 #include "kernels/mla_verify_flash_common.cuh"
@@ -119,8 +118,8 @@ constexpr int kTileBytes = kKvChunks * kChunkBytes;
 constexpr int kQOffset = 0;
 constexpr int kKvOffset = kQOffset + kTileBytes;
 constexpr int kPOffset = kKvOffset + 2 * kTileBytes;
-constexpr int kMaxXchgOffset = kPOffset + kChunkBytes;
-constexpr int kSumXchgOffset = kMaxXchgOffset + 2 * kRows * 4;
+constexpr int kPublishedRefOffset = kPOffset + kChunkBytes;
+constexpr int kSumXchgOffset = kPublishedRefOffset + 2 * kRows * 4;
 // The ring (see run_halves): 32-column halves of a tile, each 9 chunks of 32 rows,
 // five of them: the two stages as four, and Q's first five chunks (40 KB, read into registers
 // in the prologue) as the fifth.
@@ -454,9 +453,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const uint32_t smem_base = mma::SmemAddr(smem);
   const uint32_t q_smem = smem_base + kQOffset;
   const uint32_t p_smem = smem_base + kPOffset;
-  const uint32_t max_xchg = smem_base + kMaxXchgOffset;    // 2 x 64 fp32
-  const uint32_t sum_xchg = smem_base + kSumXchgOffset;    // 2 x 64 fp32
-  const uint32_t final_ref = smem_base + kFinalRefOffset;  // 2 x 64 fp32
+  const uint32_t published_ref = smem_base + kPublishedRefOffset;  // 2 x 64 fp32
+  const uint32_t sum_xchg = smem_base + kSumXchgOffset;            // 2 x 64 fp32
+  const uint32_t final_ref = smem_base + kFinalRefOffset;          // 2 x 64 fp32
   // The ring: half h waits on full_bar + 8 (h % 5); its owner arrives on done_bar + 8 (h % 5) once
   // its own products no longer read it.
   const uint32_t full_bar = smem_base + kRingBarOffset;
@@ -477,8 +476,10 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const int wrow = (warp & 3) * 16;  // this warp's 16 rows of the 64
   const int g = lane >> 2;
   const int c = lane & 3;
-  // Warpgroup w's reference maximum of this thread's row wrow + g + 8h.
-  auto ref_max_at = [&](int w, int h) { return max_xchg + 4 * (w * kRows + wrow + g + 8 * h); };
+  // The reference warpgroup w made its last P on, of this thread's row wrow + g + 8h.
+  auto published_ref_at = [&](int w, int h) {
+    return published_ref + 4 * (w * kRows + wrow + g + 8 * h);
+  };
 
   const flash::ItemRows rows = flash::DecodeItem(pr, item);
   const int prefix_len = rows.prefix_len;
@@ -521,7 +522,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (c == 0) StSharedF32(ref_max_at(wg, h), -INFINITY);
+    if (c == 0) StSharedF32(published_ref_at(wg, h), -INFINITY);
   }
   float row_sum[2] = {0.f, 0.f};  // over this warpgroup's halves, this lane's quarter
   const float scale_log2 = pr.scale * kLog2e;
@@ -597,7 +598,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       bool differs = false;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        other[h] = LdSharedF32(ref_max_at(1 - wg, h));
+        other[h] = LdSharedF32(published_ref_at(1 - wg, h));
         differs |= other[h] != row_max[h];
       }
       if (NamedBarrierOr(kBarWgSettle + wg, 128, differs)) {
@@ -678,7 +679,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       StoreP(p_frag, p_smem, wg, wrow, g, c);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        if (c == 0) StSharedF32(ref_max_at(wg, hh), row_max[hh]);
+        if (c == 0) StSharedF32(published_ref_at(wg, hh), row_max[hh]);
       }
       wgmma::FenceProxyAsyncShared();
       tma::MbarrierArrive(p_full + 8 * wg);
