@@ -19,10 +19,10 @@
 //   warp holds in registers for the whole item (80 registers: the kernel uses 255, no spills).
 // - Softmax: each warpgroup has its own reference maximum per row, which moves lazily: only when a
 //   score passes it by more than kMaxSlackLog2 (so P <= 2^8). A P goes to shared memory with the
-//   reference it was made on; the warpgroup that reads it compares that reference with its own and,
-//   where a row's two differ (rare: after either moved), both sides of the product are brought to
-//   the larger (its O and sums, or that P in place). Each keeps the row sum of its own halves; the
-//   two sums and references meet once, after the last half.
+//   reference it was made on, which is never below the reader's (run_halves says why): where a
+//   row's two differ (rare: after the writer moved), the reader adopts the writer's, rescaling its
+//   own O and sums in registers, so P is used as it is and no barrier is needed. Each keeps the row
+//   sum of its own halves; the two sums and references meet once, after the last half.
 // - O (64 x 512 fp32, 128 KB) is split by d_v: warpgroup w owns O[:, 256w .. 256w+256) for all 64
 //   rows, 128 accumulator registers per thread. For its half h it adds P(h) V(h) (P from registers,
 //   2 wgmma m64n256k16) and the other's P(h-1) V(h-1) (P from shared memory), B = V read MN-major
@@ -57,8 +57,12 @@
 //   warpgroup's path (v49f), the single 3-D copy ~250 (v49h);
 // - otherwise (a fragmented pool, the tree's columns, the range's end): gathered at the refill by
 //   the owner's 128 threads, 16-byte cp.async, completing on the slot's mbarrier through
-//   cp.async.mbarrier.arrive (~1.6 kclk of the warpgroup's path; woven between the wgmma of its
-//   next S instead, as the lock-step kernel did, it was slower on every shape, v49j).
+//   cp.async.mbarrier.arrive.noinc (~1.6 kclk of the warpgroup's path; woven between the wgmma of
+//   its next S instead, as the lock-step kernel did, it was slower on every shape, v49j).
+// A slot's mbarrier expects its owner's 128 threads either way (for a copy, the first thread's
+// arrival also announces the bytes), so the warpgroups pass no barrier but __syncthreads and
+// mbarriers (v50: the warpgroup-local named barriers of v49 left racecheck unable to pair the
+// epilogue's stores and loads across its __syncthreads: thousands of false hazards).
 // The prologue gathers tile 0 (halves 0 and 1) with Q; halves 2 and 3 are copied once Q and tile 0
 // have landed (issued with them, they slowed the landing every CTA waits for: v49h/v49k).
 //
@@ -142,10 +146,6 @@ static_assert(kRows * flash::kStageStride <= 2 * kTileBytes,
               "the staged epilogue fits the KV stages");
 static_assert(kRows == 64, "one warpgroup's wgmma covers 64 rows");
 static_assert(kHopperFlashThreads == 256, "two warpgroups");
-// Named barriers of one warpgroup (128 threads; 0 is __syncthreads): settling the references, a
-// gathered half tracked.
-enum : int { kBarWgSettle = 1, kBarWgGather = 3 };
-
 // What an instantiation adds to the kernel. kNone is the product. The others are the benchmark's
 // instruments (plans/0004): kTimeline writes clock stamps per CTA (layout below) and computes the
 // same output; kNoGathers drops the ring's refills (halves after the first four are stale: the
@@ -213,22 +213,6 @@ __device__ __forceinline__ void LoadKvHalf(const bf16_bits* kv, int slot_word, i
 // The shared-memory address of ring slot `slot` (0..4).
 __device__ __forceinline__ uint32_t RingSlot(uint32_t smem_base, int slot) {
   return slot < 4 ? smem_base + kKvOffset + slot * kHalfBytes : smem_base + kQOffset;
-}
-
-// Named barriers over `threads` threads (a multiple of 32) of the CTA.
-__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// A barrier that also returns the OR of `pred` over its threads.
-__device__ __forceinline__ bool NamedBarrierOr(int id, int threads, bool pred) {
-  uint32_t out;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\n"
-      "selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(out)
-      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
-      : "memory");
-  return out != 0;
 }
 
 // Shared-window stores and loads (the generic ones the compiler emits for a pointer into the
@@ -385,32 +369,20 @@ __device__ __forceinline__ void StoreP(const uint32_t (&p_frag)[2][4], uint32_t 
   }
 }
 
-// Both warpgroups' references of a row to the larger: this one's O and sums rescaled from its
-// reference, the other warpgroup's P in shared memory (tokens of warpgroup other_w; only this
-// warpgroup reads it) from the other's. Each warp fixes its own 16 rows.
-__device__ __forceinline__ void SettleReferences(const float (&other)[2], float (&row_max)[2],
-                                                 float (&row_sum)[2], float (&o)[128],
-                                                 uint32_t p_smem, int other_w, int wrow, int g,
-                                                 int c) {
-  float own_f[2], other_f[2];
+// This thread's rows to the other warpgroup's reference where it is higher (never lower: see
+// run_halves), O and sums rescaled; the other's P then adds in as it is. Per thread: O's rows are
+// this thread's own registers, and no shared memory changes, so no barrier is needed.
+__device__ __forceinline__ void AdoptReference(const float (&other)[2], float (&row_max)[2],
+                                               float (&row_sum)[2], float (&o)[128]) {
+  if (other[0] == row_max[0] && other[1] == row_max[1]) return;
+  float alpha[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float common = fmaxf(row_max[h], other[h]);
-    own_f[h] = common == -INFINITY ? 1.f : Exp2Ftz(row_max[h] - common);
-    other_f[h] = common == -INFINITY ? 1.f : Exp2Ftz(other[h] - common);
-    row_max[h] = common;
-    row_sum[h] *= own_f[h];
+    alpha[h] = RebaseFactor(row_max[h], other[h]);
+    row_max[h] = other[h];
+    row_sum[h] *= alpha[h];
   }
-  ScaleRows(o, own_f);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t addr = p_smem + SwizzledOffset(wrow + g + 8 * h, other_w * 4 + i) + 4 * c;
-      const float2 pf = mma::UnpackBf16x2(LdShared32(addr));
-      StShared32(addr, mma::PackBf16x2(pf.x * other_f[h], pf.y * other_f[h]));
-    }
-  }
+  ScaleRows(o, alpha);
 }
 
 // A register A operand is read asynchronously: its registers stay unclaimed until its wgmma is
@@ -503,7 +475,10 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   if (kTimeline && threadIdx.x == 0) stamps[6 + kTimelineTiles] = clock64();
   if (tid == 0) {
 #pragma unroll
-    for (int b = 0; b < 2 * kRingHalves; ++b) tma::MbarrierInit(full_bar + 8 * b, 1);
+    for (int b = 0; b < kRingHalves; ++b) {
+      tma::MbarrierInit(full_bar + 8 * b, 128);
+      tma::MbarrierInit(done_bar + 8 * b, 1);
+    }
 #pragma unroll
     for (int b = 0; b < 4; ++b) tma::MbarrierInit(p_full + 8 * b, 128);
     tma::FenceMbarrierInit();
@@ -520,10 +495,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // The reference maximum of each row (lazy: see run_halves), this warpgroup's own; a P goes out
   // with the reference it was made on.
   float row_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (c == 0) StSharedF32(published_ref_at(wg, h), -INFINITY);
-  }
   float row_sum[2] = {0.f, 0.f};  // over this warpgroup's halves, this lane's quarter
   const float scale_log2 = pr.scale * kLog2e;
   float o[128];
@@ -589,23 +560,17 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     // Bit k: this warpgroup's own half h + 2k (h the current one) was gathered in the loop.
     uint32_t gathered_ahead = 0;
     // O += P(hp) V(hp) over this warpgroup's dims, P(hp) being the other warpgroup's (in shared
-    // memory, made on the reference it published with it): first both settle on a common
-    // reference for the rows where the two differ (rare: after either moved its own).
+    // memory, made on the reference it published with it). That reference is never below this
+    // warpgroup's: the other made P(hp) after adding this one's P(hp-1) (adopting its reference
+    // where higher), and this one has not moved its own since publishing P(hp-1). So the rows
+    // where the two differ (rare: after the other moved) adopt the other's, and P adds in as is.
     auto issue_other_pv = [&](int hp) {
       // The other's P number (hp - (1 - wg)) / 2 completes that phase of its barrier.
       tma::MbarrierWait(p_full + 8 * (1 - wg), ((hp - (1 - wg)) / 2) & 1);
       float other[2];
-      bool differs = false;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        other[h] = LdSharedF32(published_ref_at(1 - wg, h));
-        differs |= other[h] != row_max[h];
-      }
-      if (NamedBarrierOr(kBarWgSettle + wg, 128, differs)) {
-        SettleReferences(other, row_max, row_sum, o, p_smem, 1 - wg, wrow, g, c);
-        wgmma::FenceProxyAsyncShared();
-        NamedBarrierSync(kBarWgSettle + wg, 128);  // the rescaled P visible to the wgmma
-      }
+      for (int h = 0; h < 2; ++h) other[h] = LdSharedF32(published_ref_at(1 - wg, h));
+      AdoptReference(other, row_max, row_sum, o);
       wgmma::PinRegisters(o);
       wgmma::Fence();
       const uint64_t v_desc = wgmma::MakeDescriptor(
@@ -715,16 +680,17 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         const int refill_col = half_col + 4 * kHalfCols;
         const int run_base = __shfl_sync(kFullMask, refill_word, 0);
         if (kv_map.usable && HalfIsOneRun(refill_word, lane, run_base, refill_col, item.col_end)) {
-          if ((tid & 127) == 0) IssueHalfCopy(&kv_map.map, run_base, refill_smem, refill_bar);
+          if ((tid & 127) == 0) {
+            IssueHalfCopy(&kv_map.map, run_base, refill_smem, refill_bar);
+          } else {
+            tma::MbarrierArrive(refill_bar);
+          }
         } else {
           // Not one run (the tree's columns, the range's end, a fragmented pool): gathered by this
-          // warpgroup, tracked by the same barrier (each thread's copies raise its pending count
-          // until they land).
+          // warpgroup; each thread's arrival comes when its own copies have landed.
           LoadKvHalf(pr.kv, refill_word, refill_col, item.col_end, refill_smem, warp & 3, lane);
           gathered_ahead |= 2u;  // half h + 4: two own halves on (the shift is at the loop's top)
-          tma::CpAsyncMbarrierArrive(refill_bar);
-          NamedBarrierSync(kBarWgGather + wg, 128);  // every copy tracked before the arrival
-          if ((tid & 127) == 0) tma::MbarrierArrive(refill_bar);
+          tma::CpAsyncMbarrierArriveNoInc(refill_bar);
         }
       }
       stamp_phase(h / 2, kRefilled);
@@ -737,20 +703,20 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       wgmma::PinRegisters(o);
     }
   };
-  // Halves 0 and 1, and 2 and 3 where gathered, have landed for all: their barriers' first phase.
-  if (tid == 0) {
-    tma::MbarrierArrive(full_bar);
-    tma::MbarrierArrive(full_bar + 8);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      if (prologue_gathered & (1u << k)) tma::MbarrierArrive(full_bar + 8 * (2 + k));
-    }
-  }
+  // Half wg, and half 2 + wg where gathered, have landed for all: the first phase of their
+  // barriers, by their owner's threads.
+  tma::MbarrierArrive(full_bar + 8 * wg);
+  if (prologue_gathered & (1u << wg)) tma::MbarrierArrive(full_bar + 8 * (2 + wg));
   __syncthreads();  // every warp's Q fragments read before half 4 overwrites Q's first chunks
   // Halves 2 and 3 by copy: issued only now, so that they do not slow the landing of Q and tile 0
   // that every CTA waits for at once (v49k).
-  if ((tid & 127) == 0 && copy_base >= 0) {
-    IssueHalfCopy(&kv_map.map, copy_base, RingSlot(smem_base, 2 + wg), full_bar + 8 * (2 + wg));
+  if (copy_base >= 0) {
+    const uint32_t bar = full_bar + 8 * (2 + wg);
+    if ((tid & 127) == 0) {
+      IssueHalfCopy(&kv_map.map, copy_base, RingSlot(smem_base, 2 + wg), bar);
+    } else {
+      tma::MbarrierArrive(bar);
+    }
   }
   run_halves();
 

@@ -27,11 +27,10 @@ __device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
-// Makes `bar` track this thread's cp.async issued so far: its current phase cannot complete until
-// they have landed (the pending count is raised now and lowered when they land, so the arrival
-// count the barrier was initialised with is unchanged).
-__device__ __forceinline__ void CpAsyncMbarrierArrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+// This thread's arrival on `bar`, made once every cp.async it issued so far has landed (one of the
+// arrivals the barrier was initialised to expect: .noinc).
+__device__ __forceinline__ void CpAsyncMbarrierArriveNoInc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
 // Waits until the phase with parity `parity` of `bar` has completed; the copies that completed it

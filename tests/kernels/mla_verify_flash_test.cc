@@ -194,8 +194,8 @@ TEST(FlashSlotRuns, ContiguousAndRandomRunsMatchFloat64) {
 
 // Scores that jump past the running maximum deep inside a split's columns: the Hopper kernel moves
 // a row's reference maximum only when a score passes it by a margin, in one warpgroup's half at a
-// time, and the other brings the P it reads (or its own O) to the larger reference when the two
-// differ. Every ~100th prefix column is scaled up,
+// time, and the other adopts that reference (rescaling its own O) when it reads the P made on it.
+// Every ~100th prefix column is scaled up,
 // more the later it comes (so the maximum keeps moving), on both layouts the kernel loads
 // differently (gathered, and one run per sequence by bulk copies), under plans that cut the columns
 // differently.
