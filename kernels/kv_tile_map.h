@@ -1,9 +1,10 @@
-// One layer of the KV pool ([num_slots][576] bf16) as a TMA tensor map for the Hopper flash
-// kernel: boxes of 64 dims x 32 slots x 9 chunks of 64 dims, with the 128-byte swizzle of the
-// wgmma operand chunks (wgmma_sm90.cuh), so that a half tile of 32 consecutive slots lands in
-// shared memory as one bulk tensor copy instead of 2304 16-byte gathers (a pool of fewer slots
-// than a box may get no map: usable = 0). Encoded on the host for each launch (it holds the
-// layer's address) and passed to the kernel by value, so a captured graph keeps its own.
+// One layer of the KV pool ([num_slots][576] bf16), and the queries, as TMA tensor maps for the
+// Hopper flash kernel: boxes of 64 dims x N rows x 9 chunks of 64 dims, with the 128-byte swizzle
+// of the wgmma operand chunks (wgmma_sm90.cuh), so that a half tile of 32 consecutive slots, or a
+// work item's 64 query rows, lands in shared memory as one bulk tensor copy instead of thousands
+// of 16-byte gathers (a tensor of fewer rows than a box gets no map: usable = 0). Encoded on the
+// host for each launch (they hold the addresses) and passed to the kernel by value, so a captured
+// graph keeps its own.
 #pragma once
 
 #include <cuda.h>
@@ -23,5 +24,10 @@ struct KvTileMap {
 
 // Never fails: a map that cannot be made comes back with usable = 0.
 KvTileMap EncodeKvTileMap(const bf16_bits* kv, int64_t num_slots);
+
+// The queries ([rows][576] bf16) as a tensor map of the same form, boxes of 64 dims x 64 rows x 9
+// chunks: a work item's 64 rows of Q land as the kernel's nine swizzled Q chunks in one copy
+// (rows past the tensor's end zero-filled). No map (usable = 0) for fewer than 64 rows.
+KvTileMap EncodeQTileMap(const bf16_bits* q, int64_t rows);
 
 }  // namespace verifyd

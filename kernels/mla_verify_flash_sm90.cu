@@ -16,9 +16,11 @@ const void* HopperFlashKernelSymbol() {
 
 cudaError_t LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
   const KvTileMap kv_map = EncodeKvTileMap(params.problem.kv, params.problem.num_slots);
+  const KvTileMap q_map = EncodeQTileMap(
+      params.problem.q, static_cast<int64_t>(params.problem.total_q) * params.problem.num_heads);
   MlaVerifyFlashSm90Kernel<Sm90Probe::kNone>
       <<<params.num_work, kHopperFlashThreads, flash_sm90::kSmemBytes, stream>>>(params, kv_map,
-                                                                                  nullptr);
+                                                                                 q_map, nullptr);
   return cudaGetLastError();
 }
 

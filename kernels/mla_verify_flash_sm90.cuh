@@ -37,9 +37,9 @@
 //   P       1 chunk (64 rows x 64 tokens: warpgroup w's half in tokens 32w..)   8192 B
 //   published reference of each row per warpgroup 2 x 64 fp32, row sums 2 x 64, final references
 //   2 x 64                                                                     1536 B
-//   one mbarrier per ring slot for its data, one for "its owner is done with it", and per
-//   warpgroup one for "P published", one for "P read"                                112 B
-//   total 231024 B (+1024 for aligning the base) of the 232448 B an H200 block may take.
+//   one mbarrier per ring slot for its data, one for "its owner is done with it", per
+//   warpgroup one for "P published", one for "P read", and one for Q's copy       120 B
+//   total 231032 B (+1024 for aligning the base) of the 232448 B an H200 block may take.
 //
 // Pipeline of a warpgroup, per own half h: wait for the half's slot (its mbarrier); issue S(h);
 // wait for the other's P(h-1) (an mbarrier per warpgroup's P, whose arrive and wait are a release
@@ -63,8 +63,13 @@
 // arrival also announces the bytes), so the warpgroups pass no barrier but __syncthreads and
 // mbarriers (v50: the warpgroup-local named barriers of v49 left racecheck unable to pair the
 // epilogue's stores and loads across its __syncthreads: thousands of false hazards).
-// The prologue gathers tile 0 (halves 0 and 1) with Q; halves 2 and 3 are copied once Q and tile 0
-// have landed (issued with them, they slowed the landing every CTA waits for: v49h/v49k).
+// Prologue: Q (the item's 64 rows) comes by one bulk tensor copy (kv_tile_map.h: box 64 dims x 64
+// rows x 9 chunks; 16-byte gathers where the batch has fewer than 64 rows and the driver makes no
+// map), and halves 0 and 1 by one copy each as above (else gathered); halves 2 and 3 are copied
+// once Q has landed (issued with Q and tile 0, they slowed the landing every CTA waits for:
+// v49h/v49k). The first four halves' slot words are read in one round trip before any of it (v52:
+// read one half at a time, each load waited behind the previous half's copy issue and arrivals,
+// ~2 us in all); every CTA then waits mostly for the all-CTA burst of Q and tile 0.
 //
 // Epilogue: O / rowsum over both warpgroups' sums at the larger of their references, as bf16 (the
 // output, or a split's partial), goes to shared memory (ring slots 0-1 are free by then: 64 rows
@@ -139,8 +144,8 @@ constexpr int kRingBarOffset = kFinalRefOffset + 2 * kRows * 4;  // full, then d
 // P(w) published / read, per warpgroup: mbarriers of 128 arrivals (every thread of the warpgroup
 // that wrote or read it).
 constexpr int kPBarOffset = kRingBarOffset + 2 * kRingHalves * 8;
-constexpr int kSmemUsed = kPBarOffset + 4 * 8;
-constexpr int kSmemBytes = kSmemUsed + 1024;  // room to align the base to 1024
+constexpr int kSmemUsed = kPBarOffset + 5 * 8;  // + Q's
+constexpr int kSmemBytes = kSmemUsed + 1024;    // room to align the base to 1024
 static_assert(kSmemBytes <= 232448, "an sm_90 block may take 227 KB of dynamic shared memory");
 static_assert(kRows * flash::kStageStride <= 2 * kTileBytes,
               "the staged epilogue fits the KV stages");
@@ -164,16 +169,21 @@ enum class Sm90Probe { kNone, kTimeline, kNoGathers, kNoMath };
 inline constexpr int kTimelineTiles = 64;
 inline constexpr int kPhaseFirstTile = 4;
 inline constexpr int kPhaseTiles = 8;
-// Points of a warpgroup's half: its data in, S issued, the other's P V issued and S done, the
-// reference maximum checked (and moved where a score passed it), P published and the own P V
-// issued, every P V done, the ring refilled (half h+4 issued or gathered).
+// Points of a warpgroup's half: at the loop's top, its data in, S issued, the other's P V issued
+// and S done, the reference maximum checked (and moved where a score passed it), P made, P's buffer
+// free (the other has read the last one), P published and the own P V issued, every P V done, the
+// refill's slot free (the other is done with it), the ring refilled (half h+4 issued or gathered).
 enum SmPhase {
+  kTop,
   kHalfIn,
   kSIssued,
   kSDone,
   kMaxChecked,
+  kPMade,
+  kPBufferFree,
   kOwnPvIssued,
   kPvDone,
+  kSlotFree,
   kRefilled,
   kPhasePoints
 };
@@ -399,7 +409,7 @@ __device__ __forceinline__ void PinFragments(uint32_t (&p_frag)[2][4]) {
 template <Sm90Probe kProbe>
 __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     MlaVerifyFlashSm90Kernel(MlaVerifyParams params, const __grid_constant__ KvTileMap kv_map,
-                             uint64_t* timeline) {
+                             const __grid_constant__ KvTileMap q_map, uint64_t* timeline) {
   constexpr bool kTimeline = kProbe == Sm90Probe::kTimeline;
   constexpr bool kGathers = kProbe != Sm90Probe::kNoGathers;
   constexpr bool kMath = kProbe != Sm90Probe::kNoMath;
@@ -435,6 +445,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // P(w) and its reference published (p_full + 8w) / read by the other warpgroup (p_empty + 8w).
   const uint32_t p_full = smem_base + kPBarOffset;
   const uint32_t p_empty = p_full + 16;
+  const uint32_t q_bar = p_full + 32;  // Q's copy (where Q comes by one)
 
   const VerifyProblem& pr = params.problem;
   const FlashWorkItem item = params.work[blockIdx.x];
@@ -462,17 +473,14 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   const int seq_rows = rows.seq_rows;
   const uint64_t* mask_rows = rows.mask_rows;
   const int words_per_row = rows.words_per_row;
-
-  // Q: 64 rows x 72 units into 9 swizzled chunks; rows past the sequence are zero.
-  for (int idx = tid; idx < kRows * kUnitsPerRow; idx += kHopperFlashThreads) {
-    const int r = idx / kUnitsPerRow;
-    const int u = idx % kUnitsPerRow;
-    const bool valid = r < rows_here;
-    CpAsync16(q_smem + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7),
-              valid ? pr.q + (first_row + r) * kKvDim + u * 8 : pr.q, valid);
+  // The slot words of the first four halves (column + lane), loaded before anything that orders
+  // memory: one dependent round trip for all four, not one each (v52: -2 us of the prologue).
+  int first_words[4];
+#pragma unroll
+  for (int half = 0; half < 4; ++half) {
+    first_words[half] = SlotAt(slots, item.col_begin + half * kHalfCols + lane, item.col_end);
   }
-  CpAsyncCommit();
-  if (kTimeline && threadIdx.x == 0) stamps[6 + kTimelineTiles] = clock64();
+
   if (tid == 0) {
 #pragma unroll
     for (int b = 0; b < kRingHalves; ++b) {
@@ -481,9 +489,29 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     }
 #pragma unroll
     for (int b = 0; b < 4; ++b) tma::MbarrierInit(p_full + 8 * b, 128);
+    tma::MbarrierInit(q_bar, 1);
     tma::FenceMbarrierInit();
     if (kv_map.usable) tma::PrefetchTensorMap(&kv_map.map);
+    // Q: one copy of the item's 64 rows into the 9 swizzled chunks (rows past the sequence come
+    // as they are, the next sequence's or zero past the tensor, and are never written out).
+    if (q_map.usable) {
+      tma::MbarrierArriveExpectTx(q_bar, kTileBytes);
+      tma::TensorCopy3d(q_smem, &q_map.map, 0, static_cast<int>(first_row), 0, q_bar);
+    }
   }
+  if (!q_map.usable) {
+    // Fewer than 64 rows in the batch (no map): 16-byte copies; rows past the sequence are zero.
+    for (int idx = tid; idx < kRows * kUnitsPerRow; idx += kHopperFlashThreads) {
+      const int r = idx / kUnitsPerRow;
+      const int u = idx % kUnitsPerRow;
+      const bool valid = r < rows_here;
+      CpAsync16(q_smem + (u >> 3) * kChunkBytes + SwizzledOffset(r, u & 7),
+                valid ? pr.q + (first_row + r) * kKvDim + u * 8 : pr.q, valid);
+    }
+    CpAsyncCommit();
+  }
+  if (kTimeline && threadIdx.x == 0) stamps[6 + kTimelineTiles] = clock64();
+  __syncthreads();  // the barriers initialised before any thread arrives on them
 
   // The two rows this thread holds in every accumulator: wrow + g and wrow + g + 8.
   int my_node[2];
@@ -502,28 +530,35 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
 
   const int num_halves = (item.col_end - item.col_begin + kHalfCols - 1) / kHalfCols;
-  // Tile 0 gathered (warpgroup k: half k); halves 2 and 3 by bulk copies where each is one run of
-  // 32 slots, else gathered as well (warpgroup k: half 2 + k). Bit k of prologue_gathered: half
-  // 2 + k was gathered here (its barrier's first phase is a plain arrival after the prologue).
-  LoadKvHalf(pr.kv, SlotAt(slots, item.col_begin + wg * kHalfCols + lane, item.col_end),
-             item.col_begin + wg * kHalfCols, item.col_end, RingSlot(smem_base, wg), warp & 3,
-             lane);
+  // Halves 0 and 1 (warpgroup k: half k) by a bulk copy where each is one run of 32 slots, else
+  // gathered; halves 2 and 3 gathered here where they are not one run, else copied once Q has
+  // landed (v49k: issued with Q and tile 0, they slowed the landing every CTA waits for). Bit k of
+  // prologue_gathered: half k was gathered here (its owner fences before its wgmma read it).
   uint32_t prologue_gathered = 0;
   int copy_base = -1;  // warpgroup k: the run of half 2 + k, copied after the prologue's barrier
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int half = 2 + k;
+  for (int half = 0; half < 4; ++half) {
     if (half >= num_halves) break;
     const int half_col = item.col_begin + half * kHalfCols;
-    const int word = SlotAt(slots, half_col + lane, item.col_end);
+    const int word = first_words[half];
     const int run_base = __shfl_sync(kFullMask, word, 0);
+    const uint32_t bar = full_bar + 8 * half;
     if (kv_map.usable && HalfIsOneRun(word, lane, run_base, half_col, item.col_end)) {
-      if (wg == k) copy_base = run_base;  // issued once Q and tile 0 have landed
-    } else {
-      if (wg == k) {
-        LoadKvHalf(pr.kv, word, half_col, item.col_end, RingSlot(smem_base, half), warp & 3, lane);
+      if (wg == (half & 1)) {
+        if (half >= 2) {
+          copy_base = run_base;
+        } else if ((tid & 127) == 0) {
+          IssueHalfCopy(&kv_map.map, run_base, RingSlot(smem_base, half), bar);
+        } else {
+          tma::MbarrierArrive(bar);
+        }
       }
-      prologue_gathered |= 1u << k;
+    } else {
+      if (wg == (half & 1)) {
+        LoadKvHalf(pr.kv, word, half_col, item.col_end, RingSlot(smem_base, half), warp & 3, lane);
+        tma::CpAsyncMbarrierArriveNoInc(bar);
+      }
+      prologue_gathered |= 1u << half;
     }
   }
   if (kTimeline && threadIdx.x == 0) stamps[7 + kTimelineTiles] = clock64();
@@ -534,9 +569,13 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // landed: lane l addresses row wrow + (l & 15), 16-byte unit 2 (ks % 4) + (l >> 4) of chunk
   // ks / 4.
   uint32_t q_frag[kQRegSteps][4];
-  CpAsyncWaitAll();
-  wgmma::FenceProxyAsyncShared();
-  __syncthreads();
+  if (q_map.usable) {
+    tma::MbarrierWait(q_bar, 0);
+  } else {
+    CpAsyncWaitAll();
+    wgmma::FenceProxyAsyncShared();  // Q is also read by the wgmma (chunks from kQRegSteps / 4)
+    __syncthreads();
+  }
   if (kTimeline && threadIdx.x == 0) stamps[8 + kTimelineTiles] = clock64();
 #pragma unroll
   for (int ks = 0; ks < kQRegSteps; ++ks) {
@@ -557,8 +596,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
     const uint64_t p_desc = wgmma::MakeDescriptor(p_smem, 16, 1024);
     // The slot word (column + lane) of the half this warpgroup refills next (h + 4).
     int refill_word = SlotAt(slots, item.col_begin + (wg + 4) * kHalfCols + lane, item.col_end);
-    // Bit k: this warpgroup's own half h + 2k (h the current one) was gathered in the loop.
-    uint32_t gathered_ahead = 0;
+    // Bit k: this warpgroup's own half h + 2k (h the current one) was gathered (cp.async).
+    uint32_t gathered_ahead =
+        ((prologue_gathered >> wg) & 1u) | ((prologue_gathered >> wg) & 4u) >> 1;
     // O += P(hp) V(hp) over this warpgroup's dims, P(hp) being the other warpgroup's (in shared
     // memory, made on the reference it published with it). That reference is never below this
     // warpgroup's: the other made P(hp) after adding this one's P(hp-1) (adopting its reference
@@ -589,6 +629,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       const uint32_t half_smem = RingSlot(smem_base, slot);
       const int half_col = item.col_begin + h * kHalfCols;
       const int next_refill_word = SlotAt(slots, half_col + 6 * kHalfCols + lane, item.col_end);
+      stamp_phase(h / 2, kTop);
       if (kGathers || h < 4) tma::MbarrierWait(full_bar + 8 * slot, (h / kRingHalves) & 1);
       // A half gathered in the loop came by cp.async (the generic proxy); this warpgroup gathered
       // it itself (the refiller of half h is its owner), so it knows.
@@ -638,9 +679,11 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
 
       uint32_t p_frag[2][4];
       MakeP(s, row_max, row_sum, p_frag);
+      stamp_phase(h / 2, kPMade);
       // P(h-2) and its reference were read by the other warpgroup before it let this one reuse
       // them.
       if (h >= wg + 2) tma::MbarrierWait(p_empty + 8 * wg, ((h - wg) / 2 - 1) & 1);
+      stamp_phase(h / 2, kPBufferFree);
       StoreP(p_frag, p_smem, wg, wrow, g, c);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -677,6 +720,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         const uint32_t refill_smem = RingSlot(smem_base, refill_slot);
         const uint32_t refill_bar = full_bar + 8 * refill_slot;
         if (h >= 1) tma::MbarrierWait(done_bar + 8 * refill_slot, ((h - 1) / kRingHalves) & 1);
+        stamp_phase(h / 2, kSlotFree);
         const int refill_col = half_col + 4 * kHalfCols;
         const int run_base = __shfl_sync(kFullMask, refill_word, 0);
         if (kv_map.usable && HalfIsOneRun(refill_word, lane, run_base, refill_col, item.col_end)) {
@@ -703,10 +747,6 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       wgmma::PinRegisters(o);
     }
   };
-  // Half wg, and half 2 + wg where gathered, have landed for all: the first phase of their
-  // barriers, by their owner's threads.
-  tma::MbarrierArrive(full_bar + 8 * wg);
-  if (prologue_gathered & (1u << wg)) tma::MbarrierArrive(full_bar + 8 * (2 + wg));
   __syncthreads();  // every warp's Q fragments read before half 4 overwrites Q's first chunks
   // Halves 2 and 3 by copy: issued only now, so that they do not slow the landing of Q and tile 0
   // that every CTA waits for at once (v49k).

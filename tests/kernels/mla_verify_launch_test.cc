@@ -88,24 +88,48 @@ TEST(MlaVerifyLaunch, HopperPathWhereItCannotRunIsAnError) {
   EXPECT_STREQ(FlashKernelName(FlashPath::kAuto), "portable-mma-sync");
 }
 
+// The first 16-byte-aligned element of `rows` (a host stand-in for a device tensor: the driver
+// encodes a map without reading the memory).
+bf16_bits* Aligned16(std::vector<bf16_bits>& rows) {
+  return reinterpret_cast<bf16_bits*>((reinterpret_cast<uintptr_t>(rows.data()) + 15) &
+                                      ~static_cast<uintptr_t>(15));
+}
+
+// Whether a map can be made at all here (the driver's encoder needs a driver and a device).
+bool HaveDriverAndDevice() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 // The Hopper kernel's bulk copies need a tensor map of the pool; where none can be made the map
-// says so (usable = 0) and the kernel gathers every half. The driver encodes without reading the
-// memory, so a host address stands in for the pool here.
+// says so (usable = 0) and the kernel gathers every half.
 TEST(KvTileMap, NoMapForAPoolTheCopiesCannotAddress) {
   std::vector<bf16_bits> pool(576 * 64 + 8);
-  // Force 16-byte alignment of `aligned` whatever the allocator gave.
-  auto* aligned = reinterpret_cast<bf16_bits*>((reinterpret_cast<uintptr_t>(pool.data()) + 15) &
-                                               ~static_cast<uintptr_t>(15));
+  bf16_bits* aligned = Aligned16(pool);
   EXPECT_EQ(EncodeKvTileMap(nullptr, 8).usable, 0);
   EXPECT_EQ(EncodeKvTileMap(aligned + 1, 4).usable, 0);  // 2 bytes off: not 16-byte aligned
   EXPECT_EQ(EncodeKvTileMap(aligned, 0).usable, 0);
   EXPECT_EQ(EncodeKvTileMap(aligned, (int64_t{1} << 31) + 1).usable, 0);
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
-    GTEST_SKIP() << "no CUDA driver and device: whether a map can be made is not known here";
-  }
+  if (!HaveDriverAndDevice()) GTEST_SKIP() << "no CUDA driver and device: no map can be made";
   EXPECT_EQ(EncodeKvTileMap(aligned, 64).usable, 1);  // a pool of more slots than one box holds
+}
+
+// The same for the queries' map (box: 64 rows): none for a batch of fewer rows than a box (the
+// kernel then gathers Q), nor for an unaligned or missing tensor; one from 64 rows up.
+TEST(QTileMap, NoMapForQueriesTheCopyCannotAddress) {
+  std::vector<bf16_bits> q(576 * 65 + 8);
+  bf16_bits* aligned = Aligned16(q);
+  EXPECT_EQ(EncodeQTileMap(nullptr, 64).usable, 0);
+  EXPECT_EQ(EncodeQTileMap(aligned + 1, 64).usable, 0);  // 2 bytes off: not 16-byte aligned
+  EXPECT_EQ(EncodeQTileMap(aligned, 63).usable, 0);      // fewer rows than one box
+  EXPECT_EQ(EncodeQTileMap(aligned, 0).usable, 0);
+  if (!HaveDriverAndDevice()) GTEST_SKIP() << "no CUDA driver and device: no map can be made";
+  EXPECT_EQ(EncodeQTileMap(aligned, 64).usable, 1);
+  EXPECT_EQ(EncodeQTileMap(aligned, 65).usable, 1);  // a last box past the end: zero-filled
 }
 
 }  // namespace

@@ -498,13 +498,17 @@ void Timeline(const Shape& s, bool scattered, std::mt19937_64& rng, int sms) {
   // Where a steady tile's clocks go, per warpgroup: the intervals between the kernel's phase points
   // (SmPhase), medians over the CTAs that run every phase tile and one more.
   const int points = kSm90PhasePoints;
-  const char* kIntervals[] = {"S issue",
+  const char* kIntervals[] = {"data wait",
+                              "S issue",
                               "other's P V issue + S wait",
                               "max check",
+                              "P made",
+                              "P buffer wait",
                               "P published + own P V issue",
                               "P V wait",
-                              "refill",
-                              "to next own half in"};
+                              "slot free wait",
+                              "refill issue",
+                              "to next top"};
   for (int wg = 0; wg < 2; ++wg) {
     std::vector<std::vector<double>> clk(points);
     for (int b = 0; b < n; ++b) {

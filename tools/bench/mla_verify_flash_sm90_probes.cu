@@ -28,9 +28,11 @@ cudaError_t Launch(const MlaVerifyParams& params, uint64_t* timeline, cudaStream
                            cudaFuncAttributeMaxDynamicSharedMemorySize, flash_sm90::kSmemBytes);
   if (set != cudaSuccess) return set;
   const KvTileMap kv_map = EncodeKvTileMap(params.problem.kv, params.problem.num_slots);
+  const KvTileMap q_map = EncodeQTileMap(
+      params.problem.q, static_cast<int64_t>(params.problem.total_q) * params.problem.num_heads);
   MlaVerifyFlashSm90Kernel<kProbe>
       <<<params.num_work, kHopperFlashThreads, flash_sm90::kSmemBytes, stream>>>(params, kv_map,
-                                                                                  timeline);
+                                                                                 q_map, timeline);
   return cudaGetLastError();
 }
 
