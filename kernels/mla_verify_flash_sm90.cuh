@@ -45,12 +45,14 @@
 // wait for the other's P(h-1) (an mbarrier per warpgroup's P, whose arrive and wait are a release
 // and an acquire by definition) and issue P(h-1) V(h-1); wait for S; mask (a separate
 // loop for the halves that reach the tree or col_end); move the reference where a score passed it
-// (rare: with O's rescale); wait until the other has read P(h-2), then publish P(h) and its
-// reference; issue P(h) V(h); wait for both P V; release P(h-1) to the other, "done" on the slot
-// of h; refill the ring: half h+4 into the slot of half h-1 (after the other's "done" on it). Half
-// h+4 thus has about one round of both warpgroups to land (refilling before the P V wait, v49i,
-// measured level). KV rows come through the int32 slot table (page size 1); columns past col_end
-// are zero-filled so a masked column never multiplies garbage. How a half arrives:
+// (rare: with O's rescale); issue P(h) V(h) (P from registers); wait until the other has read
+// P(h-2), then publish P(h) and its reference; wait for P(h-1) V(h-1) and release P(h-1) to the
+// other; refill the ring: half h+4 into the slot of half h-1 (after the other's "done" on it),
+// while P(h) V(h) runs; wait for it, "done" on the slot of h. Half h+4 thus has about one round of
+// both warpgroups to land. (v56: the own P V issued before P goes out and the refill under it,
+// 1.5-3 % on the long shapes; the own P V first alone, v54, was slower, and the refill before the
+// P V wait alone, v49i, level.) KV rows come through the int32 slot table (page size 1); columns
+// past col_end are zero-filled so a masked column never multiplies garbage. How a half arrives:
 // - one run of 32 consecutive slots before col_end (compaction leaves most sequences so): one bulk
 //   tensor copy (TMA, box 64 dims x 32 slots x 9 chunks, kv_tile_map.h) issued by the owner's
 //   first thread. Nine 2-D copies per half cost that thread ~750 clocks (~250 each) on its
@@ -587,9 +589,9 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // ...) and run half a step apart, so that one's softmax runs under the other's S. For its half h
   // a warpgroup waits for the half's data, issues S (64 x 32), then the P V of the other's half h-1
   // over its own 256 dims (P from shared memory, published with the reference it was made on),
-  // waits for S, runs the softmax, publishes P(h), issues the P V of its own half (P from
-  // registers), waits, and refills the ring: half h+4 goes into the slot of half h-1, which both
-  // warpgroups are done with by then. Ring: five 36 KB halves (the two 64-row stages as four
+  // waits for S, runs the softmax, issues the P V of its own half (P from registers), publishes
+  // P(h), and refills the ring while that P V runs: half h+4 goes into the slot of half h-1, which
+  // both warpgroups are done with by then. Ring: five 36 KB halves (the two 64-row stages as four
   // halves, and Q's first five chunks, whose k-steps live in registers after the prologue), so a
   // half's copies have about one round of both warpgroups to land.
   auto run_halves = [&]() {
@@ -680,18 +682,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       uint32_t p_frag[2][4];
       MakeP(s, row_max, row_sum, p_frag);
       stamp_phase(h / 2, kPMade);
-      // P(h-2) and its reference were read by the other warpgroup before it let this one reuse
-      // them.
-      if (h >= wg + 2) tma::MbarrierWait(p_empty + 8 * wg, ((h - wg) / 2 - 1) & 1);
-      stamp_phase(h / 2, kPBufferFree);
-      StoreP(p_frag, p_smem, wg, wrow, g, c);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        if (c == 0) StSharedF32(published_ref_at(wg, hh), row_max[hh]);
-      }
-      wgmma::FenceProxyAsyncShared();
-      tma::MbarrierArrive(p_full + 8 * wg);
-
+      // The own P V first (P from registers), so that the tensor cores have it while P goes out.
       wgmma::PinRegisters(o);
       wgmma::Fence();
       const uint64_t v_desc =
@@ -705,14 +696,22 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       }
       wgmma::Commit();
       stamp_phase(h / 2, kOwnPvIssued);
-      wgmma::WaitAll();
-      wgmma::PinRegisters(o);
-      PinFragments(p_frag);
+      // P(h-2) and its reference were read by the other warpgroup before it let this one reuse
+      // them.
+      if (h >= wg + 2) tma::MbarrierWait(p_empty + 8 * wg, ((h - wg) / 2 - 1) & 1);
+      stamp_phase(h / 2, kPBufferFree);
+      StoreP(p_frag, p_smem, wg, wrow, g, c);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        if (c == 0) StSharedF32(published_ref_at(wg, hh), row_max[hh]);
+      }
+      wgmma::FenceProxyAsyncShared();
+      tma::MbarrierArrive(p_full + 8 * wg);
+      // The other's P(h-1) V(h-1) done (the own P V may still run): its P is read, so it may write
+      // its next one (if it has one), and this side is done with the slot of h-1.
+      wgmma::WaitAllButNewest();
       stamp_phase(h / 2, kPvDone);
-      // The other's P(h-1) is read: it may write its next one (if it has one). S(h) and P V(h) are
-      // done with the slot of h.
       if (h >= 1 && h + 1 < num_halves) tma::MbarrierArrive(p_empty + 8 * (1 - wg));
-      if ((tid & 127) == 0) tma::MbarrierArrive(done_bar + 8 * slot);
       // Refill: half h+4 into the slot of half h-1 (this warpgroup's P V of it is done; the other's
       // S and P V of it, done_bar).
       if (kGathers && h + 4 < num_halves) {
@@ -738,6 +737,10 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         }
       }
       stamp_phase(h / 2, kRefilled);
+      wgmma::WaitAll();  // the own P V: S(h) and P V(h) are done with the slot of h
+      wgmma::PinRegisters(o);
+      PinFragments(p_frag);
+      if ((tid & 127) == 0) tma::MbarrierArrive(done_bar + 8 * slot);
       refill_word = next_refill_word;
     }
     // The other warpgroup's last half, if it has the last one.
