@@ -164,17 +164,18 @@ enum class Sm90Probe { kNone, kTimeline, kNoGathers, kNoMath };
 // start, [1] clock64 at the start, [2 + k] clock64 once warpgroup 0's half 2k (tile k's first
 // half) is in (k < kTimelineTiles), [2 + T] before the epilogue, [3 + T] after it, [4 + T]
 // globaltimer ns at the end, [5 + T] the SM id (T = kTimelineTiles), [6 + T] Q's copies issued,
-// [7 + T] tiles 0 and 1 issued, [8 + T] Q and tile 0 landed; then, for tiles kPhaseFirstTile ..
+// [7 + T] tiles 0 and 1 issued, [8 + T] Q landed; then, for tiles kPhaseFirstTile ..
 // + kPhaseTiles - 1, the clock64 of each warpgroup's first thread at the kPhasePoints points of its
 // own half of the tile (SmPhase), at [kPhaseBase + ((tile - kPhaseFirstTile) * 2 + warpgroup) *
 // kPhasePoints + point].
 inline constexpr int kTimelineTiles = 64;
 inline constexpr int kPhaseFirstTile = 4;
 inline constexpr int kPhaseTiles = 8;
-// Points of a warpgroup's half: at the loop's top, its data in, S issued, the other's P V issued
-// and S done, the reference maximum checked (and moved where a score passed it), P made, P's buffer
-// free (the other has read the last one), P published and the own P V issued, every P V done, the
-// refill's slot free (the other is done with it), the ring refilled (half h+4 issued or gathered).
+// Points of a warpgroup's half, in the loop's order: at its top, its data in, S issued, the
+// other's P V issued and S done, the reference maximum checked (and moved where a score passed
+// it), P made, the own P V issued, P's buffer free (the other has read the last one), P published
+// and the other's P V done, the refill's slot free (the other is done with it), the ring refilled
+// (half h+4 issued or gathered; then the own P V's wait, up to the next top).
 enum SmPhase {
   kTop,
   kHalfIn,
@@ -182,9 +183,9 @@ enum SmPhase {
   kSDone,
   kMaxChecked,
   kPMade,
-  kPBufferFree,
   kOwnPvIssued,
-  kPvDone,
+  kPBufferFree,
+  kOtherPvDone,
   kSlotFree,
   kRefilled,
   kPhasePoints
@@ -710,7 +711,7 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       // The other's P(h-1) V(h-1) done (the own P V may still run): its P is read, so it may write
       // its next one (if it has one), and this side is done with the slot of h-1.
       wgmma::WaitAllButNewest();
-      stamp_phase(h / 2, kPvDone);
+      stamp_phase(h / 2, kOtherPvDone);
       if (h >= 1 && h + 1 < num_halves) tma::MbarrierArrive(p_empty + 8 * (1 - wg));
       // Refill: half h+4 into the slot of half h-1 (this warpgroup's P V of it is done; the other's
       // S and P V of it, done_bar).

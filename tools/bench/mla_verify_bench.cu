@@ -492,7 +492,8 @@ void Timeline(const Shape& s, bool scattered, std::mt19937_64& rng, int sms) {
       med(epilogue), med(total), max(total), med(end), max(end), med(mhz), med(steady_kclk));
   std::printf(
       "prologue %s %s (us, medians): item decoded and Q's copies issued %.2f | tiles 0 and 1's "
-      "slots read and their copies issued %.2f | Q and tile 0 landed %.2f | to the loop %.2f\n",
+      "slots read and their copies issued %.2f | Q landed %.2f | to tile 0 in, the loop's first "
+      "wait %.2f\n",
       s.name, scattered ? "scattered" : "contiguous", med(q_issued), med(tile0_issued), med(landed),
       med(to_barrier));
   // Where a steady tile's clocks go, per warpgroup: the intervals between the kernel's phase points
@@ -503,12 +504,12 @@ void Timeline(const Shape& s, bool scattered, std::mt19937_64& rng, int sms) {
                               "other's P V issue + S wait",
                               "max check",
                               "P made",
+                              "own P V issue",
                               "P buffer wait",
-                              "P published + own P V issue",
-                              "P V wait",
+                              "P published + other's P V wait",
                               "slot free wait",
                               "refill issue",
-                              "to next top"};
+                              "own P V wait + to next top"};
   for (int wg = 0; wg < 2; ++wg) {
     std::vector<std::vector<double>> clk(points);
     for (int b = 0; b < n; ++b) {
