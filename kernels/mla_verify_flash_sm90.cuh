@@ -634,8 +634,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       const int next_refill_word = SlotAt(slots, half_col + 6 * kHalfCols + lane, item.col_end);
       stamp_phase(h / 2, kTop);
       if (kGathers || h < 4) tma::MbarrierWait(full_bar + 8 * slot, (h / kRingHalves) & 1);
-      // A half gathered in the loop came by cp.async (the generic proxy); this warpgroup gathered
-      // it itself (the refiller of half h is its owner), so it knows.
+      // A gathered half came by cp.async (the generic proxy); this warpgroup gathered it itself
+      // (in the prologue or as the refiller of half h, who is its owner), so it knows.
       if (gathered_ahead & 1) wgmma::FenceProxyAsyncShared();
       gathered_ahead >>= 1;
       if (kTimeline && threadIdx.x == 0 && h / 2 < kTimelineTiles) stamps[2 + h / 2] = clock64();
