@@ -274,6 +274,26 @@ __device__ __forceinline__ void IssueHalfCopy(const void* map, int run_base, uin
   tma::TensorCopy3d(dst, map, 0, run_base, 0, bar);
 }
 
+// A ring slot's barrier expects its owner warpgroup's 128 threads. By copy: the first thread's
+// arrival announces the bytes and issues the copy, the other 127 arrive plainly (wg_tid: the
+// thread's index in its warpgroup).
+__device__ __forceinline__ void CopyHalfByOwner(const void* map, int run_base, uint32_t dst,
+                                                uint32_t bar, int wg_tid) {
+  if (wg_tid == 0) {
+    IssueHalfCopy(map, run_base, dst, bar);
+  } else {
+    tma::MbarrierArrive(bar);
+  }
+}
+
+// By gather: each of the owner's threads arrives once its own copies have landed.
+__device__ __forceinline__ void GatherHalfByOwner(const bf16_bits* kv, int slot_word, int half_col,
+                                                  int col_end, uint32_t dst, uint32_t bar,
+                                                  int wg_warp, int lane) {
+  LoadKvHalf(kv, slot_word, half_col, col_end, dst, wg_warp, lane);
+  tma::CpAsyncMbarrierArriveNoInc(bar);
+}
+
 __device__ __forceinline__ int SlotAt(const int32_t* slots, int col, int col_end) {
   return col < col_end ? slots[col] : 0;
 }
@@ -550,16 +570,14 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
       if (wg == (half & 1)) {
         if (half >= 2) {
           copy_base = run_base;
-        } else if ((tid & 127) == 0) {
-          IssueHalfCopy(&kv_map.map, run_base, RingSlot(smem_base, half), bar);
         } else {
-          tma::MbarrierArrive(bar);
+          CopyHalfByOwner(&kv_map.map, run_base, RingSlot(smem_base, half), bar, tid & 127);
         }
       }
     } else {
       if (wg == (half & 1)) {
-        LoadKvHalf(pr.kv, word, half_col, item.col_end, RingSlot(smem_base, half), warp & 3, lane);
-        tma::CpAsyncMbarrierArriveNoInc(bar);
+        GatherHalfByOwner(pr.kv, word, half_col, item.col_end, RingSlot(smem_base, half), bar,
+                          warp & 3, lane);
       }
       prologue_gathered |= 1u << half;
     }
@@ -724,17 +742,12 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
         const int refill_col = half_col + 4 * kHalfCols;
         const int run_base = __shfl_sync(kFullMask, refill_word, 0);
         if (kv_map.usable && HalfIsOneRun(refill_word, lane, run_base, refill_col, item.col_end)) {
-          if ((tid & 127) == 0) {
-            IssueHalfCopy(&kv_map.map, run_base, refill_smem, refill_bar);
-          } else {
-            tma::MbarrierArrive(refill_bar);
-          }
+          CopyHalfByOwner(&kv_map.map, run_base, refill_smem, refill_bar, tid & 127);
         } else {
-          // Not one run (the tree's columns, the range's end, a fragmented pool): gathered by this
-          // warpgroup; each thread's arrival comes when its own copies have landed.
-          LoadKvHalf(pr.kv, refill_word, refill_col, item.col_end, refill_smem, warp & 3, lane);
+          // Not one run (the tree's columns, the range's end, a fragmented pool): gathered.
+          GatherHalfByOwner(pr.kv, refill_word, refill_col, item.col_end, refill_smem, refill_bar,
+                            warp & 3, lane);
           gathered_ahead |= 2u;  // half h + 4: two own halves on (the shift is at the loop's top)
-          tma::CpAsyncMbarrierArriveNoInc(refill_bar);
         }
       }
       stamp_phase(h / 2, kRefilled);
@@ -755,12 +768,8 @@ __global__ void __launch_bounds__(kHopperFlashThreads, 1)
   // Halves 2 and 3 by copy: issued only now, so that they do not slow the landing of Q and tile 0
   // that every CTA waits for at once (v49k).
   if (copy_base >= 0) {
-    const uint32_t bar = full_bar + 8 * (2 + wg);
-    if ((tid & 127) == 0) {
-      IssueHalfCopy(&kv_map.map, copy_base, RingSlot(smem_base, 2 + wg), bar);
-    } else {
-      tma::MbarrierArrive(bar);
-    }
+    CopyHalfByOwner(&kv_map.map, copy_base, RingSlot(smem_base, 2 + wg), full_bar + 8 * (2 + wg),
+                    tid & 127);
   }
   run_halves();
 
