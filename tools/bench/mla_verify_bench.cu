@@ -90,6 +90,18 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The median of `pairs` (start, end) event pairs from events[2 * first_pair].
+double MedianElapsedMs(const std::vector<cudaEvent_t>& events, int first_pair, int pairs) {
+  std::vector<double> ms(pairs);
+  for (int i = 0; i < pairs; ++i) {
+    float t = 0;
+    BENCH_CUDA(
+        cudaEventElapsedTime(&t, events[2 * (first_pair + i)], events[2 * (first_pair + i) + 1]));
+    ms[i] = t;
+  }
+  return Median(ms);
+}
+
 // Times `body(i)` per iteration with a pair of events each, after warm-up; returns the median in
 // ms.
 // `calls` calls, then (calls > 0) more until 100 ms of device time has passed. The SM clock leaves
@@ -133,14 +145,9 @@ double MedianMs(int warmup, int iters, Body body, bool sustain = true) {
     BENCH_CUDA(cudaEventRecord(events[2 * i + 1]));
   }
   BENCH_CUDA(cudaDeviceSynchronize());
-  std::vector<double> ms(iters);
-  for (int i = 0; i < iters; ++i) {
-    float t = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&t, events[2 * i], events[2 * i + 1]));
-    ms[i] = t;
-  }
+  const double median = MedianElapsedMs(events, 0, iters);
   for (auto& e : events) cudaEventDestroy(e);
-  return Median(ms);
+  return median;
 }
 
 // Medians (ms) of two ways of running the same work, timed per call on `stream` in alternating
@@ -170,17 +177,10 @@ std::pair<double, double> InterleavedMedianMs(int iters, int block, cudaStream_t
     }
   }
   BENCH_CUDA(cudaStreamSynchronize(stream));
-  std::vector<double> ms[2];
-  for (int side = 0; side < 2; ++side) {
-    for (int i = 0; i < iters; ++i) {
-      float t = 0;
-      BENCH_CUDA(cudaEventElapsedTime(&t, events[2 * (side * iters + i)],
-                                      events[2 * (side * iters + i) + 1]));
-      ms[side].push_back(t);
-    }
-  }
+  const std::pair<double, double> medians = {MedianElapsedMs(events, 0, iters),
+                                             MedianElapsedMs(events, iters, iters)};
   for (auto& e : events) cudaEventDestroy(e);
-  return {Median(ms[0]), Median(ms[1])};
+  return medians;
 }
 
 // The SM clock: one thread spins 20 µs of globaltimer and counts clock64 cycles (SmClockDuringMhz
