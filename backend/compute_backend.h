@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "backend/external_tensors.h"
-#include "verify/verify_problem.h"
 #include "kvstore/kv_storage.h"
 #include "kvstore/kv_store.h"
+#include "verify/verify_problem.h"
 
 namespace verifyd {
 

@@ -56,7 +56,8 @@ struct ExternalOrder {
   ExternalFlag ready;
   ExternalFlag done;
   // Set by the daemon when the call's channel closes (the scheduler went away): a backend whose
-  // ready wait blocks a host thread (cpu) stops waiting and fails the call with ABORTED. Null: none.
+  // ready wait blocks a host thread (cpu) stops waiting and fails the call with ABORTED. Null:
+  // none.
   const std::atomic<bool>* cancelled = nullptr;
 };
 

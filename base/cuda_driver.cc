@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "base/gpu_uuid.h"
 #include "base/cuda_check.h"
+#include "base/gpu_uuid.h"
 #include "base/status_macros.h"
 
 namespace verifyd {

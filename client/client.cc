@@ -248,9 +248,8 @@ absl::StatusOr<v1::ReleaseResponse> Client::Release(uint64_t sequence_id, const 
   return Unary("Release", false, call, &v1::Verifyd::Stub::Release, request);
 }
 
-absl::StatusOr<v1::ForkResponse> Client::Fork(uint64_t source_sequence_id,
-                                              uint64_t new_sequence_id, uint64_t length,
-                                              const CallOptions& call) {
+absl::StatusOr<v1::ForkResponse> Client::Fork(uint64_t source_sequence_id, uint64_t new_sequence_id,
+                                              uint64_t length, const CallOptions& call) {
   v1::ForkRequest request;
   request.set_source_sequence_id(source_sequence_id);
   request.set_new_sequence_id(new_sequence_id);

@@ -178,7 +178,7 @@ class Client {
   // A channel of `entries` descriptors in flight (a power of two in [2, 4096]); the Channel must
   // not outlive this Client.
   absl::StatusOr<std::unique_ptr<Channel>> OpenChannel(uint32_t entries = 64,
-                                                      const CallOptions& call = {});
+                                                       const CallOptions& call = {});
   // What Channel::Close calls.
   absl::Status CloseChannel(uint64_t channel, const CallOptions& call = {});
 

@@ -138,9 +138,8 @@ std::vector<absl::StatusOr<v1::ForkResponse>> GroupClient::Fork(uint64_t source_
                                                                 uint64_t new_sequence_id,
                                                                 uint64_t length,
                                                                 const CallOptions& call) {
-  return ForEachRank<v1::ForkResponse>([&](int, Client& c) {
-    return c.Fork(source_sequence_id, new_sequence_id, length, call);
-  });
+  return ForEachRank<v1::ForkResponse>(
+      [&](int, Client& c) { return c.Fork(source_sequence_id, new_sequence_id, length, call); });
 }
 
 std::vector<absl::StatusOr<v1::StatsResponse>> GroupClient::Stats(const CallOptions& call) {

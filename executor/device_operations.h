@@ -87,8 +87,7 @@ class DeviceOperations {
   // Per sequence, the pending tree's layers last written by a data-plane call whose SPEC §1 check
   // the device answers later (ExternalValueCheck), with that answer: until it is in, the layer
   // is not marked written, so no commit takes rows the check may refuse.
-  absl::flat_hash_map<SequenceId,
-                      std::vector<std::pair<int, std::shared_ptr<ExternalValueCheck>>>>
+  absl::flat_hash_map<SequenceId, std::vector<std::pair<int, std::shared_ptr<ExternalValueCheck>>>>
       unsettled_;
 };
 

@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/cuda_check.h"
-#include "verify/mla_dims.h"
 #include "kernels/kv_copy_kernels.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {

@@ -3,8 +3,8 @@
 // stores.
 #include <cstdint>
 
-#include "verify/mla_dims.h"
 #include "kernels/mla_verify_kernels.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {

@@ -21,10 +21,10 @@
 // flash grid before its first read.
 #include <cmath>
 
-#include "verify/mla_dims.h"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/mla_verify_mma.cuh"
 #include "kernels/programmatic_launch.cuh"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {

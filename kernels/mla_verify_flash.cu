@@ -59,8 +59,8 @@
 namespace verifyd {
 namespace {
 
-using flash::kFullMask;
 using flash::Exp2Ftz;
+using flash::kFullMask;
 using flash::kLog2e;
 using flash::kRows;
 using mma::CpAsync16;

@@ -20,9 +20,9 @@ inline constexpr int kRows = kFlashBlockRows;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 inline constexpr unsigned kFullMask = 0xffffffffu;
-// 2^x on the special-function unit with denormal results flushed to zero, for both kernels' softmax.
-// exp2f compiles to the non-flushing form, which wraps each MUFU.EX2 in a range test and two
-// multiplies; a probability below 2^-126 against a row maximum of 2^0 changes no bf16 output
+// 2^x on the special-function unit with denormal results flushed to zero, for both kernels'
+// softmax. exp2f compiles to the non-flushing form, which wraps each MUFU.EX2 in a range test and
+// two multiplies; a probability below 2^-126 against a row maximum of 2^0 changes no bf16 output
 // (plans/0004, v25: -1 to -2 % on the Hopper kernel).
 __device__ __forceinline__ float Exp2Ftz(float x) {
   float y;

@@ -9,8 +9,8 @@
 
 #include <cstdint>
 
-#include "verify/bf16.h"
 #include "kernels/mla_verify_params.h"
+#include "verify/bf16.h"
 
 namespace verifyd {
 

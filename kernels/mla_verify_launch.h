@@ -16,8 +16,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "verify/bf16.h"
 #include "kernels/split_planner.h"
+#include "verify/bf16.h"
 #include "verify/verify_problem.h"
 
 namespace verifyd {

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "verify/mla_dims.h"
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/tree_visibility.cuh"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {

@@ -1,4 +1,5 @@
-// Places a Verify call's slot-list uploads into the device slot arena (backend/cuda/cuda_slot_mirror.h).
+// Places a Verify call's slot-list uploads into the device slot arena
+// (backend/cuda/cuda_slot_mirror.h).
 //
 // Why a kernel and not one cudaMemcpyAsync per sequence: the number of pieces changes from call to
 // call (a sequence with nothing new uploads nothing), and a memcpy node per piece would change the

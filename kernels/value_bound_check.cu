@@ -95,14 +95,14 @@ absl::Status LaunchNanIfOutOfBound(const unsigned long long* firsts, int count, 
                                    int64_t out_n, float* lse, int64_t lse_n, cudaStream_t stream) {
   if (count <= 0 || firsts == nullptr || out_n < 0 || lse_n < 0 || (out_n > 0 && out == nullptr) ||
       (lse_n > 0 && lse == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat("count = ", count, ", out_n = ", out_n,
-                                                   ", lse_n = ", lse_n,
-                                                   ": firsts and every non-empty output must be set"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("count = ", count, ", out_n = ", out_n, ", lse_n = ", lse_n,
+                     ": firsts and every non-empty output must be set"));
   }
   const int64_t longest = out_n > lse_n ? out_n : lse_n;
   if (longest == 0) return absl::OkStatus();
-  NanIfOutOfBoundKernel<<<BlocksFor(longest), kThreads, 0, stream>>>(firsts, count, out, out_n,
-                                                                     lse, lse_n);
+  NanIfOutOfBoundKernel<<<BlocksFor(longest), kThreads, 0, stream>>>(firsts, count, out, out_n, lse,
+                                                                     lse_n);
   VERIFYD_CUDA_CHECK(cudaGetLastError());
   return absl::OkStatus();
 }

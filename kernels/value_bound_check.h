@@ -16,7 +16,9 @@ namespace verifyd {
 // The first out-of-bound element of data[0, n), packed so that one atomicMin finds it and its
 // value together: (index << 16) | bits, or kNoneOutOfBound when every value is inside.
 inline constexpr unsigned long long kNoneOutOfBound = ~0ull;
-inline int64_t OutOfBoundIndex(unsigned long long packed) { return static_cast<int64_t>(packed >> 16); }
+inline int64_t OutOfBoundIndex(unsigned long long packed) {
+  return static_cast<int64_t>(packed >> 16);
+}
 inline bf16_bits OutOfBoundBits(unsigned long long packed) {
   return static_cast<bf16_bits>(packed & 0xffffu);
 }

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "verify/mla_dims.h"
 #include "base/status_macros.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 

@@ -9,10 +9,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "verify/mla_dims.h"
 #include "base/status_macros.h"
 #include "kvstore/kv_store.h"
 #include "kvstore/sequence.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
@@ -322,10 +322,10 @@ absl::Status KvStore::ExecuteCompaction(const CompactionPlan& plan) {
     }
     // A shared position moves with the holder that accounts it (which rewrites the others).
     if (run.position < sequence->accounted_begin()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          field(), ".position = ", run.position, ": sequence ", run.sequence,
-          " shares positions below ", sequence->accounted_begin(),
-          " with an older holder, which moves them (stale plan)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(field(), ".position = ", run.position, ": sequence ", run.sequence,
+                       " shares positions below ", sequence->accounted_begin(),
+                       " with an older holder, which moves them (stale plan)"));
     }
     if (run.dst_begin < 0 || int64_t{run.dst_begin} + run.length > allocator_.capacity()) {
       return absl::InvalidArgumentError(

@@ -8,8 +8,8 @@
 
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "verify/tree_mask.h"
 #include "kvstore/kv_store.h"
+#include "verify/tree_mask.h"
 
 namespace verifyd {
 

@@ -29,9 +29,9 @@ absl::StatusOr<std::string> ReadAdminTokenFile(const std::string& path) {
         absl::StrCat("--admin-token-file = '", path, "' is not a readable file"));
   }
   if ((st.st_mode & S_IROTH) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--admin-token-file = '", path, "' is readable by every user (mode ",
-        absl::StrFormat("%04o", st.st_mode & 0777), "); make it 0400 or 0440"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--admin-token-file = '", path, "' is readable by every user (mode ",
+                     absl::StrFormat("%04o", st.st_mode & 0777), "); make it 0400 or 0440"));
   }
   std::ifstream in(path);
   std::stringstream text;
@@ -56,8 +56,9 @@ absl::Status CallGate::CheckGated(const char* method,
   if (IsOwnerTransport(context.peer())) return absl::OkStatus();
   if (admin_token_.empty()) {
     return absl::PermissionDeniedError(
-        absl::StrCat(method, " over TCP needs --admin-token-file on the daemon; use the Unix "
-                             "socket instead"));
+        absl::StrCat(method,
+                     " over TCP needs --admin-token-file on the daemon; use the Unix "
+                     "socket instead"));
   }
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kAdminTokenMetadata);

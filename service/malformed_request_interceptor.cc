@@ -25,7 +25,8 @@ class MalformedRequestInterceptor : public grpc::experimental::Interceptor {
       const grpc::Status status = methods->GetSendStatus();
       // Our handlers never answer UNIMPLEMENTED: this is gRPC's answer to a request it could not
       // hand to the handler.
-      if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED && status.error_message().empty()) {
+      if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED &&
+          status.error_message().empty()) {
         // A call the client cancelled meanwhile is left as it is (nobody reads the reply).
         if (!info_->server_context()->IsCancelled()) {
           const grpc::Status invalid(

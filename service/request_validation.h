@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "executor/request_types.h"
 #include "executor/external_regions.h"
+#include "executor/request_types.h"
 #include "executor/verify_validation.h"
 #include "service/service_options.h"
 #include "service/shared_memory_registry.h"

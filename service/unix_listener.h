@@ -15,8 +15,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 

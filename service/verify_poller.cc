@@ -22,9 +22,9 @@ struct VerifyPoller::Call {
   v1::VerifyResponse response;
   grpc::ByteBuffer response_bytes;
   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> responder{&context};
-  bool started = false;   // the request arrived (the done tag comes only for started calls)
-  bool replied = false;   // Finish's event came back
-  bool done = false;      // the done tag came back
+  bool started = false;  // the request arrived (the done tag comes only for started calls)
+  bool replied = false;  // Finish's event came back
+  bool done = false;     // the done tag came back
   // Set when the done tag shows a cancelled call (IsCancelled is safe to ask only after that tag
   // came back); the device thread reads it before it runs the call.
   std::atomic<bool> cancelled{false};
@@ -91,8 +91,9 @@ void VerifyPoller::OnEvent(Call* call, bool done_event, bool ok) {
             call->responder.Finish(call->response_bytes, status, call->tag());
           } else {
             call->responder.FinishWithError(
-                status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "the reply did not serialize")
-                            : status,
+                status.ok()
+                    ? grpc::Status(grpc::StatusCode::INTERNAL, "the reply did not serialize")
+                    : status,
                 call->tag());
           }
         });

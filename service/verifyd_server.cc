@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <future>
 #include <cstring>
+#include <future>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -12,11 +12,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "base/status_macros.h"
 #include "service/backend_factory.h"
 #include "service/malformed_request_interceptor.h"
 #include "service/message_size.h"
@@ -72,9 +72,8 @@ absl::Status VerifydServer::Start() {
   shm_limits.max_region_bytes = options_.shm_max_region_bytes;
   // Each client (process) may hold half the budget, and at least one region of the largest size:
   // one scheduler cannot lock the others out (plans/0015).
-  shm_limits.max_client_bytes =
-      std::max(options_.shm_max_bytes / 2,
-               std::min(options_.shm_max_region_bytes, options_.shm_max_bytes));
+  shm_limits.max_client_bytes = std::max(
+      options_.shm_max_bytes / 2, std::min(options_.shm_max_region_bytes, options_.shm_max_bytes));
   shm_limits.lease = absl::Seconds(options_.lease_seconds);
   shm_limits.name_prefix = absl::StrCat("verifyd-", options_.device, "-");
   regions_ = std::make_unique<SharedMemoryRegistry>(shm_limits);
@@ -105,8 +104,9 @@ absl::Status VerifydServer::Start() {
   interceptors.push_back(std::make_unique<MalformedRequestInterceptorFactory>(metrics_.get()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   // The poller owns its queue from here on, so that every return below leaves it to Shutdown.
-  verify_poller_ = std::make_unique<VerifyPoller>(service_.get(), builder.AddCompletionQueue(),
-                                                  absl::Microseconds(ExecutorSpinMicros(options_.executor_spin_us)));
+  verify_poller_ = std::make_unique<VerifyPoller>(
+      service_.get(), builder.AddCompletionQueue(),
+      absl::Microseconds(ExecutorSpinMicros(options_.executor_spin_us)));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     verify_poller_->Stop();
@@ -179,8 +179,8 @@ absl::Status VerifydServer::Probe(absl::Duration timeout) {
   std::future<void> done = ran->get_future();
   VERIFYD_RETURN_IF_ERROR(device_->SubmitFirst([ran](DeviceOperations&) { ran->set_value(); }));
   if (done.wait_for(absl::ToChronoNanoseconds(timeout)) != std::future_status::ready) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "the device thread ran no task within ", absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("the device thread ran no task within ", absl::FormatDuration(timeout)));
   }
   return absl::OkStatus();
 }
@@ -275,7 +275,8 @@ std::string VerifydServer::StartupLine() const {
       " backend=%s mps=%s device=%d layers=%d heads=%d max_tree_nodes=%d "
       "kv_capacity_tokens=%d softmax_scale=%g lease_seconds=%g shm_max_bytes=%d "
       "version=%s",
-      backend_name_, mps_active_ ? "on" : "off", options_.device, options_.layers, options_.heads, options_.max_tree_nodes,
+      backend_name_, mps_active_ ? "on" : "off", options_.device, options_.layers, options_.heads,
+      options_.max_tree_nodes,
       device_ != nullptr ? device_->capacity_slots() : options_.kv_capacity_tokens,
       options_.softmax_scale, options_.lease_seconds, options_.shm_max_bytes, VERIFYD_VERSION);
   return line;

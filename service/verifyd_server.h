@@ -8,9 +8,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "executor/device.h"
 #include "grpcpp/server.h"
 #include "prometheus/exposer.h"
-#include "executor/device.h"
 #include "service/process_metrics.h"
 #include "service/service_metrics.h"
 #include "service/service_options.h"

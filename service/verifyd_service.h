@@ -29,18 +29,17 @@ namespace verifyd {
 // Who owns external regions and channels (plans/0017): 1-128 characters chosen by the client.
 inline constexpr char kClientMetadata[] = "x-verifyd-client";
 
-using VerifydServiceBase =
-    v1::Verifyd::WithCallbackMethod_Append<v1::Verifyd::WithRawMethod_Verify<
-        v1::Verifyd::WithCallbackMethod_Commit<v1::Verifyd::WithCallbackMethod_Release<
-            v1::Verifyd::WithCallbackMethod_Compact<v1::Verifyd::WithCallbackMethod_GetCompaction<
-                v1::Verifyd::WithCallbackMethod_Stats<
-                    v1::Verifyd::WithCallbackMethod_CreateSharedMemory<
-                        v1::Verifyd::WithCallbackMethod_ReleaseSharedMemory<
-                            v1::Verifyd::WithCallbackMethod_Fork<
-                                v1::Verifyd::WithCallbackMethod_RegisterExternalMemory<
-                                    v1::Verifyd::WithCallbackMethod_ReleaseExternalMemory<
-                                        v1::Verifyd::WithCallbackMethod_OpenChannel<
-                                            v1::Verifyd::WithCallbackMethod_CloseChannel<
+using VerifydServiceBase = v1::Verifyd::WithCallbackMethod_Append<
+    v1::Verifyd::WithRawMethod_Verify<v1::Verifyd::WithCallbackMethod_Commit<
+        v1::Verifyd::WithCallbackMethod_Release<v1::Verifyd::WithCallbackMethod_Compact<
+            v1::Verifyd::WithCallbackMethod_GetCompaction<v1::Verifyd::WithCallbackMethod_Stats<
+                v1::Verifyd::WithCallbackMethod_CreateSharedMemory<
+                    v1::Verifyd::WithCallbackMethod_ReleaseSharedMemory<
+                        v1::Verifyd::WithCallbackMethod_Fork<
+                            v1::Verifyd::WithCallbackMethod_RegisterExternalMemory<
+                                v1::Verifyd::WithCallbackMethod_ReleaseExternalMemory<
+                                    v1::Verifyd::WithCallbackMethod_OpenChannel<
+                                        v1::Verifyd::WithCallbackMethod_CloseChannel<
                                             v1::Verifyd::WithCallbackMethod_ListSequences<
                                                 v1::Verifyd::Service>>>>>>>>>>>>>>>;
 

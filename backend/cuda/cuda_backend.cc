@@ -5,11 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/cuda_check.h"
+#include "base/status_macros.h"
 #include "kernels/mla_verify_launch.h"
 #include "kernels/tree_kv_write.h"
 #include "kernels/value_bound_check.h"
 #include "verify/mla_dims.h"
-#include "base/status_macros.h"
 #include "verify/verify_reference.h"
 
 namespace verifyd {
@@ -45,8 +45,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(CudaBackendOpti
   const bool mps = MpsActive(options.device).value_or(false);
   // Reporting only too (the metrics' join with DCGM): unknown is "", not a failed start.
   std::string uuid = GpuUuid(options.device).value_or("");
-  auto backend = std::unique_ptr<CudaBackend>(
-      new CudaBackend(std::move(options), std::move(stream), num_sms));
+  auto backend =
+      std::unique_ptr<CudaBackend>(new CudaBackend(std::move(options), std::move(stream), num_sms));
   backend->mps_active_ = mps;
   backend->gpu_uuid_ = std::move(uuid);
   // Made now: creating a stream takes the driver's context lock, which a thread blocked behind a
@@ -171,9 +171,9 @@ absl::StatusOr<CudaBackend::PlannedCall> CudaBackend::PlanCall(
   for (int b = 0; b < problem.batch; ++b) {
     q_len_[b] = problem.qo_indptr[b + 1] - problem.qo_indptr[b];
   }
-  VERIFYD_ASSIGN_OR_RETURN(planned.plan,
-                           plans_.Get(absl::MakeConstSpan(problem.prefix_len, problem.batch),
-                                      q_len_, problem.num_heads));
+  VERIFYD_ASSIGN_OR_RETURN(
+      planned.plan, plans_.Get(absl::MakeConstSpan(problem.prefix_len, problem.batch), q_len_,
+                               problem.num_heads));
   VERIFYD_ASSIGN_OR_RETURN(planned.slots, mirror_->Plan(planned.lists, storage_->capacity_slots()));
   Lap(clock, &phase_times_.plan_ns);
   return planned;
@@ -184,8 +184,9 @@ absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem,
   auto clock = std::chrono::steady_clock::now();
   VERIFYD_ASSIGN_OR_RETURN(
       const PlannedCall planned,
-      PlanCall(layer, problem, slot_lists,
-               [](absl::Span<const VerifySlotList>) { return absl::OkStatus(); }, &clock));
+      PlanCall(
+          layer, problem, slot_lists,
+          [](absl::Span<const VerifySlotList>) { return absl::OkStatus(); }, &clock));
   ++phase_times_.calls;
   const absl::Status ran =
       RunPlanned(layer, problem, planned.lists, *planned.plan, *planned.slots, clock);
@@ -252,9 +253,9 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
     VERIFYD_RETURN_IF_ERROR(host_outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
   }
   // External tensors are read and written in place: nothing of q, out or lse is staged.
-  const DirectCopies direct =
-      external != nullptr ? DirectCopies{true, true, problem.lse != nullptr}
-                          : ChooseDirectCopies(layout, problem, host_ranges_);
+  const DirectCopies direct = external != nullptr
+                                  ? DirectCopies{true, true, problem.lse != nullptr}
+                                  : ChooseDirectCopies(layout, problem, host_ranges_);
   const StagedCopy upload = StagedUpload(layout, direct);
   const StagedCopy readback = StagedOutputs(layout, direct);
   FillVerifyStaging(layout, problem, slots.list_offset, plan.packed, staging->get(), &copier_,
@@ -288,8 +289,7 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
       // below and its answer reaches the host through the pinned copy (CudaValueCheck).
       VERIFYD_CUDA_CHECK(
           cudaMemsetAsync(value_words, 0xff, 2 * sizeof(unsigned long long), stream));
-      VERIFYD_RETURN_IF_ERROR(
-          LaunchFirstOutOfBound(problem.q, rows * kKvDim, value_words, stream));
+      VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBound(problem.q, rows * kKvDim, value_words, stream));
       VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBound(
           external->call->tree_kv, int64_t{problem.total_q} * kKvDim, value_words + 1, stream));
       // The tree KV goes into the pool before the attention reads it (stream order).
@@ -302,8 +302,8 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
         LaunchMlaVerify(device_problem, plan.plan, plan.layout, workspace, stream));
     if (external != nullptr) {
       VERIFYD_RETURN_IF_ERROR(LaunchNanIfOutOfBound(value_words, 2, problem.out, rows * kVDim,
-                                                    problem.lse,
-                                                    problem.lse != nullptr ? rows : 0, stream));
+                                                    problem.lse, problem.lse != nullptr ? rows : 0,
+                                                    stream));
       VERIFYD_CUDA_CHECK(cudaMemcpyAsync(value_words_host, value_words,
                                          2 * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
                                          stream));
@@ -423,7 +423,8 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
     // The one wait of a Verify: the host needs the outputs.
     VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
     Lap(&clock, &phase_times_.wait_ns);
-    if (!direct.out) copier_.Copy(problem.out, host_outputs_.as<void>(layout.out), layout.out_bytes);
+    if (!direct.out)
+      copier_.Copy(problem.out, host_outputs_.as<void>(layout.out), layout.out_bytes);
     if (problem.lse != nullptr && !direct.lse) {
       std::memcpy(problem.lse, host_outputs_.as<void>(layout.lse), layout.lse_bytes);
     }

@@ -1,9 +1,9 @@
 // CudaBackend: Verify on the GPU over a CudaKvStorage pool, on the device's one stream.
 //
 // ComputeVerify: the problem's host arrays, the slot lists' new entries (the device keeps a mirror
-// of every sequence's slot list: backend/cuda/cuda_slot_mirror.h) and the split plan are packed into
-// pinned staging; one H2D copy, a small kernel placing the slot entries into the mirror's arena,
-// the flash + combine kernels over the layer's rows, one D2H copy of out (+ lse), one stream
+// of every sequence's slot list: backend/cuda/cuda_slot_mirror.h) and the split plan are packed
+// into pinned staging; one H2D copy, a small kernel placing the slot entries into the mirror's
+// arena, the flash + combine kernels over the layer's rows, one D2H copy of out (+ lse), one stream
 // synchronization, and a copy into the caller's output. With graphs on, that sequence is a CUDA
 // graph per shape bucket (backend/cuda/cuda_graph_cache.h), replayed as is while only data changes.
 // Buffers grow geometrically and are reused; nothing is allocated per call once the largest shape
@@ -49,16 +49,16 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "verify/verify_problem.h"
-#include "backend/cuda/cuda_device_memory.h"
-#include "base/cuda_driver.h"
-#include "backend/cuda/cuda_kv_storage.h"
 #include "backend/compute_backend.h"
+#include "backend/cuda/cuda_device_memory.h"
 #include "backend/cuda/cuda_graph_cache.h"
+#include "backend/cuda/cuda_kv_storage.h"
 #include "backend/cuda/cuda_plan_cache.h"
 #include "backend/cuda/cuda_slot_mirror.h"
 #include "backend/cuda/cuda_value_check.h"
 #include "backend/cuda/host_copy_pool.h"
+#include "base/cuda_driver.h"
+#include "verify/verify_problem.h"
 
 namespace verifyd {
 
@@ -90,8 +90,8 @@ struct CudaBackendPhaseTimes {
 
 // Calls on external tensors (ComputeVerifyExternal).
 struct ExternalCallCounters {
-  int64_t calls = 0;         // enqueued (successful returns)
-  int64_t failures = 0;      // returned an error; outputs NaN-filled and done signalled
+  int64_t calls = 0;          // enqueued (successful returns)
+  int64_t failures = 0;       // returned an error; outputs NaN-filled and done signalled
   int64_t staging_waits = 0;  // the host waited for a ring buffer's previous upload
 };
 
@@ -186,7 +186,7 @@ class CudaBackend : public ComputeBackend {
   struct ExternalRun {
     const ExternalVerify* call = nullptr;
     const CudaDriverApi* driver = nullptr;
-    bool ready_enqueued = false;  // the ready wait is on the stream
+    bool ready_enqueued = false;                  // the ready wait is on the stream
     std::shared_ptr<CudaValueCheck> value_check;  // set once the whole call is enqueued
   };
   // A call validated and planned: its lists (the caller's or the concatenated arrays as lists),

@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "base/cuda_driver.h"
 #include "base/cuda_check.h"
+#include "base/cuda_driver.h"
 #include "base/status_macros.h"
 
 namespace verifyd {

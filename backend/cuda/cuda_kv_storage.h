@@ -17,10 +17,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "verify/bf16.h"
 #include "backend/cuda/cuda_device_memory.h"
 #include "backend/cuda/cuda_write_batch.h"
 #include "kvstore/kv_storage.h"
+#include "verify/bf16.h"
 #include "verify/slot_copy_check.h"
 
 namespace verifyd {

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 
-#include "verify/mla_dims.h"
 #include "kernels/slot_table_scatter.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {

@@ -32,8 +32,8 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "verify/verify_problem.h"
 #include "backend/cuda/host_copy_pool.h"
+#include "verify/verify_problem.h"
 
 namespace verifyd {
 

@@ -4,9 +4,9 @@
 #include <cstring>
 
 #include "base/cuda_check.h"
-#include "verify/mla_dims.h"
-#include "kernels/mla_verify_launch.h"
 #include "base/status_macros.h"
+#include "kernels/mla_verify_launch.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 

@@ -20,8 +20,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "verify/bf16.h"
 #include "backend/cuda/cuda_device_memory.h"
+#include "verify/bf16.h"
 
 namespace verifyd {
 

@@ -34,16 +34,16 @@ extern "C" {
 
 int vd_has_cuda(void) { return 1; }
 
-int vd_register_cuda(vd_client* client, uint64_t device_pointer, uint64_t bytes,
-                     uint64_t* region, uint64_t* region_base) {
+int vd_register_cuda(vd_client* client, uint64_t device_pointer, uint64_t bytes, uint64_t* region,
+                     uint64_t* region_base) {
   if (client == nullptr) return NullArgument("vd_register_cuda", "client");
   if (region == nullptr) return NullArgument("vd_register_cuda", "region");
   if (region_base == nullptr) return NullArgument("vd_register_cuda", "region_base");
   if (bytes == 0) return Fail(absl::InvalidArgumentError("bytes = 0 must be > 0"));
   void* pointer = reinterpret_cast<void*>(device_pointer);
   cudaPointerAttributes attributes{};
-  if (absl::Status s = Runtime(cudaPointerGetAttributes(&attributes, pointer),
-                               "cudaPointerGetAttributes");
+  if (absl::Status s =
+          Runtime(cudaPointerGetAttributes(&attributes, pointer), "cudaPointerGetAttributes");
       !s.ok()) {
     return Fail(s);
   }
@@ -56,8 +56,8 @@ int vd_register_cuda(vd_client* client, uint64_t device_pointer, uint64_t bytes,
   if (!driver.ok()) return Fail(driver.status());
   CUdeviceptr base = 0;
   size_t size = 0;
-  if (absl::Status s = CU_STATUS((*driver)->mem_get_address_range(
-          &base, &size, static_cast<CUdeviceptr>(device_pointer)));
+  if (absl::Status s = CU_STATUS(
+          (*driver)->mem_get_address_range(&base, &size, static_cast<CUdeviceptr>(device_pointer)));
       !s.ok()) {
     return Fail(s);
   }
@@ -89,9 +89,9 @@ int vd_stream_write_value32(void* stream, uint64_t device_pointer, uint32_t valu
   }
   absl::StatusOr<const verifyd::CudaDriverApi*> driver = Driver();
   if (!driver.ok()) return Fail(driver.status());
-  return Fail(CU_STATUS((*driver)->stream_write_value32(
-      static_cast<CUstream>(stream), static_cast<CUdeviceptr>(device_pointer), value,
-      CU_STREAM_WRITE_VALUE_DEFAULT)));
+  return Fail(CU_STATUS((*driver)->stream_write_value32(static_cast<CUstream>(stream),
+                                                        static_cast<CUdeviceptr>(device_pointer),
+                                                        value, CU_STREAM_WRITE_VALUE_DEFAULT)));
 }
 
 int vd_stream_wait_value32(void* stream, uint64_t device_pointer, uint32_t value) {
@@ -101,9 +101,9 @@ int vd_stream_wait_value32(void* stream, uint64_t device_pointer, uint32_t value
   }
   absl::StatusOr<const verifyd::CudaDriverApi*> driver = Driver();
   if (!driver.ok()) return Fail(driver.status());
-  return Fail(CU_STATUS((*driver)->stream_wait_value32(
-      static_cast<CUstream>(stream), static_cast<CUdeviceptr>(device_pointer), value,
-      CU_STREAM_WAIT_VALUE_GEQ)));
+  return Fail(CU_STATUS((*driver)->stream_wait_value32(static_cast<CUstream>(stream),
+                                                       static_cast<CUdeviceptr>(device_pointer),
+                                                       value, CU_STREAM_WAIT_VALUE_GEQ)));
 }
 
 }  // extern "C"

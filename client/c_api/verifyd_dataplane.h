@@ -118,8 +118,8 @@ int vd_register_file(vd_client* client, const char* path, uint64_t bytes, uint32
  * allocation's base, written to *region_base (offsets are from there). FAILED_PRECONDITION when
  * the library was built without CUDA; INVALID_ARGUMENT when the pointer is not device memory or
  * the range leaves its allocation. */
-int vd_register_cuda(vd_client* client, uint64_t device_pointer, uint64_t bytes,
-                     uint64_t* region, uint64_t* region_base);
+int vd_register_cuda(vd_client* client, uint64_t device_pointer, uint64_t bytes, uint64_t* region,
+                     uint64_t* region_base);
 /* ReleaseExternalMemory; *bytes (may be NULL) gets the region's size. */
 int vd_release_memory(vd_client* client, uint64_t region, uint64_t* bytes);
 

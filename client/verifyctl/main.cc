@@ -40,16 +40,15 @@ int RunCompact(Client& client, const Args& args) {
   }
   // The operation may outlive one RPC deadline; each poll gets its own.
   int last_state = -1;
-  auto done = client.WaitCompaction(
-      started->operation_id(), absl::Milliseconds(args.poll_ms),
-      [&](const v1::CompactionStatus& s) {
-        if (terminal) {
-          std::cout << "\r" << FormatProgressLine(s) << std::flush;
-        } else if (!json && s.state() != last_state) {
-          std::cout << FormatProgressLine(s) << "\n" << std::flush;
-        }
-        last_state = s.state();
-      });
+  auto done = client.WaitCompaction(started->operation_id(), absl::Milliseconds(args.poll_ms),
+                                    [&](const v1::CompactionStatus& s) {
+                                      if (terminal) {
+                                        std::cout << "\r" << FormatProgressLine(s) << std::flush;
+                                      } else if (!json && s.state() != last_state) {
+                                        std::cout << FormatProgressLine(s) << "\n" << std::flush;
+                                      }
+                                      last_state = s.state();
+                                    });
   if (terminal) std::cout << "\n";
   if (!done.ok()) return Fail(done.status());
   std::cout << (json ? FormatJson(*done) : FormatCompactionSummary(*done));

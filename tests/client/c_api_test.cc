@@ -150,8 +150,7 @@ TEST_F(CApiTest, RegistrationOwnershipAndRelease) {
   vd_client* a = Connect("scheduler-a");
   vd_client* b = Connect("scheduler-b");
   uint64_t region = 0;
-  ASSERT_EQ(vd_register_file(a, file.path().c_str(), file.bytes(), 0, &region), 0)
-      << LastError();
+  ASSERT_EQ(vd_register_file(a, file.path().c_str(), file.bytes(), 0, &region), 0) << LastError();
   EXPECT_NE(region, 0u);
   EXPECT_EQ(vd_release_memory(b, region, nullptr), -7);  // PERMISSION_DENIED
   EXPECT_THAT(LastError(), HasSubstr("belongs to another client"));
@@ -169,8 +168,7 @@ TEST_F(CApiTest, RefusedDescriptorsCompleteWithNanAndDone) {
   ShmFile file(1 << 20);
   vd_client* c = Connect(nullptr);
   uint64_t region = 0;
-  ASSERT_EQ(vd_register_file(c, file.path().c_str(), file.bytes(), 0, &region), 0)
-      << LastError();
+  ASSERT_EQ(vd_register_file(c, file.path().c_str(), file.bytes(), 0, &region), 0) << LastError();
   const uint64_t q = 0, kv = 8192, out = 16384, lse = 32768, ready = 65536, done = 65600;
   std::memset(file.data() + out, 0x3f, 2 * kHeads * 512 * 2);
   vd_channel* ch = nullptr;

@@ -22,9 +22,9 @@ TEST(VerifyctlArgsTest, ParsesCommandsAndFlagsInAnyOrder) {
 
   std::mt19937_64 rng(std::random_device{}());
   const uint64_t source = rng(), fork = rng(), length = 1 + rng() % 100000;
-  auto f = ParseArgs({"fork", "--length", std::to_string(length),
-                      "--new-sequence=" + std::to_string(fork),
-                      "--sequence=" + std::to_string(source)});
+  auto f =
+      ParseArgs({"fork", "--length", std::to_string(length),
+                 "--new-sequence=" + std::to_string(fork), "--sequence=" + std::to_string(source)});
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->command, Command::kFork);
   EXPECT_EQ(f->sequence, source);

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "executor/device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "executor/device.h"
 
 namespace verifyd {
 namespace {

@@ -10,10 +10,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/split_planner.h"
-#include "verify/verify_problem.h"
 #include "kernels/mla_verify_launch.h"
+#include "kernels/split_planner.h"
 #include "tests/testing/problem_builder.h"
+#include "verify/verify_problem.h"
 
 namespace verifyd::test {
 

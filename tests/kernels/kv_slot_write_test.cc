@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "verify/mla_dims.h"
 #include "kernels/mla_verify_launch.h"
 #include "tests/kernels/device_problem.h"
 #include "tests/testing/problem_builder.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd::test {
 namespace {

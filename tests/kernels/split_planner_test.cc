@@ -125,10 +125,10 @@ TEST(SplitPlanner, FillsTheSmsOnSpecShapes) {
   };
   // S1..S8 and SH of SPEC §5 on an H200's 132 SMs: at least 90% of a whole number of waves is
   // busy.
-  for (const Shape& s : {Shape{1, 8, 16, 65536}, Shape{1, 64, 9, 16384}, Shape{1, 64, 33, 65536},
-                         Shape{8, 16, 16, 8192}, Shape{32, 8, 8, 4096}, Shape{1, 128, 64, 131072},
-                         Shape{1, 8, 16, 262144}, Shape{1, 8, 128, 131072},
-                         Shape{1, 8, 16, 185000}}) {
+  for (const Shape& s :
+       {Shape{1, 8, 16, 65536}, Shape{1, 64, 9, 16384}, Shape{1, 64, 33, 65536},
+        Shape{8, 16, 16, 8192}, Shape{32, 8, 8, 4096}, Shape{1, 128, 64, 131072},
+        Shape{1, 8, 16, 262144}, Shape{1, 8, 128, 131072}, Shape{1, 8, 16, 185000}}) {
     std::vector<int32_t> L(s.batch, s.l), Q(s.batch, s.q);
     auto plan = PlanSplits(L, Q, s.heads, 132);
     ASSERT_TRUE(plan.ok());

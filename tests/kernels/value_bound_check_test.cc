@@ -74,8 +74,10 @@ TEST(ValueBoundCheck, NanFillOnlyWhenACheckFoundSomething) {
   for (auto& x : lse) x = std::uniform_real_distribution<float>(-50, 50)(rng);
   for (bool bad : {false, true}) {
     DeviceBuffer d_out, d_lse, d_firsts;
-    ASSERT_TRUE(d_out.Allocate(out.size() * 2).ok() && d_out.Upload(out.data(), out.size() * 2).ok());
-    ASSERT_TRUE(d_lse.Allocate(lse.size() * 4).ok() && d_lse.Upload(lse.data(), lse.size() * 4).ok());
+    ASSERT_TRUE(d_out.Allocate(out.size() * 2).ok() &&
+                d_out.Upload(out.data(), out.size() * 2).ok());
+    ASSERT_TRUE(d_lse.Allocate(lse.size() * 4).ok() &&
+                d_lse.Upload(lse.data(), lse.size() * 4).ok());
     const unsigned long long firsts[2] = {kNoneOutOfBound,
                                           bad ? (uint64_t{12345} << 16) | 0x7F80 : kNoneOutOfBound};
     ASSERT_TRUE(d_firsts.Allocate(16).ok() && d_firsts.Upload(firsts, 16).ok());

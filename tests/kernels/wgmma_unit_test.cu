@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "verify/bf16.h"
 #include "kernels/mla_verify_mma.cuh"
 #include "kernels/wgmma_sm90.cuh"
+#include "verify/bf16.h"
 
 namespace verifyd::test {
 namespace {
@@ -75,9 +75,9 @@ __global__ void KMajorKernel(const bf16_bits* a, const bf16_bits* b, float* out)
   uint32_t a_frag[kRegASteps > 0 ? kRegASteps : 1][4];
 #pragma unroll
   for (int ks = 0; ks < kRegASteps; ++ks) {
-    mma::LdMatrixX4(a_frag[ks], a_addr + (ks / 4) * wgmma::kChunkBytes +
-                                    wgmma::SwizzledOffset(warp * 16 + (lane & 15),
-                                                          2 * (ks % 4) + (lane >> 4)));
+    mma::LdMatrixX4(a_frag[ks],
+                    a_addr + (ks / 4) * wgmma::kChunkBytes +
+                        wgmma::SwizzledOffset(warp * 16 + (lane & 15), 2 * (ks % 4) + (lane >> 4)));
   }
   wgmma::Fence();
 #pragma unroll

@@ -488,8 +488,8 @@ class KvStoreModelCheck {
     SequenceId fork = AnyId();
     for (int tries = 0; tries < 4 && model_.contains(fork) && Chance(85); ++tries) fork = AnyId();
     auto src = model_.find(source);
-    const int64_t committed = src == model_.end() ? 0 : std::min(src->second.fill(0),
-                                                                 src->second.fill(1));
+    const int64_t committed =
+        src == model_.end() ? 0 : std::min(src->second.fill(0), src->second.fill(1));
     int64_t length = 1 + Uniform(static_cast<int>(std::max<int64_t>(committed, 1)));
     if (Chance(5)) length = Chance(50) ? 0 : -Uniform(3);
     if (Chance(5)) length = committed + 1 + Uniform(3);

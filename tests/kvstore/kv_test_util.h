@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "verify/bf16.h"
-#include "verify/mla_dims.h"
 #include "kvstore/kv_store.h"
 #include "tests/testing/test_seed.h"
+#include "verify/bf16.h"
+#include "verify/mla_dims.h"
 #include "verify/slot_copy_check.h"
 
 namespace verifyd {

@@ -349,10 +349,15 @@ class Scheduler {
 
 // The daemon both tests start: this bundle's verifyd on cuda, the scheduler's dimensions.
 std::vector<std::string> DaemonArgs(const std::string& socket, const std::string& extra) {
-  return {"--backend=cuda", absl::StrCat("--listen=unix://", socket),
-          "--metrics=", absl::StrCat("--layers=", kLayers), absl::StrCat("--heads=", kHeads),
-          absl::StrCat("--softmax-scale=", kScale), "--max-tree-nodes=64",
-          "--kv-capacity-tokens=8192", extra};
+  return {"--backend=cuda",
+          absl::StrCat("--listen=unix://", socket),
+          "--metrics=",
+          absl::StrCat("--layers=", kLayers),
+          absl::StrCat("--heads=", kHeads),
+          absl::StrCat("--softmax-scale=", kScale),
+          "--max-tree-nodes=64",
+          "--kv-capacity-tokens=8192",
+          extra};
 }
 
 RunResult RunAgainstDaemon(bool graphs, uint64_t seed) {

@@ -596,8 +596,8 @@ TEST(DataPlaneTest, ADeadSchedulersChannelEndsWithoutWaitingForItsLease) {
   ASSERT_TRUE(h.server.stub().OpenChannel(&context, open, &opened).ok());
   std::optional<channel::RingMapping> ring;
   {
-    absl::StatusOr<channel::RingMapping> mapped = channel::OpenRingFile(opened.path(),
-                                                                        opened.entries());
+    absl::StatusOr<channel::RingMapping> mapped =
+        channel::OpenRingFile(opened.path(), opened.entries());
     ASSERT_TRUE(mapped.ok()) << mapped.status();
     ring.emplace(*std::move(mapped));
   }
@@ -623,8 +623,7 @@ TEST(DataPlaneTest, ADeadSchedulersChannelEndsWithoutWaitingForItsLease) {
   const auto waited = PollUntil(
       [&] { return scratch.word(d.done.offset).load() == 5 && h.Stats().channels() == 0; },
       std::chrono::seconds(20));
-  EXPECT_LT(waited, std::chrono::seconds(3))
-      << "the dead scheduler's channel waited for its lease";
+  EXPECT_LT(waited, std::chrono::seconds(3)) << "the dead scheduler's channel waited for its lease";
   EXPECT_EQ(scratch.word(d.done.offset).load(), 5u);
   EXPECT_TRUE(OutputsAreNan(scratch, 2, h.model.heads(), false));
   EXPECT_EQ(h.Stats().channels(), 0u);

@@ -9,10 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "verify/mla_dims.h"
 #include "service/message_size.h"
 #include "service/service_options.h"
 #include "tests/service/shadow_model.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
@@ -371,8 +371,8 @@ TEST(ServiceOptionsTest, EveryFlagBounded) {
   remote.allow_remote = true;
   EXPECT_TRUE(ValidateServiceOptions(remote).ok());
   remote.allow_remote = false;
-  for (const char* loopback : {"[::1]:5000", "127.0.0.1:5000", "127.9.8.7:5000", "localhost:5000",
-                               "LOCALHOST:5000"}) {
+  for (const char* loopback :
+       {"[::1]:5000", "127.0.0.1:5000", "127.9.8.7:5000", "localhost:5000", "LOCALHOST:5000"}) {
     remote.tcp = loopback;
     EXPECT_TRUE(ValidateServiceOptions(remote).ok()) << loopback;
   }

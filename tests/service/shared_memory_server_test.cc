@@ -13,11 +13,11 @@
 #include "client/shared_tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "verify/mla_dims.h"
-#include "tools/fake_scheduler/scheduler.h"
 #include "tests/service/rpc_helpers.h"
 #include "tests/service/shadow_model.h"
 #include "tests/service/test_server.h"
+#include "tools/fake_scheduler/scheduler.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {

@@ -6,10 +6,10 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "verify/mla_dims.h"
 #include "service/request_validation.h"
 #include "service/shared_memory_registry.h"
 #include "tests/service/shadow_model.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {

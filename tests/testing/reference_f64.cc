@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "verify/mla_dims.h"
 #include "tests/testing/problem_builder.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd::test {
 namespace {

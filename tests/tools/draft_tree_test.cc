@@ -3,8 +3,8 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "verify/tree_mask.h"
 #include "tools/fake_scheduler/input_generator.h"
+#include "verify/tree_mask.h"
 
 namespace verifyd::sched {
 namespace {

@@ -6,10 +6,10 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "verify/mla_dims.h"
+#include "tests/testing/problem_builder.h"
 #include "tools/fake_scheduler/draft_tree.h"
 #include "tools/fake_scheduler/input_generator.h"
-#include "tests/testing/problem_builder.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd::sched {
 namespace {

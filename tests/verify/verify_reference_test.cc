@@ -13,8 +13,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "verify/mla_dims.h"
 #include "tests/testing/problem_builder.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {

@@ -14,11 +14,11 @@
 #include <memory>
 #include <vector>
 
-#include "verify/mla_dims.h"
 #include "kvstore/kv_storage.h"
 #include "kvstore/kv_store.h"
-#include "verify/slot_copy_check.h"
 #include "tests/kvstore/kv_test_util.h"
+#include "verify/mla_dims.h"
+#include "verify/slot_copy_check.h"
 
 namespace verifyd {
 namespace {

@@ -24,13 +24,13 @@
 #include <vector>
 
 #include "base/cuda_check.h"
-#include "verify/mla_dims.h"
-#include "kernels/mla_verify_launch.h"
-#include "kernels/split_planner.h"
 #include "base/status_macros.h"
 #include "kernels/kv_copy_kernels.h"
+#include "kernels/mla_verify_launch.h"
+#include "kernels/split_planner.h"
 #include "tests/backend/cuda/cuda_test_util.h"
 #include "tests/testing/problem_builder.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {

@@ -70,7 +70,8 @@ int RunBench(const std::string& target, int calls) {
   for (const Shape& shape : shapes) {
     // Prefill and one pending tree on layer 0.
     const std::vector<uint16_t> kv = RandomBf16(size_t(shape.prefix) * kKvDim, rng);
-    if (!(*client)->AppendKv(sequence, 0, 1, shape.prefix, kv, AppendPosition::Create()).ok()) return 1;
+    if (!(*client)->AppendKv(sequence, 0, 1, shape.prefix, kv, AppendPosition::Create()).ok())
+      return 1;
     std::vector<int32_t> parents(shape.nodes);
     for (int i = 0; i < shape.nodes; ++i) parents[i] = i - 1;
     const std::vector<uint16_t> q = RandomBf16(size_t(shape.nodes) * kHeads * kKvDim, rng);

@@ -52,7 +52,8 @@ bool ParseRange(const std::string& text, int* lo, int* hi) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("fake_scheduler --target=unix:///run/verifyd/verifyd-0.sock [flags]");
+  absl::SetProgramUsageMessage(
+      "fake_scheduler --target=unix:///run/verifyd/verifyd-0.sock [flags]");
   absl::ParseCommandLine(argc, argv);
   verifyd::sched::SchedulerConfig c;
   c.targets = absl::StrSplit(absl::GetFlag(FLAGS_target), ',', absl::SkipEmpty());

@@ -11,15 +11,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "client/group_client.h"
 #include "client/shared_tensor.h"
 #include "client/tensor.h"
-#include "verify/mla_dims.h"
-#include "base/status_macros.h"
 #include "tools/fake_scheduler/channel_lane.h"
 #include "tools/fake_scheduler/draft_tree.h"
 #include "tools/fake_scheduler/input_generator.h"
 #include "tools/fake_scheduler/sequence_model.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd::sched {
 namespace {

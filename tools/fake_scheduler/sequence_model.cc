@@ -5,8 +5,8 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "verify/mla_dims.h"
 #include "base/status_macros.h"
+#include "verify/mla_dims.h"
 #include "verify/tree_mask.h"
 #include "verify/verify_reference.h"
 

@@ -30,10 +30,10 @@
 #include "client/client.h"
 #include "client/shared_tensor.h"
 #include "client/tensor.h"
-#include "verify/mla_dims.h"
 #include "tools/fake_scheduler/draft_tree.h"
 #include "tools/fake_scheduler/input_generator.h"
 #include "tools/fake_scheduler/latency_stats.h"
+#include "verify/mla_dims.h"
 
 ABSL_FLAG(std::string, target, "unix:///run/verifyd/verifyd-0.sock", "daemon address");
 ABSL_FLAG(std::string, concurrency, "1,2,4,8", "comma-separated concurrency levels");

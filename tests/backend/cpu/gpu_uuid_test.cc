@@ -24,13 +24,10 @@ TEST(GpuUuidTest, FormatsLikeNvidiaSmiAndDcgm) {
   EXPECT_EQ(FormatGpuUuid(counting), "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f");
   std::array<uint8_t, 16> ones;
   ones.fill(0xAB);
-  EXPECT_THAT(FormatGpuUuid(ones),
-              ::testing::MatchesRegex("GPU-(ab){4}-abab-abab-abab-(ab){6}"));
+  EXPECT_THAT(FormatGpuUuid(ones), ::testing::MatchesRegex("GPU-(ab){4}-abab-abab-abab-(ab){6}"));
 }
 
-TEST(GpuUuidTest, TheCpuBackendHasNone) {
-  EXPECT_EQ(CpuBackend(1).gpu_uuid(), "");
-}
+TEST(GpuUuidTest, TheCpuBackendHasNone) { EXPECT_EQ(CpuBackend(1).gpu_uuid(), ""); }
 
 }  // namespace
 }  // namespace verifyd

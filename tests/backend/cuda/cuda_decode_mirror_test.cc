@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "verify/bf16.h"
-#include "verify/mla_dims.h"
 #include "kvstore/kv_storage.h"
 #include "kvstore/kv_store.h"
 #include "tests/backend/cuda/cuda_test_util.h"
 #include "tests/testing/problem_builder.h"
+#include "verify/bf16.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
@@ -298,7 +298,6 @@ TEST(CudaDecodeMirror, RandomStoreOperationsWithCompactionMatchTheOracle) {
   RecordProperty("mirror_grows", static_cast<int>(m.grows));
 }
 
-
 // Forks (plans/0019) on the device: sequences share their prefix's slots, and a compaction that
 // moves a shared run rewrites every holder's list, so each holder's mirrored list must be
 // refreshed (a new generation) or the kernel reads moved-away rows. A fragmented prompt, eight
@@ -327,8 +326,9 @@ TEST(CudaDecodeMirror, ForksThroughCompactionAndReleaseMatchTheOracle) {
   auto step = [&](const std::vector<SequenceId>& ids) {
     std::vector<VerifyItem> items;
     for (SequenceId id : ids) {
-      items.push_back({id, test::MakeParents(static_cast<test::TreeShape>(rng() % 4),
-                                             1 + static_cast<int>(rng() % 24), rng),
+      items.push_back({id,
+                       test::MakeParents(static_cast<test::TreeShape>(rng() % 4),
+                                         1 + static_cast<int>(rng() % 24), rng),
                        std::nullopt});
     }
     // A full pool refuses the trees in every store alike; nothing to verify then.
@@ -396,8 +396,7 @@ TEST(CudaDecodeMirror, ForksThroughCompactionAndReleaseMatchTheOracle) {
     live = stores.host().Sequences();
     const int kind = live.empty() ? 0 : static_cast<int>(rng() % 10);
     if (kind <= 1) {
-      const SequenceId seq =
-          live.empty() || rng() % 3 == 0 ? next_id++ : live[rng() % live.size()];
+      const SequenceId seq = live.empty() || rng() % 3 == 0 ? next_id++ : live[rng() % live.size()];
       append(seq, 1 + static_cast<int>(rng() % 60)).IgnoreError();  // every store agrees
     } else if (kind <= 3) {
       const SequenceId source = live[rng() % live.size()];

@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "verify/mla_dims.h"
 #include "tests/backend/cuda/cuda_test_util.h"
 #include "tests/testing/problem_builder.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {

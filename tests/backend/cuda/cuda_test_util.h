@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kv_storage.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_seed.h"
 #include "verify/verify_problem.h"
-#include "backend/cuda/cuda_kv_storage.h"
-#include "backend/cuda/cuda_backend.h"
 
 namespace verifyd::test {
 

@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "verify/mla_dims.h"
-#include "kernels/split_planner.h"
 #include "backend/cuda/cuda_graph_cache.h"
 #include "backend/cuda/cuda_plan_cache.h"
 #include "backend/cuda/cuda_slot_mirror.h"
 #include "backend/cuda/cuda_verify_staging.h"
+#include "kernels/split_planner.h"
 #include "tests/testing/problem_builder.h"
+#include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
