@@ -1,5 +1,8 @@
-// Kernel benchmark (SPEC §5): measures the device's copy bandwidth and bf16 matmul rate, then times
-// the flash kernel on S1-S8 and SH against the floor max(bytes / bandwidth, FLOPs / matmul rate),
+// Kernel benchmark (SPEC §5): measures the device's copy bandwidth, bf16 matmul rate (cuBLAS) and
+// mma.sync rate (the portable kernel's instruction, mma_sync_rate.h), then times the flash kernel
+// on S1-S8 and SH against the floor max(bytes / bandwidth, FLOPs / matmul rate): the Hopper path's
+// with cuBLAS's rate, the portable path's with mma.sync's ("/floor"); "/mma" divides by the floor
+// at the best mma.sync rate for both paths, "/burst" by the floor at cuBLAS's best rate;
 // with scattered (page size 1, random) vs contiguous slots, graph replay vs eager, and the naive
 // kernel. Prints one line per shape as it goes and a short table last. Every timed loop (the
 // ceilings too) runs after 100 ms of its own work; "/floor" uses those sustained ceilings, "/burst"
@@ -13,6 +16,8 @@
 //                                         clocks of each phase of a steady tile)
 //                         [--diag]       (the sm_90a kernel without its KV gathers, without its
 //                                         wgmma: which side bounds it, plans/0004 session 4)
+//                         [--portable-variants] (the portable kernel's tile widths and schedules
+//                                         side by side, plans/0026)
 // The three instruments may be given together: each runs, in that order, and the table does not.
 // On a Hopper device both flash paths are measured (FlashPath::kHopper, then kPortable);
 // --launcher-path-only measures kAuto alone. The timeline and diag instruments are other
@@ -36,7 +41,9 @@
 #include "kernels/mla_verify_launch.h"
 #include "kernels/split_planner.h"
 #include "tools/bench/bench_cuda_check.h"
+#include "tools/bench/mla_verify_flash_portable_variants.h"
 #include "tools/bench/mla_verify_flash_sm90_probes.h"
+#include "tools/bench/mma_sync_rate.h"
 #include "verify/mla_dims.h"
 #include "verify/tree_mask.h"
 
@@ -279,6 +286,37 @@ Ceiling MeasureMatmulRate() {
   return rate;
 }
 
+// mma.sync m16n8k16 bf16 (fp32 accumulation) on every SM: B by ldmatrix.x4 from shared memory, one
+// per two mma (the portable kernel's S loop), 8 warps per SM as the kernel runs and 16; and both
+// operands in registers (the tensor pipe alone), printed for reference. The ceiling is the best
+// ldmatrix configuration, sustained and burst as for the GEMM.
+Ceiling MeasureMmaSyncRate(int sms) {
+  constexpr int kIters = 40000;
+  auto* sink = DeviceAlloc<float>(size_t(sms) * 16);
+  Ceiling best;
+  for (const MmaOperands operands : {MmaOperands::kLdmatrixB, MmaOperands::kRegisters}) {
+    for (const int warps : {8, 16}) {
+      auto run = [&](int) {
+        BENCH_CUDA(LaunchMmaSyncRate(operands, sms, warps, kIters, sink, nullptr));
+      };
+      const double flops = MmaSyncRateFlops(sms, warps, kIters);
+      Ceiling c;
+      c.burst = flops / (MedianMs(2, 10, run, /*sustain=*/false) * 1e-3);
+      c.sustained = flops / (MedianMs(2, 10, run) * 1e-3);
+      c.sustained_mhz = SmClockDuringMhz(4, run);
+      const bool ld = operands == MmaOperands::kLdmatrixB;
+      std::printf(
+          "measured: mma.sync m16n8k16 bf16, %s, %d warps/SM: %.0f TFLOP/s sustained at %.0f "
+          "MHz [burst %.0f]\n",
+          ld ? "B by ldmatrix.x4 per 2 mma" : "operands in registers", warps, c.sustained / 1e12,
+          c.sustained_mhz, c.burst / 1e12);
+      if (ld && c.best() > best.best()) best = c;
+    }
+  }
+  cudaFree(sink);
+  return best;
+}
+
 struct Shape {
   const char* name;
   int batch, heads, q, l;
@@ -410,8 +448,8 @@ double RelativeErrorBf16(const bf16_bits* a_dev, const bf16_bits* b_dev, size_t 
 struct Row {
   std::string name;
   std::string path;
-  double us = 0, tflops = 0, gbs = 0, floor_us = 0, ratio = 0, burst_ratio = 0, mhz = 0,
-         scattered_ratio = 0, graph_ratio = 0, naive_ms = 0, err = 0;
+  double us = 0, tflops = 0, gbs = 0, floor_us = 0, ratio = 0, burst_ratio = 0, mma_ratio = 0,
+         mhz = 0, scattered_ratio = 0, graph_ratio = 0, naive_ms = 0, err = 0;
   int ctas = 0;
 };
 
@@ -610,6 +648,50 @@ void Diagnose(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
   FreeShape(d);
 }
 
+// The portable kernel's variants (mla_verify_flash_portable_variants.h) on one shape: flash (the
+// variant's) + combine (the product's), contiguous and scattered slots, each against the floor at
+// the best mma.sync rate; the variant's output against the product's portable kernel on the same
+// inputs (relative error; the variants sum in other orders, so not bit-equal).
+void PortableVariants(const Shape& s, std::mt19937_64& rng, int sms, int iters, const Ceiling& copy,
+                      const Ceiling& mma_rate) {
+  ShapeData d = BuildShape(s, rng);
+  UploadedPlan up = PlanAndUpload(s, sms);
+  const double flops = double(s.batch) * s.q * s.heads * (double(s.l) + s.q) * 2176.0;
+  const double bytes = double(s.batch) * (double(s.l) + s.q) * kKvRowBytes;
+  const double floor_s = std::max(bytes / copy.best(), flops / mma_rate.best());
+  const size_t out_elems = size_t(s.batch) * s.q * s.heads * kVDim;
+  BENCH_OK(LaunchMlaVerify(ProblemFor(d, 0, true), up.plan, up.layout, up.workspace, nullptr,
+                           VerifyStages::kFlashAndCombine, FlashPath::kPortable));
+  bf16_bits* product_out = DeviceAlloc<bf16_bits>(out_elems);
+  BENCH_CUDA(cudaMemcpy(product_out, d.out, out_elems * 2, cudaMemcpyDeviceToDevice));
+  for (int v = 0; v < PortableVariantCount(); ++v) {
+    auto launch = [&](int i, bool scattered) {
+      const VerifyProblem p = ProblemFor(d, i % d.copies, scattered);
+      BENCH_CUDA(LaunchPortableVariant(v, MakeMlaVerifyParams(p, up.plan, up.layout, up.workspace),
+                                       nullptr));
+      if (!up.plan.combine.empty()) {
+        BENCH_OK(LaunchMlaVerify(p, up.plan, up.layout, up.workspace, nullptr,
+                                 VerifyStages::kCombineOnly));
+      }
+    };
+    const double contiguous = MedianMs(5, iters, [&](int i) { launch(i, false); });
+    const double scattered = MedianMs(5, iters, [&](int i) { launch(i, true); });
+    BENCH_CUDA(cudaMemset(d.out, 0xFF, out_elems * 2));
+    launch(0, true);
+    BENCH_CUDA(cudaDeviceSynchronize());
+    const double err = RelativeErrorBf16(d.out, product_out, out_elems);
+    std::printf(
+        "variant %s %-13s B=%d H=%d Q=%d L=%d: %.1f us (x%.2f mma.sync floor), scattered %.1f us "
+        "(x%.3f), vs product %.1e\n",
+        s.name, PortableVariantName(v), s.batch, s.heads, s.q, s.l, contiguous * 1e3,
+        contiguous * 1e-3 / floor_s, scattered * 1e3, scattered / contiguous, err);
+    std::fflush(stdout);
+  }
+  cudaFree(product_out);
+  cudaFree(up.workspace);
+  FreeShape(d);
+}
+
 int Main(int argc, char** argv) {
   int iters = 50;
   bool run_naive = true;
@@ -617,6 +699,7 @@ int Main(int argc, char** argv) {
   bool breakdown = false;
   bool timeline = false;
   bool diag = false;
+  bool variants = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
@@ -635,6 +718,8 @@ int Main(int argc, char** argv) {
       timeline = true;
     else if (!std::strcmp(argv[i], "--diag"))
       diag = true;
+    else if (!std::strcmp(argv[i], "--portable-variants"))
+      variants = true;
   }
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -651,6 +736,9 @@ int Main(int argc, char** argv) {
       bandwidth / 1e9, copy_ceiling.sustained_mhz, copy_ceiling.burst / 1e9, copy_ceiling.burst_mhz,
       matmul / 1e12, matmul_ceiling.sustained_mhz, matmul_ceiling.burst / 1e12,
       matmul_ceiling.burst_mhz);
+  const Ceiling mma_ceiling = MeasureMmaSyncRate(prop.multiProcessorCount);
+  std::printf("measured: mma.sync ceiling (ldmatrix B) %.0f TFLOP/s sustained [best %.0f]\n",
+              mma_ceiling.sustained / 1e12, mma_ceiling.best() / 1e12);
 
   // SPEC §5: S1-S7, and S8 / SH (issue 16: a long Q at H = 8, and L no multiple of the tile).
   const std::vector<Shape> shapes = {
@@ -702,7 +790,12 @@ int Main(int argc, char** argv) {
       if (selected(s)) Diagnose(s, rng, sms, iters);
     }
   }
-  if (breakdown || timeline || diag) return 0;
+  if (variants) {
+    for (const Shape& s : shapes) {
+      if (selected(s)) PortableVariants(s, rng, sms, iters, copy_ceiling, mma_ceiling);
+    }
+  }
+  if (breakdown || timeline || diag || variants) return 0;
   std::vector<Row> rows;
   for (const Shape& s : shapes) {
     if (!selected(s)) continue;
@@ -762,7 +855,12 @@ int Main(int argc, char** argv) {
 
       const double flops = double(s.batch) * s.q * s.heads * (double(s.l) + s.q) * 2176.0;
       const double bytes = double(s.batch) * (double(s.l) + s.q) * kKvRowBytes;
-      const double floor_s = std::max(bytes / bandwidth, flops / matmul);
+      // The path's own tensor-core ceiling: cuBLAS's (wgmma) for the Hopper kernel, mma.sync's
+      // for the portable one (SPEC §5).
+      const bool portable =
+          path == FlashPath::kPortable || (path == FlashPath::kAuto && !HopperFlashAvailable());
+      const double rate = portable ? mma_ceiling.sustained : matmul;
+      const double floor_s = std::max(bytes / bandwidth, flops / rate);
       row.us = contiguous_ms * 1e3;
       row.tflops = flops / (contiguous_ms * 1e-3) / 1e12;
       row.gbs = bytes / (contiguous_ms * 1e-3) / 1e9;
@@ -770,6 +868,8 @@ int Main(int argc, char** argv) {
       row.ratio = contiguous_ms * 1e-3 / floor_s;
       row.burst_ratio = contiguous_ms * 1e-3 /
                         std::max(bytes / copy_ceiling.best(), flops / matmul_ceiling.best());
+      row.mma_ratio =
+          contiguous_ms * 1e-3 / std::max(bytes / copy_ceiling.best(), flops / mma_ceiling.best());
       row.scattered_ratio = scattered_ms / contiguous_ms;
       row.graph_ratio = graph_ms / eager_ms;
       if (run_naive) {
@@ -782,14 +882,14 @@ int Main(int argc, char** argv) {
       std::printf(
           "%s [%s] B=%d H=%d Q=%d L=%d: %.1f us, %.0f TFLOP/s, %.0f GB/s, floor %.1f us "
           "(%s-bound), x%.2f "
-          "floor (x%.2f burst floor) at %.0f MHz, "
+          "floor (x%.2f burst floor, x%.2f mma.sync floor) at %.0f MHz, "
           "scattered/contiguous %.3f, graph/eager %.3f, naive %.2f ms (err vs flash %.1e), %d "
           "CTAs, "
           "%d tiles/split\n",
           s.name, row.path.c_str(), s.batch, s.heads, s.q, s.l, row.us, row.tflops, row.gbs,
-          row.floor_us, bytes / bandwidth > flops / matmul ? "memory" : "compute", row.ratio,
-          row.burst_ratio, row.mhz, row.scattered_ratio, row.graph_ratio, row.naive_ms, row.err,
-          row.ctas, plan->tiles_per_split);
+          row.floor_us, bytes / bandwidth > flops / rate ? "memory" : "compute", row.ratio,
+          row.burst_ratio, row.mma_ratio, row.mhz, row.scattered_ratio, row.graph_ratio,
+          row.naive_ms, row.err, row.ctas, plan->tiles_per_split);
       std::fflush(stdout);
       rows.push_back(row);
     }
@@ -797,19 +897,21 @@ int Main(int argc, char** argv) {
     FreeShape(d);
   }
 
-  std::printf("\n%-4s %-18s %10s %8s %8s %10s %7s %7s %5s %8s %8s %10s %8s\n", "shape", "path",
-              "time_us", "TFLOP/s", "GB/s", "floor_us", "/floor", "/burst", "MHz", "scat/ctg",
-              "grph/eag", "naive_ms", "err");
+  std::printf("\n%-4s %-18s %10s %8s %8s %10s %7s %7s %7s %5s %8s %8s %10s %8s\n", "shape", "path",
+              "time_us", "TFLOP/s", "GB/s", "floor_us", "/floor", "/burst", "/mma", "MHz",
+              "scat/ctg", "grph/eag", "naive_ms", "err");
   for (const Row& r : rows) {
-    std::printf("%-5s %-18s %10.1f %8.0f %8.0f %10.1f %7.2f %7.2f %5.0f %8.3f %8.3f %10.2f %8.1e\n",
-                r.name.c_str(), r.path.c_str(), r.us, r.tflops, r.gbs, r.floor_us, r.ratio,
-                r.burst_ratio, r.mhz, r.scattered_ratio, r.graph_ratio, r.naive_ms, r.err);
+    std::printf(
+        "%-5s %-18s %10.1f %8.0f %8.0f %10.1f %7.2f %7.2f %7.2f %5.0f %8.3f %8.3f %10.2f %8.1e\n",
+        r.name.c_str(), r.path.c_str(), r.us, r.tflops, r.gbs, r.floor_us, r.ratio, r.burst_ratio,
+        r.mma_ratio, r.mhz, r.scattered_ratio, r.graph_ratio, r.naive_ms, r.err);
   }
   std::printf(
-      "ceilings (sustained, the floor's): copy %.0f GB/s, bf16 matmul %.0f TFLOP/s at %.0f MHz; "
-      "burst: %.0f GB/s, %.0f TFLOP/s at %.0f MHz\n",
-      bandwidth / 1e9, matmul / 1e12, matmul_ceiling.sustained_mhz, copy_ceiling.burst / 1e9,
-      matmul_ceiling.burst / 1e12, matmul_ceiling.burst_mhz);
+      "ceilings (sustained, the floor's): copy %.0f GB/s, bf16 matmul %.0f TFLOP/s at %.0f MHz, "
+      "mma.sync %.0f TFLOP/s; burst: %.0f GB/s, %.0f TFLOP/s at %.0f MHz, mma.sync %.0f TFLOP/s\n",
+      bandwidth / 1e9, matmul / 1e12, matmul_ceiling.sustained_mhz, mma_ceiling.sustained / 1e12,
+      copy_ceiling.burst / 1e9, matmul_ceiling.burst / 1e12, matmul_ceiling.burst_mhz,
+      mma_ceiling.best() / 1e12);
   return 0;
 }
 
