@@ -16,8 +16,6 @@
 //                                         clocks of each phase of a steady tile)
 //                         [--diag]       (the sm_90a kernel without its KV gathers, without its
 //                                         wgmma: which side bounds it, plans/0004 session 4)
-//                         [--portable-variants] (the portable kernel's tile widths and schedules
-//                                         side by side, plans/0026)
 // The three instruments may be given together: each runs, in that order, and the table does not.
 // On a Hopper device both flash paths are measured (FlashPath::kHopper, then kPortable);
 // --launcher-path-only measures kAuto alone. The timeline and diag instruments are other
@@ -41,7 +39,6 @@
 #include "kernels/mla_verify_launch.h"
 #include "kernels/split_planner.h"
 #include "tools/bench/bench_cuda_check.h"
-#include "tools/bench/mla_verify_flash_portable_variants.h"
 #include "tools/bench/mla_verify_flash_sm90_probes.h"
 #include "tools/bench/mma_sync_rate.h"
 #include "verify/mla_dims.h"
@@ -648,50 +645,6 @@ void Diagnose(const Shape& s, std::mt19937_64& rng, int sms, int iters) {
   FreeShape(d);
 }
 
-// The portable kernel's variants (mla_verify_flash_portable_variants.h) on one shape: flash (the
-// variant's) + combine (the product's), contiguous and scattered slots, each against the floor at
-// the best mma.sync rate; the variant's output against the product's portable kernel on the same
-// inputs (relative error; the variants sum in other orders, so not bit-equal).
-void PortableVariants(const Shape& s, std::mt19937_64& rng, int sms, int iters, const Ceiling& copy,
-                      const Ceiling& mma_rate) {
-  ShapeData d = BuildShape(s, rng);
-  UploadedPlan up = PlanAndUpload(s, sms);
-  const double flops = double(s.batch) * s.q * s.heads * (double(s.l) + s.q) * 2176.0;
-  const double bytes = double(s.batch) * (double(s.l) + s.q) * kKvRowBytes;
-  const double floor_s = std::max(bytes / copy.best(), flops / mma_rate.best());
-  const size_t out_elems = size_t(s.batch) * s.q * s.heads * kVDim;
-  BENCH_OK(LaunchMlaVerify(ProblemFor(d, 0, true), up.plan, up.layout, up.workspace, nullptr,
-                           VerifyStages::kFlashAndCombine, FlashPath::kPortable));
-  bf16_bits* product_out = DeviceAlloc<bf16_bits>(out_elems);
-  BENCH_CUDA(cudaMemcpy(product_out, d.out, out_elems * 2, cudaMemcpyDeviceToDevice));
-  for (int v = 0; v < PortableVariantCount(); ++v) {
-    auto launch = [&](int i, bool scattered) {
-      const VerifyProblem p = ProblemFor(d, i % d.copies, scattered);
-      BENCH_CUDA(LaunchPortableVariant(v, MakeMlaVerifyParams(p, up.plan, up.layout, up.workspace),
-                                       nullptr));
-      if (!up.plan.combine.empty()) {
-        BENCH_OK(LaunchMlaVerify(p, up.plan, up.layout, up.workspace, nullptr,
-                                 VerifyStages::kCombineOnly));
-      }
-    };
-    const double contiguous = MedianMs(5, iters, [&](int i) { launch(i, false); });
-    const double scattered = MedianMs(5, iters, [&](int i) { launch(i, true); });
-    BENCH_CUDA(cudaMemset(d.out, 0xFF, out_elems * 2));
-    launch(0, true);
-    BENCH_CUDA(cudaDeviceSynchronize());
-    const double err = RelativeErrorBf16(d.out, product_out, out_elems);
-    std::printf(
-        "variant %s %-13s B=%d H=%d Q=%d L=%d: %.1f us (x%.2f mma.sync floor), scattered %.1f us "
-        "(x%.3f), vs product %.1e\n",
-        s.name, PortableVariantName(v), s.batch, s.heads, s.q, s.l, contiguous * 1e3,
-        contiguous * 1e-3 / floor_s, scattered * 1e3, scattered / contiguous, err);
-    std::fflush(stdout);
-  }
-  cudaFree(product_out);
-  cudaFree(up.workspace);
-  FreeShape(d);
-}
-
 int Main(int argc, char** argv) {
   int iters = 50;
   bool run_naive = true;
@@ -699,7 +652,6 @@ int Main(int argc, char** argv) {
   bool breakdown = false;
   bool timeline = false;
   bool diag = false;
-  bool variants = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
@@ -718,8 +670,6 @@ int Main(int argc, char** argv) {
       timeline = true;
     else if (!std::strcmp(argv[i], "--diag"))
       diag = true;
-    else if (!std::strcmp(argv[i], "--portable-variants"))
-      variants = true;
   }
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -790,12 +740,7 @@ int Main(int argc, char** argv) {
       if (selected(s)) Diagnose(s, rng, sms, iters);
     }
   }
-  if (variants) {
-    for (const Shape& s : shapes) {
-      if (selected(s)) PortableVariants(s, rng, sms, iters, copy_ceiling, mma_ceiling);
-    }
-  }
-  if (breakdown || timeline || diag || variants) return 0;
+  if (breakdown || timeline || diag) return 0;
   std::vector<Row> rows;
   for (const Shape& s : shapes) {
     if (!selected(s)) continue;

@@ -2,7 +2,7 @@
 # On the GPU machine (run tool, carry ["bundle"]): the portable kernel's checks and measurements in
 # one call (plans/0026): its tests on every path, racecheck on the gathered and the copied layouts,
 # the SASS counts of its sm_90 build (and of an sm_120 cubin in bundle/, if make_bundle put one
-# there), the kernel bench (both paths, ceilings in the same run), the portable variants, and, with
+# there), the kernel bench (both paths, ceilings in the same run), and, with
 # PROFILE=1, ncu's tensor-pipe share and stall reasons for the portable kernel on S1 and S3.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +20,7 @@ sass_counts() {  # file label
   echo
 }
 cuobjdump -sass -arch sm_90 "$B"/lib/libverifyd_kernels.a 2>/dev/null |
-  awk '/Function : .*MlaVerifyFlashPortable/{f=1} /Function : /&&!/MlaVerifyFlashPortable/{f=0} f' >"$OUT/portable_sm90.sass"
+  awk '/Function : .*MlaVerifyFlashKernel/{f=1} /Function : /&&!/MlaVerifyFlashKernel/{f=0} f' >"$OUT/portable_sm90.sass"
 sass_counts "$OUT/portable_sm90.sass" "portable sm_90 SASS"
 for cubin in "$B"/*.sm_120.cubin; do
   [ -f "$cubin" ] || continue
@@ -45,14 +45,12 @@ for filter in '*prefix_64_forest*' '*ContiguousAndRandomRuns*'; do
 done
 echo "== bench"
 timeout 400 "$B/bin/mla_verify_bench" --iters "${ITERS:-30}" 2>&1 | tee "$OUT/bench.log" | grep -E "^(shape|S[0-9H] +|ceilings|measured)"
-echo "== variants"
-timeout 300 "$B/bin/mla_verify_bench" --iters "${ITERS:-30}" --no-naive --portable-variants 2>&1 | tee "$OUT/variants.log" | grep -E "^variant|mma.sync ceiling"
 if [ "${PROFILE:-0}" = 1 ]; then
   for shape in ${PROFILE_SHAPES:-S1 S3}; do
     stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' barrier long_scoreboard \
       short_scoreboard mio_throttle math_pipe_throttle wait not_selected selected dispatch_stall \
       no_instruction branch_resolving misc sleeping membar lg_throttle)
-    timeout 200 ncu --clock-control none -k regex:MlaVerifyFlashPortable -c 1 --section SpeedOfLight \
+    timeout 200 ncu --clock-control none -k regex:MlaVerifyFlashKernel -c 1 --section SpeedOfLight \
       --metrics "${stalls%,},sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_hmma.sum,smsp__inst_executed.sum" \
       "$B/bin/mla_verify_bench" --shapes $shape --iters 1 --no-naive >"$OUT/ncu-$shape.txt" 2>&1
     echo "== ncu $shape rc=$?"
