@@ -276,6 +276,9 @@ class CudaBackend : public ComputeBackend {
     // recorded again (cuda_value_check.h).
     std::shared_ptr<CudaValueCheck> value_check;
   };
+  // Waits (counted in staging_waits) until the ring buffer's last upload ran, and settles the
+  // value check of the call that last used it.
+  absl::Status AwaitRingStaging(RingStaging& ring, std::chrono::steady_clock::time_point* clock);
 
   CudaBackendOptions options_;
   std::shared_ptr<CudaStream> stream_;

@@ -136,6 +136,31 @@ absl::Status CudaBackend::ReleaseExternalWait(const ExternalFlag& ready) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::AwaitRingStaging(RingStaging& ring,
+                                           std::chrono::steady_clock::time_point* clock) {
+  if (ring.uploaded == nullptr) {
+    VERIFYD_CUDA_CHECK(cudaEventCreateWithFlags(&ring.uploaded, cudaEventDisableTiming));
+  }
+  if (ring.pending) {
+    if (cudaEventQuery(ring.uploaded) == cudaErrorNotReady) {
+      cudaGetLastError();
+      ++external_counters_.staging_waits;
+      // Time the GPU is behind, not host work: counted as a wait, not as staging.
+      Lap(clock, &phase_times_.stage_ns);
+      VERIFYD_CUDA_CHECK(cudaEventSynchronize(ring.uploaded));
+      Lap(clock, &phase_times_.wait_ns);
+    }
+    ring.pending = false;
+  }
+  // The last call here has run (its event was waited for or found complete above, the only way
+  // `pending` clears): its check reads its words now, before this call's copy replaces them.
+  if (ring.value_check != nullptr) {
+    ring.value_check->Settle();
+    ring.value_check.reset();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& problem,
                                              absl::Span<const VerifySlotList> lists,
                                              const CachedPlan& plan, const SlotMirrorPlan& slots,
@@ -151,26 +176,7 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
       external_value_words_.as<unsigned long long>(position * 2 * sizeof(uint64_t));
   unsigned long long* value_words_host =
       external_value_host_.as<unsigned long long>(position * 2 * sizeof(uint64_t));
-  if (ring.uploaded == nullptr) {
-    VERIFYD_CUDA_CHECK(cudaEventCreateWithFlags(&ring.uploaded, cudaEventDisableTiming));
-  }
-  if (ring.pending) {
-    if (cudaEventQuery(ring.uploaded) == cudaErrorNotReady) {
-      cudaGetLastError();
-      ++external_counters_.staging_waits;
-      // Time the GPU is behind, not host work: counted as a wait, not as staging.
-      Lap(&clock, &phase_times_.stage_ns);
-      VERIFYD_CUDA_CHECK(cudaEventSynchronize(ring.uploaded));
-      Lap(&clock, &phase_times_.wait_ns);
-    }
-    ring.pending = false;
-  }
-  // The last call here has run (its event was waited for or found complete above, the only way
-  // `pending` clears): its check reads its words now, before this call's copy replaces them.
-  if (ring.value_check != nullptr) {
-    ring.value_check->Settle();
-    ring.value_check.reset();
-  }
+  VERIFYD_RETURN_IF_ERROR(AwaitRingStaging(ring, &clock));
   // External tensors are read and written in place: nothing of q, out or lse is staged.
   VERIFYD_ASSIGN_OR_RETURN(StagedCall staged,
                            Stage(layout, problem, lists, plan, slots,
