@@ -258,7 +258,7 @@ TEST_F(KvStoreTest, PrepareVerifyRejectsEachBadInputAndChangesNothing) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(s, "items[0].parents[2] = 5 must be < 2")) << s;
   s = store_->PrepareVerify(0, {VerifyItem{2, std::vector<int32_t>(17, -1), {}}});
-  EXPECT_TRUE(Contains(s, "items[0].parents has 17 nodes; must be in [1, 16]")) << s;
+  EXPECT_TRUE(Contains(s, "items[0].parents has 17 nodes, must be in [1, 16]")) << s;
   s = store_->PrepareVerify(0, {VerifyItem{3, {-1}, {}}});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(s, "layer 1 holds 0 tokens, layer 0 holds 1")) << s;
