@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <limits>
-#include <random>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "base/random.h"
 #include "verify/mla_dims.h"
 
 namespace verifyd {
@@ -16,7 +15,7 @@ CompactionManager::CompactionManager(int history, int64_t chunk_bytes, ExecutorM
       metrics_(metrics),
       // Random per daemon run: ids never repeat across restarts, so a poller that outlives one
       // cannot read another run's operation under the id it holds (issue 17).
-      id_prefix_(absl::StrFormat("compact-%08x-", std::random_device{}())) {}
+      id_prefix_(absl::StrCat("compact-", RandomHex(4), "-")) {}
 
 std::string CompactionManager::Create(int64_t budget_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
