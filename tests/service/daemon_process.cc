@@ -14,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace verifyd::testing {
 namespace {
@@ -85,6 +86,14 @@ std::string DaemonProcess::StartupField(const std::string& key) const {
       return std::string(word.substr(key.size() + 1));
   }
   return "";
+}
+
+std::string DaemonProcess::MetricsAddress() const {
+  const std::string field = StartupField("metrics");
+  absl::string_view url = field;
+  absl::ConsumePrefix(&url, "http://");
+  absl::ConsumeSuffix(&url, "/metrics");
+  return std::string(url);
 }
 
 void DaemonProcess::Signal(int signal_number) {

@@ -23,6 +23,8 @@ class DaemonProcess {
   const std::string& startup_line() const { return startup_line_; }
   // The value of `key=` in the startup line ("" when absent).
   std::string StartupField(const std::string& key) const;
+  // host:port of its /metrics (the startup line's metrics=http://host:port/metrics).
+  std::string MetricsAddress() const;
   void Signal(int signal_number);
   pid_t pid() const { return pid_; }
   // The exit code, or -1 on timeout / abnormal end.

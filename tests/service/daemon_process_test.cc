@@ -23,6 +23,7 @@
 #include "tests/service/rpc_helpers.h"
 #include "tests/service/shadow_model.h"
 #include "tests/service/test_server.h"
+#include "tests/testing/prometheus_text.h"
 
 namespace verifyd {
 namespace {
@@ -35,25 +36,6 @@ using Health = grpc::health::v1::HealthCheckResponse;
 
 // The build's daemon; VERIFYD_BINARY in the environment points elsewhere (the GPU bundle).
 const std::string kBinary = testing::DaemonBinary(VERIFYD_BINARY);
-
-std::string MetricsAddress(const DaemonProcess& daemon) {
-  const std::string field = daemon.StartupField("metrics");
-  absl::string_view url = field;
-  absl::ConsumePrefix(&url, "http://");
-  absl::ConsumeSuffix(&url, "/metrics");
-  return std::string(url);
-}
-
-// The value of an unlabelled sample in Prometheus text, or -1.
-double Sample(const std::string& text, const std::string& name) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::ConsumePrefix(&line, name + " ")) {
-      double v = -1;
-      if (absl::SimpleAtod(line, &v)) return v;
-    }
-  }
-  return -1;
-}
 
 TEST(DaemonProcessTest, InvalidFlagsExitTwo) {
   std::string output;
@@ -195,7 +177,7 @@ TEST(DaemonProcessTest, LeaseExpiryFreesSilentClientsAndMetricsPassPromtool) {
        "--kv-capacity-tokens=1024", "--lease-seconds=1", "--compute-threads=1"},
       &error);
   ASSERT_NE(daemon, nullptr) << error;
-  const std::string metrics = MetricsAddress(*daemon);
+  const std::string metrics = daemon->MetricsAddress();
   ASSERT_FALSE(metrics.empty()) << daemon->startup_line();
 
   auto channel = testing::MakeChannel(address);
@@ -221,14 +203,14 @@ TEST(DaemonProcessTest, LeaseExpiryFreesSilentClientsAndMetricsPassPromtool) {
   std::string text;
   for (int i = 0; i < 50; ++i) {
     text = testing::HttpGet(metrics, "/metrics");
-    if (Sample(text, "verifyd_sequences") == 0) break;
+    if (testing::PrometheusSample(text, "verifyd_sequences") == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_FALSE(text.empty()) << "no answer from http://" << metrics << "/metrics";
-  EXPECT_EQ(Sample(text, "verifyd_lease_expiries_total"), 2);
-  EXPECT_EQ(Sample(text, "verifyd_sequences"), 0);
-  EXPECT_EQ(Sample(text, "verifyd_kv_capacity_tokens"), 1024);
-  EXPECT_EQ(Sample(text, "verifyd_ready"), 1);
+  EXPECT_EQ(testing::PrometheusSample(text, "verifyd_lease_expiries_total"), 2);
+  EXPECT_EQ(testing::PrometheusSample(text, "verifyd_sequences"), 0);
+  EXPECT_EQ(testing::PrometheusSample(text, "verifyd_kv_capacity_tokens"), 1024);
+  EXPECT_EQ(testing::PrometheusSample(text, "verifyd_ready"), 1);
   EXPECT_THAT(text,
               ::testing::ContainsRegex("verifyd_build_info\\{backend=\"(cpu|cuda)\",version=\""));
   // The DCGM join key (plans/0003): "" on cpu, nvidia-smi's form on cuda.
