@@ -378,6 +378,22 @@ TEST_F(KvStoreTest, LeasesAreRenewedByEveryCallAndExpiredSequencesReleased) {
   EXPECT_EQ(store_->Stats().used_slots, 0);
 }
 
+TEST_F(KvStoreTest, ACallNamingAnExpiredSequenceHearsThatItsLeaseExpired) {
+  ASSERT_TRUE(AppendAll(1, 2, 1).ok());
+  now_ += absl::Seconds(11);
+  ASSERT_EQ(store_->ExpireLeases(), (std::vector<SequenceId>{1}));
+  const absl::Status gone = store_->PrepareVerify(0, {VerifyItem{1, {-1}, {}}});
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(gone, "= 1 is not a live sequence: its lease expired at ")) << gone;
+  EXPECT_TRUE(Contains(gone, "Append it again")) << gone;
+  EXPECT_EQ(store_->Release(1).code(), absl::StatusCode::kNotFound);
+  // Never seen: the plain answer. Appended again: live, and the record is gone with it.
+  EXPECT_FALSE(Contains(store_->Release(9), "lease"));
+  ASSERT_TRUE(AppendAll(1, 2, 2).ok());
+  ASSERT_TRUE(store_->Release(1).ok());
+  EXPECT_FALSE(Contains(store_->Release(1), "lease"));
+}
+
 TEST_F(KvStoreTest, StatsCountRunsAndTokensOutsideTheFirstRun) {
   ASSERT_TRUE(AppendAll(1, 4, 1).ok());  // 0..3
   ASSERT_TRUE(AppendAll(2, 4, 2).ok());  // 4..7
