@@ -7,6 +7,7 @@ set -euo pipefail
 pkgs=(cmake g++ make pkg-config git
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+      libspdlog-dev  # the daemon's event log (service/event_log.h)
       curl systemd libsystemd-dev python3-yaml
       python3-grpcio python3-protobuf python3-numpy python3-setuptools python3-venv
       clang-14 libfuzzer-14-dev  # the ASan+UBSan stage and the fuzz targets (tests/fuzz)

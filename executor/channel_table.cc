@@ -54,6 +54,7 @@ absl::StatusOr<ChannelInfo> ChannelTable::Open(const std::string& owner, uint32_
   std::lock_guard<std::mutex> lock(mu_);
   if (closing_) return absl::UnavailableError("verifyd is shutting down");  // closes `server`
   channels_[id] = *std::move(server);
+  if (options_.events != nullptr) options_.events->OnChannelOpened(id, owner, entries);
   return info;
 }
 
@@ -74,6 +75,7 @@ absl::Status ChannelTable::Close(const std::string& owner, uint64_t id) {
     channels_.erase(it);
   }
   server->Close(absl::StatusCode::kCancelled);  // outside the lock: it joins a thread
+  Closed(*server, "closed by its client");
   return absl::OkStatus();
 }
 
@@ -86,7 +88,15 @@ void ChannelTable::CloseAll(absl::StatusCode reason) {
   }
   sweeper_cv_.notify_all();
   if (sweeper_.joinable()) sweeper_.join();
-  for (auto& [_, server] : all) server->Close(reason);
+  for (auto& [_, server] : all) {
+    server->Close(reason);
+    Closed(*server, "the daemon stops");
+  }
+}
+
+void ChannelTable::Closed(const ChannelServer& server, const char* why) {
+  if (options_.events != nullptr)
+    options_.events->OnChannelClosed(server.id(), server.owner(), why);
 }
 
 int ChannelTable::ReapFinished() {
@@ -103,7 +113,10 @@ int ChannelTable::ReapFinished() {
       }
     }
   }
-  for (auto& server : done) server->Close(absl::StatusCode::kDeadlineExceeded);
+  for (auto& server : done) {
+    server->Close(absl::StatusCode::kDeadlineExceeded);
+    Closed(*server, "its lease expired (no heartbeat or descriptor within the lease)");
+  }
   return static_cast<int>(done.size());
 }
 

@@ -168,6 +168,43 @@ TEST(DaemonProcessTest, SigtermFinishesQueuedCallsAndExitsZero) {
                    .ok());
 }
 
+// What an operator and a client hear of a lease expiry: the daemon logs it (one levelled line per
+// event, with the start, a refused call and the stop), and a later call naming the sequence gets
+// a NOT_FOUND that says its lease expired.
+TEST(DaemonProcessTest, ALeaseExpiryIsLoggedAndNamedInTheNotFound) {
+  const std::string address = testing::TempSocketAddress("expiry");
+  const std::string log = absl::StrCat(::testing::TempDir(), "/verifyd-expiry-", getpid(), ".log");
+  std::string error;
+  auto daemon =
+      DaemonProcess::Start(kBinary,
+                           {"--listen=" + address, "--metrics=", "--layers=1", "--heads=2",
+                            "--kv-capacity-tokens=256", "--lease-seconds=1", "--compute-threads=1"},
+                           &error, log);
+  ASSERT_NE(daemon, nullptr) << error;
+  auto stub = v1::Verifyd::NewStub(testing::MakeChannel(address));
+  ShadowModel model(1, 2, 1.0f / std::sqrt(192.0f), 5);
+  testing::RpcDriver driver(*stub, model);
+  ASSERT_TRUE(driver.Append(model.MakeAppend(4, 9)).ok());
+  grpc::Status gone;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    gone = driver.Commit(4, {});
+  } while (gone.error_code() != grpc::StatusCode::NOT_FOUND &&
+           std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(gone.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(gone.error_message(), HasSubstr("= 4 is not a live sequence: its lease expired at "));
+  daemon->Signal(SIGTERM);
+  ASSERT_EQ(daemon->Wait(std::chrono::seconds(30)), 0);
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, ::testing::ContainsRegex("Z info start listen=unix://[^ ]+ .*layers=1"));
+  EXPECT_THAT(text, HasSubstr(" info lease_expired sequence=4\n"));
+  EXPECT_THAT(text, HasSubstr(" info refused method=Commit code=NOT_FOUND count=1 message="));
+  EXPECT_THAT(text, HasSubstr(" info stopped\n"));
+  unlink(log.c_str());
+}
+
 TEST(DaemonProcessTest, LeaseExpiryFreesSilentClientsAndMetricsPassPromtool) {
   const std::string address = testing::TempSocketAddress("lease");
   std::string error;
