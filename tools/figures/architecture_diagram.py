@@ -5,14 +5,10 @@ floors (plans/0014-layout.md, shared/ARCHITECTURE.md) and the three ways a Verif
   architecture_diagram.py -o plans/figures/architecture.png"""
 from __future__ import annotations
 
-import argparse
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import FancyBboxPatch  # noqa: E402
+import diagram_cli
+from matplotlib.patches import FancyBboxPatch
 
 BLUE, ORANGE, GREEN, GREY = "#4C72B0", "#DD8452", "#55A868", "#8C8C8C"
 
@@ -34,8 +30,7 @@ def arrow(ax, a, b, label, colour, offset=(0, 0.08), both=False):
             bbox=dict(facecolor="white", edgecolor="none", pad=0.8))
 
 
-def draw(out: str) -> None:
-    fig, ax = plt.subplots(figsize=(12.5, 7.2))
+def draw(fig, ax) -> None:
     # The scheduler process (left).
     box(ax, 0.1, 4.3, 3.0, 2.5, "scheduler process",
         "engine: model layers on its stream\nverifyd::client (C++) or the verifyd\n"
@@ -78,17 +73,8 @@ def draw(out: str) -> None:
             fontsize=8, color=ORANGE, ha="left")
     ax.set_xlim(0, 12.4)
     ax.set_ylim(0, 7.1)
-    ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("-o", "--out", required=True)
-    draw(p.parse_args(argv).out)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(diagram_cli.run(__doc__, (12.5, 7.2), draw))
+

@@ -8,13 +8,10 @@ The steps are the ones backend/cuda/cuda_backend.h states for ComputeVerifyExter
 python/verifyd/dataplane_channel.py for Channel.verify; edit STEPS when they change."""
 from __future__ import annotations
 
-import argparse
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import diagram_cli
+import matplotlib.pyplot as plt
 
 LANES = ["scheduler CPU", "scheduler's stream", "channel ring\n(shared memory)",
          "verifyd executor", "verifyd's stream", "ready / done flags\n(device memory)"]
@@ -41,9 +38,8 @@ STEPS = [
 ]
 
 
-def draw(out: str) -> None:
+def draw(fig, ax) -> None:
     n = len(STEPS)
-    fig, ax = plt.subplots(figsize=(13, 0.62 * n + 2.2))
     xs = [i * 2.2 for i in range(len(LANES))]
     top, bottom = 0.0, -(n + 1)
     for x, name in zip(xs, LANES):
@@ -68,18 +64,9 @@ def draw(out: str) -> None:
             "other through the flags (orange).", fontsize=9, style="italic", va="top")
     ax.set_xlim(-1.2, xs[-1] + 2.4)
     ax.set_ylim(bottom - 0.8, top + 1.0)
-    ax.axis("off")
     ax.set_title("one layer of a decode step through the co-located data plane", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("-o", "--out", required=True)
-    draw(p.parse_args(argv).out)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(diagram_cli.run(__doc__, (13, 0.62 * len(STEPS) + 2.2), draw))
+
