@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <future>
-#include <random>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/random.h"
 #include "client/append_chunking.h"
 #include "client/health_codec.h"
 #include "client/tensor.h"
@@ -22,17 +22,6 @@ namespace {
 constexpr char kAdminTokenKey[] = "x-verifyd-admin-token";
 constexpr char kClientKey[] = "x-verifyd-client";
 
-// 128 random bits, hex: a client id no other process picks by accident.
-std::string RandomClientId() {
-  std::random_device random;
-  std::string id;
-  static constexpr char kHex[] = "0123456789abcdef";
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t word = random();
-    for (int k = 0; k < 4; ++k) id.push_back(kHex[(word >> (4 * k)) & 15]);
-  }
-  return id;
-}
 constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
 
 // gRPC and Abseil share the canonical code numbering, so the code carries over unchanged.
@@ -104,7 +93,8 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
     : options_(std::move(options)),
       channel_(std::move(channel)),
       stub_(v1::Verifyd::NewStub(channel_)) {
-  if (options_.client_id.empty()) options_.client_id = RandomClientId();
+  // 128 random bits: a client id no other process picks by accident.
+  if (options_.client_id.empty()) options_.client_id = RandomHex();
 }
 
 Client::~Client() = default;

@@ -7,12 +7,13 @@ set -euo pipefail
 pkgs=(cmake g++ make pkg-config git
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+      libspdlog-dev  # the daemon's event log (service/event_log.h)
       curl systemd libsystemd-dev python3-yaml
       python3-grpcio python3-protobuf python3-numpy python3-setuptools python3-venv
       clang-14 libfuzzer-14-dev  # the ASan+UBSan stage and the fuzz targets (tests/fuzz)
       clang-format-14)  # the format check (tools/format/check_format.sh)
-# The Python package's tests also use pytest and torch (CPU).
-test_pkgs=(prometheus python3-pytest python3-torch)
+# The Python package's tests also use pytest and torch (CPU); the pictures' scripts matplotlib.
+test_pkgs=(prometheus python3-pytest python3-torch python3-matplotlib)
 [[ "${1:-}" == --tests ]] && pkgs+=("${test_pkgs[@]}")
 missing=()
 for p in "${pkgs[@]}"; do

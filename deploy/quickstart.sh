@@ -16,7 +16,8 @@ cuda=OFF
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then cuda=AUTO; fi
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DVERIFYD_CUDA=$cuda -DVERIFYD_BUILD_TESTS=OFF \
   ${VERIFYD_CMAKE_ARGS:-}
-cmake --build "$BUILD" -j "$JOBS" --target verifyd fake_scheduler verifyctl
+# libverifyd_dataplane too: what Python's data plane loads, and what `cmake --install` installs.
+cmake --build "$BUILD" -j "$JOBS" --target verifyd fake_scheduler verifyctl verifyd_dataplane
 
 VERIFYD="$BUILD/service/verifyd"
 SCHEDULER="$BUILD/tools/fake_scheduler/fake_scheduler"
@@ -59,4 +60,6 @@ rc=$?
 set -e
 daemon_pid=""
 [[ $rc == 0 ]] || die "verifyd exited $rc after SIGTERM"
-echo "quickstart: OK (verifyd stopped cleanly)"
+# What the build made installs (README: `cmake --install`), here into a scratch prefix.
+cmake --install "$BUILD" --prefix "$work/prefix" >/dev/null || die "cmake --install failed"
+echo "quickstart: OK (verifyd stopped cleanly; the build installs)"

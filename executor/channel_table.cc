@@ -1,42 +1,12 @@
 #include "executor/channel_table.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/random.h"
 
 namespace verifyd {
-namespace {
-
-// 128 random bits: the ring's name cannot be guessed by another local user (mode 0600 already
-// keeps them out) nor reopened by a stale client after the daemon reused an id.
-std::string RandomHex() {
-  unsigned char bytes[16];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : bytes) {
-    out.push_back(kHex[b >> 4]);
-    out.push_back(kHex[b & 15]);
-  }
-  return out;
-}
-
-uint64_t RandomId() {
-  for (;;) {
-    uint64_t id = 0;
-    if (getrandom(&id, sizeof(id), 0) == sizeof(id) && id != 0) return id;
-  }
-}
-
-}  // namespace
-
 ChannelTable::ChannelTable(ChannelTableOptions options, Device* device,
                            ExternalRegionTable* regions)
     : options_(std::move(options)), device_(device), regions_(regions) {
@@ -62,8 +32,8 @@ absl::StatusOr<ChannelInfo> ChannelTable::Open(const std::string& owner, uint32_
           absl::StrCat("this client has ", mine, " open channels, the most allowed (",
                        options_.max_channels_per_client, "); close one first"));
     }
-    id = RandomId();
-    while (channels_.contains(id)) id = RandomId();
+    id = RandomNonzeroId();
+    while (channels_.contains(id)) id = RandomNonzeroId();
   }
   ChannelOptions channel;
   channel.owner = owner;
@@ -74,6 +44,8 @@ absl::StatusOr<ChannelInfo> ChannelTable::Open(const std::string& owner, uint32_
   channel.on_completion = options_.on_completion;
   channel.release_wait = options_.release_wait;
   channel.sleep_slice = std::min(absl::Milliseconds(100), options_.lease / 4);
+  // 128 random bits: the ring's name cannot be guessed by another local user (mode 0600 already
+  // keeps them out) nor reopened by a stale client after the daemon reused an id.
   const std::string name = absl::StrCat("/", options_.name_prefix, RandomHex());
   absl::StatusOr<std::unique_ptr<ChannelServer>> server =
       ChannelServer::Open(id, name, std::move(channel), device_, regions_);
@@ -82,6 +54,7 @@ absl::StatusOr<ChannelInfo> ChannelTable::Open(const std::string& owner, uint32_
   std::lock_guard<std::mutex> lock(mu_);
   if (closing_) return absl::UnavailableError("verifyd is shutting down");  // closes `server`
   channels_[id] = *std::move(server);
+  if (options_.events != nullptr) options_.events->OnChannelOpened(id, owner, entries);
   return info;
 }
 
@@ -102,6 +75,7 @@ absl::Status ChannelTable::Close(const std::string& owner, uint64_t id) {
     channels_.erase(it);
   }
   server->Close(absl::StatusCode::kCancelled);  // outside the lock: it joins a thread
+  Closed(*server, "closed by its client");
   return absl::OkStatus();
 }
 
@@ -114,7 +88,15 @@ void ChannelTable::CloseAll(absl::StatusCode reason) {
   }
   sweeper_cv_.notify_all();
   if (sweeper_.joinable()) sweeper_.join();
-  for (auto& [_, server] : all) server->Close(reason);
+  for (auto& [_, server] : all) {
+    server->Close(reason);
+    Closed(*server, "the daemon stops");
+  }
+}
+
+void ChannelTable::Closed(const ChannelServer& server, const char* why) {
+  if (options_.events != nullptr)
+    options_.events->OnChannelClosed(server.id(), server.owner(), why);
 }
 
 int ChannelTable::ReapFinished() {
@@ -131,7 +113,10 @@ int ChannelTable::ReapFinished() {
       }
     }
   }
-  for (auto& server : done) server->Close(absl::StatusCode::kDeadlineExceeded);
+  for (auto& server : done) {
+    server->Close(absl::StatusCode::kDeadlineExceeded);
+    Closed(*server, "its lease expired (no heartbeat or descriptor within the lease)");
+  }
   return static_cast<int>(done.size());
 }
 

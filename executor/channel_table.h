@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "executor/channel_server.h"
+#include "executor/executor_events.h"
 
 namespace verifyd {
 
@@ -28,6 +29,7 @@ struct ChannelTableOptions {
   std::string name_prefix = "verifyd-channel-";
   std::function<void(bool ok)> on_completion;  // ChannelOptions::on_completion of every channel
   std::function<void(const ExternalFlag& ready)> release_wait;  // ChannelOptions::release_wait
+  ExecutorEvents* events = nullptr;  // opens and closes (null: none told)
 };
 
 struct ChannelInfo {
@@ -56,6 +58,8 @@ class ChannelTable {
   int channels() const;
 
  private:
+  // Tells the events that `server` was closed, and why.
+  void Closed(const ChannelServer& server, const char* why);
   void Sweep();
 
   const ChannelTableOptions options_;

@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <limits>
-#include <random>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "base/random.h"
 #include "verify/mla_dims.h"
 
 namespace verifyd {
@@ -16,13 +15,14 @@ CompactionManager::CompactionManager(int history, int64_t chunk_bytes, ExecutorM
       metrics_(metrics),
       // Random per daemon run: ids never repeat across restarts, so a poller that outlives one
       // cannot read another run's operation under the id it holds (issue 17).
-      id_prefix_(absl::StrFormat("compact-%08x-", std::random_device{}())) {}
+      id_prefix_(absl::StrCat("compact-", RandomHex(4), "-")) {}
 
 std::string CompactionManager::Create(int64_t budget_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   CompactionOperation op;
   op.id = absl::StrCat(id_prefix_, next_id_++);
   op.budget_bytes = budget_bytes;
+  op.budget_requested = budget_bytes;
   operations_.push_back(op);
   // Forget the oldest finished operations beyond the history; unfinished ones stay.
   while (static_cast<int>(operations_.size()) > history_) {
@@ -54,7 +54,8 @@ CompactionOperation* CompactionManager::OldestUnfinishedLocked() {
   return nullptr;
 }
 
-void CompactionManager::FinishLocked(CompactionOperation& op, KvStore& store, bool done) {
+void CompactionManager::FinishLocked(CompactionOperation& op, KvStore& store, Stop why) {
+  bool done = why != Stop::kFailed;
   const absl::Time start = absl::Now();
   const absl::Status waited = store.storage().WaitForCopies();
   const absl::Duration took = absl::Now() - start;
@@ -69,7 +70,33 @@ void CompactionManager::FinishLocked(CompactionOperation& op, KvStore& store, bo
   const absl::Time stats_start = absl::Now();
   op.after = store.Stats().fragmentation;
   op.stats_time += absl::Now() - stats_start;
+  if (done) op.note = StopNote(op, store, why);
   metrics_->RecordCompactionFinished(done);
+  metrics_->OnCompactionFinished(op);
+}
+
+std::string CompactionManager::StopNote(const CompactionOperation& op, const KvStore& store,
+                                        Stop why) {
+  const int64_t move_bytes = int64_t{kKvRowBytes} * store.storage().num_layers();
+  if (why == Stop::kBudget && op.budget_requested == 0) {
+    return absl::StrCat("stopped at twice the first plan (", op.budget_bytes,
+                        " bytes: budget_bytes = 0 runs until converged, bounded so that traffic "
+                        "cannot keep it going), ",
+                        op.bytes_moved, " moved; compact again");
+  }
+  if (why == Stop::kBudget) {
+    return absl::StrCat("stopped at the budget: budget_bytes = ", op.budget_bytes, ", ",
+                        op.bytes_moved, " moved, and one more token moves ", move_bytes,
+                        " bytes (all layers)");
+  }
+  if (op.after.tokens_outside_first_run == 0) {
+    return op.bytes_moved == 0 ? "nothing to move: every sequence is one contiguous run already"
+                               : "converged: every sequence is one contiguous run";
+  }
+  return absl::StrCat(
+      "no free run is large enough for what is left: ", op.after.tokens_outside_first_run,
+      " tokens lie outside their sequences' first runs; release sequences (or let traffic free "
+      "space) and compact again");
 }
 
 void CompactionManager::ReplanLocked(CompactionOperation& op, KvStore& store, bool whole) {
@@ -160,7 +187,7 @@ bool CompactionManager::Step(KvStore& store) {
     planned_now = true;
   }
   if (plan_.runs.empty() || op->bytes_moved + move_bytes > op->budget_bytes) {
-    FinishLocked(*op, store, /*done=*/true);
+    FinishLocked(*op, store, plan_.runs.empty() ? Stop::kNothingToPlan : Stop::kBudget);
     return OldestUnfinishedLocked() != nullptr;
   }
   PlanCursor next = cursor_;
@@ -180,7 +207,7 @@ bool CompactionManager::Step(KvStore& store) {
   }
   if (!status.ok()) {
     op->error = std::string(status.message());
-    FinishLocked(*op, store, /*done=*/false);
+    FinishLocked(*op, store, Stop::kFailed);
     return OldestUnfinishedLocked() != nullptr;
   }
   cursor_ = next;
@@ -195,13 +222,13 @@ bool CompactionManager::Step(KvStore& store) {
   metrics_->RecordCompactionChunk(chunk.bytes(), took);
   metrics_->RecordKernel(KernelKind::kCompact, took);
   if (chunk_slots_moved == 0 || op->bytes_moved >= op->budget_bytes) {
-    FinishLocked(*op, store, /*done=*/true);
+    FinishLocked(*op, store, chunk_slots_moved == 0 ? Stop::kNothingToPlan : Stop::kBudget);
   } else if (cursor_.run >= plan_.runs.size()) {
     // The plan is used up: make the next one now, while this chunk's copy (and the previous one's)
     // still runs on the device, not at the start of the next Step, by which time the executor's
     // other work may have let the device run dry (plans/0011). It may be stale by then: see above.
     ReplanLocked(*op, store, /*whole=*/false);
-    if (plan_.runs.empty()) FinishLocked(*op, store, /*done=*/true);
+    if (plan_.runs.empty()) FinishLocked(*op, store, Stop::kNothingToPlan);
   }
   return OldestUnfinishedLocked() != nullptr;
 }
@@ -214,6 +241,7 @@ void CompactionManager::AbandonAll(const std::string& reason) {
       op.state = CompactionOperation::State::kFailed;
       op.error = reason;
       metrics_->RecordCompactionFinished(false);
+      metrics_->OnCompactionFinished(op);
     }
   }
 }

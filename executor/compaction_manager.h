@@ -20,7 +20,8 @@ struct CompactionOperation {
   enum class State { kPending, kRunning, kDone, kFailed };
   std::string id;
   State state = State::kPending;
-  int64_t budget_bytes = 0;  // 0: until converged
+  int64_t budget_bytes = 0;      // 0: until converged (then bounded: Step)
+  int64_t budget_requested = 0;  // as the caller asked
   int64_t bytes_planned = 0;
   int64_t bytes_moved = 0;
   int64_t tokens_moved = 0;  // slots moved (each one row on every layer)
@@ -39,6 +40,9 @@ struct CompactionOperation {
   int64_t plans = 0;
   int64_t chunks = 0;
   std::string error;
+  // A finished operation's reason for stopping where it did (done: converged, the budget, or no
+  // free run large enough for what is left), for the response and the log.
+  std::string note;
   double bytes_per_second() const {
     const double s = absl::ToDoubleSeconds(copy_time);
     return s > 0 ? static_cast<double>(bytes_moved) / s : 0.0;
@@ -68,7 +72,10 @@ class CompactionManager {
   CompactionOperation* FindLocked(const std::string& id);
   CompactionOperation* OldestUnfinishedLocked();
   // Waits for the copies still in flight (their time joins op.copy_time), then records the end.
-  void FinishLocked(CompactionOperation& op, KvStore& store, bool done);
+  // Why an operation that did not fail stops.
+  enum class Stop { kFailed, kBudget, kNothingToPlan };
+  void FinishLocked(CompactionOperation& op, KvStore& store, Stop why);
+  static std::string StopNote(const CompactionOperation& op, const KvStore& store, Stop why);
   // Plans afresh for `op`: its remaining budget, and unless `whole` at most kPlanChunks chunks.
   // Counts the time in op.plan_time.
   void ReplanLocked(CompactionOperation& op, KvStore& store, bool whole);

@@ -70,6 +70,7 @@ Device::Device(const DeviceOptions& options, std::unique_ptr<DeviceOperations> o
       absl::Microseconds(std::max<int64_t>(50, ExecutorSpinMicros(options.executor_spin_us)));
   channel_options.name_prefix = absl::StrCat("verifyd-", options.device, "-channel-");
   channel_options.on_completion = [metrics](bool ok) { metrics->RecordChannelDescriptor(ok); };
+  channel_options.events = metrics;
   // Off the executor (a channel's close): the backend's own thread-safety covers it (plans/0018).
   channel_options.release_wait = [ops = ops_.get()](const ExternalFlag& ready) {
     (void)ops->mutable_backend().ReleaseExternalWait(ready);

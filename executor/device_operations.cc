@@ -285,6 +285,7 @@ int64_t DeviceOperations::ExpireLeases() {
   for (SequenceId sequence : released) {
     backend_->ForgetSequence(sequence);
     unsettled_.erase(sequence);
+    metrics_->OnLeaseExpired(sequence);
   }
   const int64_t expired = static_cast<int64_t>(released.size());
   if (expired > 0) metrics_->RecordLeaseExpiries(expired);

@@ -3,12 +3,14 @@
 // channels). The executor owns the interface; the service implements it with Prometheus
 // (service/service_metrics.h), tests with a recording fake.
 // Implementations are called from the executor thread and from gRPC threads that run a task
-// inline, so they must be thread-safe.
+// inline, so they must be thread-safe. The same sink carries the events an operator reads in the
+// log (ExecutorEvents: no-ops unless overridden), so they reach the service the same way.
 #pragma once
 
 #include <cstdint>
 
 #include "absl/time/time.h"
+#include "executor/executor_events.h"
 #include "kvstore/kv_store.h"
 
 namespace verifyd {
@@ -16,9 +18,8 @@ namespace verifyd {
 // What one timed executor step did (the `kernel` label of verifyd_kernel_duration_seconds).
 enum class KernelKind { kVerify, kAppend, kCompact };
 
-class ExecutorMetrics {
+class ExecutorMetrics : public ExecutorEvents {
  public:
-  virtual ~ExecutorMetrics() = default;
   virtual void RecordKernel(KernelKind kernel, absl::Duration took) = 0;
   // Sequences in one Verify, and tree nodes (Q) of each of them.
   virtual void RecordVerifyBatch(int sequences) = 0;

@@ -1,23 +1,10 @@
 #include "executor/external_regions.h"
 
-#include <sys/random.h>
-
 #include "absl/strings/str_cat.h"
+#include "base/align.h"
+#include "base/random.h"
 
 namespace verifyd {
-namespace {
-
-// Ids are random and never 0 (0 means "no region" in a descriptor): a stale id from another
-// client or an earlier daemon does not name someone else's region by accident.
-uint64_t RandomId() {
-  for (;;) {
-    uint64_t id = 0;
-    if (getrandom(&id, sizeof(id), 0) == sizeof(id) && id != 0) return id;
-  }
-}
-
-}  // namespace
-
 ExternalRegionTable::ExternalRegionTable(ComputeBackend* backend, ExternalRegionLimits limits,
                                          Clock clock)
     : backend_(backend), limits_(limits), clock_(std::move(clock)) {}
@@ -44,15 +31,17 @@ absl::StatusOr<uint64_t> ExternalRegionTable::Register(const std::string& owner,
   }
   absl::StatusOr<std::unique_ptr<ExternalRegion>> opened = backend_->OpenExternalRegion(handle);
   if (!opened.ok()) return opened.status();
-  if (reinterpret_cast<uintptr_t>((*opened)->data()) % 256 != 0) {
+  if (reinterpret_cast<uintptr_t>((*opened)->data()) % kDeviceAlignment != 0) {
     return absl::InvalidArgumentError(
         "handle: the memory does not start at a 256-byte boundary; register the allocation's "
         "base");
   }
   const uint64_t bytes = (*opened)->bytes();
   std::lock_guard<std::mutex> lock(mu_);
-  uint64_t id = RandomId();
-  while (entries_.contains(id)) id = RandomId();
+  // Random and never 0 (0 means "no region" in a descriptor): a stale id from another client or
+  // an earlier daemon does not name someone else's region by accident.
+  uint64_t id = RandomNonzeroId();
+  while (entries_.contains(id)) id = RandomNonzeroId();
   entries_[id] =
       Entry{std::make_shared<const OpenExternalRegion>(id, owner, *std::move(opened)), clock_()};
   ++per_owner_[owner];

@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "verify/tree_parents.h"
 #include "verify/value_bound.h"
 
 namespace verifyd {
@@ -13,27 +14,6 @@ namespace {
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
 }  // namespace
-
-absl::Status CheckParents(absl::Span<const int32_t> parents, const std::string& field,
-                          int max_tree_nodes) {
-  if (parents.empty() || static_cast<int64_t>(parents.size()) > max_tree_nodes) {
-    return Invalid(absl::StrCat(field, " has ", parents.size(),
-                                " nodes, must be in [1, --max-tree-nodes = ", max_tree_nodes, "]"));
-  }
-  for (size_t i = 0; i < parents.size(); ++i) {
-    const int32_t p = parents[i];
-    if (p == -1) continue;
-    if (p < -1) {
-      return Invalid(
-          absl::StrCat(field, "[", i, "] = ", p, " must be -1 (a root) or an index >= 0"));
-    }
-    if (static_cast<size_t>(p) >= i) {
-      return Invalid(
-          absl::StrCat(field, "[", i, "] = ", p, " must be < ", i, " (or -1 for a root)"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<CommitPath> DecodeCommit(const CommitSpecView& spec, const std::string& field,
                                         int max_tree_nodes) {
@@ -87,8 +67,8 @@ absl::StatusOr<VerifyCall> ValidateVerifyHeader(const VerifyHeaderView& view,
       return Invalid(absl::StrCat(field, ".sequence_id = ", seq.sequence_id, " repeats sequences[",
                                   it->second, "]; a sequence may appear once per Verify"));
     }
-    VERIFYD_RETURN_IF_ERROR(
-        CheckParents(seq.parents, absl::StrCat(field, ".parents"), limits.max_tree_nodes));
+    VERIFYD_RETURN_IF_ERROR(CheckParents(seq.parents, limits.max_tree_nodes,
+                                         absl::StrCat(field, ".parents"), "--max-tree-nodes"));
     VerifyItem item;
     item.sequence = seq.sequence_id;
     item.parents.assign(seq.parents.begin(), seq.parents.end());

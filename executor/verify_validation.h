@@ -42,15 +42,11 @@ struct VerifyHeaderView {
 };
 
 // layer < --layers, sequences not empty, softmax_scale finite, > 0 and <= kMaxSoftmaxScale, no
-// sequence twice, each sequence's parents (CheckParents) and commit_previous (DecodeCommit).
-// Fills layer, items, qo_indptr, total_q, num_heads, return_lse and scale; the tensors are the
-// caller's.
+// sequence twice, each sequence's parents (CheckParents, verify/tree_parents.h) and commit_previous
+// (DecodeCommit). Fills layer, items, qo_indptr, total_q, num_heads, return_lse and scale; the
+// tensors are the caller's.
 absl::StatusOr<VerifyCall> ValidateVerifyHeader(const VerifyHeaderView& view,
                                                 const ValidationLimits& limits);
-
-// parents: [1, --max-tree-nodes] nodes, each -1 (a root) or an index < its own.
-absl::Status CheckParents(absl::Span<const int32_t> parents, const std::string& field,
-                          int max_tree_nodes);
 
 // commit_length equals the path's size; every node in [0, --max-tree-nodes).
 absl::StatusOr<CommitPath> DecodeCommit(const CommitSpecView& spec, const std::string& field,

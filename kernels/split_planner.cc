@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/align.h"
 #include "verify/mla_dims.h"
 
 namespace verifyd {
@@ -16,8 +17,6 @@ namespace {
 constexpr int64_t kItemOverheadTiles = 4;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-size_t AlignUp(size_t x) { return (x + 255) / 256 * 256; }
 
 struct SequenceShape {
   int64_t row_blocks;
@@ -141,14 +140,14 @@ absl::StatusOr<SplitPlan> PlanSplits(absl::Span<const int32_t> prefix_len,
 WorkspaceLayout LayoutWorkspace(const SplitPlan& plan) {
   WorkspaceLayout layout;
   layout.work_offset = 0;
-  layout.combine_offset = AlignUp(layout.work_offset + plan.work.size() * sizeof(FlashWorkItem));
+  layout.combine_offset = AlignTo256(layout.work_offset + plan.work.size() * sizeof(FlashWorkItem));
   layout.partial_o_offset =
-      AlignUp(layout.combine_offset + plan.combine.size() * sizeof(CombineItem));
+      AlignTo256(layout.combine_offset + plan.combine.size() * sizeof(CombineItem));
   layout.partial_lse_offset =
-      AlignUp(layout.partial_o_offset +
-              size_t(plan.num_partials) * kFlashBlockRows * kVDim * sizeof(bf16_bits));
-  layout.total_bytes = AlignUp(layout.partial_lse_offset +
-                               size_t(plan.num_partials) * kFlashBlockRows * sizeof(float));
+      AlignTo256(layout.partial_o_offset +
+                 size_t(plan.num_partials) * kFlashBlockRows * kVDim * sizeof(bf16_bits));
+  layout.total_bytes = AlignTo256(layout.partial_lse_offset +
+                                  size_t(plan.num_partials) * kFlashBlockRows * sizeof(float));
   return layout;
 }
 

@@ -39,7 +39,7 @@ KvStore::~KvStore() = default;
 absl::StatusOr<KvStore::Sequence*> KvStore::Find(SequenceId seq, absl::string_view field) {
   auto it = sequences_.find(seq);
   if (it == sequences_.end()) {
-    return absl::NotFoundError(absl::StrCat(field, " = ", seq, " is not a live sequence"));
+    return NotLive(seq, field);
   }
   return it->second.get();
 }
@@ -48,9 +48,19 @@ absl::StatusOr<const KvStore::Sequence*> KvStore::Find(SequenceId seq,
                                                        absl::string_view field) const {
   auto it = sequences_.find(seq);
   if (it == sequences_.end()) {
-    return absl::NotFoundError(absl::StrCat(field, " = ", seq, " is not a live sequence"));
+    return NotLive(seq, field);
   }
   return it->second.get();
+}
+
+absl::Status KvStore::NotLive(SequenceId seq, absl::string_view field) const {
+  if (const std::optional<absl::Time> when = expired_.When(seq)) {
+    return absl::NotFoundError(absl::StrCat(
+        field, " = ", seq, " is not a live sequence: its lease expired at ",
+        absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", *when, absl::UTCTimeZone()),
+        " (no call named it for ", absl::FormatDuration(options_.lease), "); Append it again"));
+  }
+  return absl::NotFoundError(absl::StrCat(field, " = ", seq, " is not a live sequence"));
 }
 
 absl::Status KvStore::CheckLayer(int layer, const char* field) const {
@@ -140,6 +150,7 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
     created->fill.assign(layers, 0);
     sequence = created.get();
     sequences_.emplace(seq, std::move(created));
+    expired_.Forget(seq);
   }
   for (const SlotRun& run : runs) {
     for (int32_t s = run.begin; s < run.end(); ++s) sequence->slots.push_back(s);
@@ -411,7 +422,10 @@ std::vector<SequenceId> KvStore::ExpireLeases() {
     if (sequence->deadline <= now) expired.push_back(id);
   }
   std::sort(expired.begin(), expired.end());
-  for (SequenceId id : expired) (void)Release(id);
+  for (SequenceId id : expired) {
+    (void)Release(id);
+    expired_.Add(id, now);
+  }
   return expired;
 }
 

@@ -17,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "kvstore/expired_sequences.h"
 #include "kvstore/fragmentation_tracker.h"
 #include "kvstore/kv_storage.h"
 #include "kvstore/slot_allocator.h"
@@ -266,6 +267,8 @@ class KvStore {
 
   absl::StatusOr<Sequence*> Find(SequenceId seq, absl::string_view field);
   absl::StatusOr<const Sequence*> Find(SequenceId seq, absl::string_view field) const;
+  // Find's NOT_FOUND: says when the lease dropped the sequence, where it did.
+  absl::Status NotLive(SequenceId seq, absl::string_view field) const;
   absl::Status ValidateCommit(const Sequence& sequence, const CommitPath& path,
                               const std::string& field) const;
   // Slot-table rewrite of a validated commit; frees the rejected nodes' slots.
@@ -306,6 +309,8 @@ class KvStore {
   int64_t shared_slots_ = 0;       // slots with holders_ >= 2
   int64_t shared_references_ = 0;  // sum of holders_ over those
   uint64_t next_slot_generation_ = 1;
+  // What ExpireLeases dropped, for the NOT_FOUND of a later call naming one.
+  ExpiredSequences expired_;
 };
 
 }  // namespace verifyd

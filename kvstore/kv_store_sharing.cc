@@ -48,6 +48,7 @@ absl::Status KvStore::Fork(SequenceId source, SequenceId fork, int64_t length) {
   // Every position of the fork is accounted by an ancestor until it grows.
   fragmentation_.Add(fork);
   sequences_.emplace(fork, std::move(created));
+  expired_.Forget(fork);
   return absl::OkStatus();
 }
 

@@ -17,7 +17,9 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "service/backend_factory.h"
+#include "service/event_log.h"
 #include "service/service_options.h"
 #include "service/systemd_notify.h"
 #include "service/verifyd_server.h"
@@ -26,6 +28,11 @@
 #define VERIFYD_VERSION "0.0.0"
 #endif
 
+ABSL_FLAG(std::string, log_level, "info",
+          "the least level of the event log on stderr: debug, info, warning or error");
+ABSL_FLAG(int64_t, log_refused_every, 100,
+          "the event log writes the first refused call of each method and code, then one in this "
+          "many");
 ABSL_FLAG(std::string, listen, "",
           "gRPC address of the Unix socket (default unix:///run/verifyd/verifyd-<device>.sock)");
 ABSL_FLAG(std::string, tcp, "",
@@ -162,9 +169,16 @@ int main(int argc, char** argv) {
   for (std::string& a : args) arg_ptrs.push_back(a.data());
   absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
 
+  namespace event_log = verifyd::event_log;
+  if (absl::Status level = event_log::SetLevel(absl::GetFlag(FLAGS_log_level)); !level.ok()) {
+    event_log::Error("bad_flags", absl::StrCat("reason=", event_log::Quote(level.message())));
+    return 2;
+  }
+  event_log::SetRefusedEvery(absl::GetFlag(FLAGS_log_refused_every));
   absl::StatusOr<verifyd::ServiceOptions> options = OptionsFromFlags();
   if (!options.ok()) {
-    std::cerr << "verifyd: " << options.status().message() << "\n";
+    event_log::Error("bad_flags",
+                     absl::StrCat("reason=", event_log::Quote(options.status().message())));
     return 2;
   }
 
@@ -178,24 +192,28 @@ int main(int argc, char** argv) {
 
   verifyd::VerifydServer server(*options);
   if (absl::Status started = server.Start(); !started.ok()) {
-    std::cerr << "verifyd: " << started.message() << "\n";
+    event_log::Error("start_failed", absl::StrCat("reason=", event_log::Quote(started.message())));
     return 1;
   }
   if (absl::Status ready = server.BecomeReady(); !ready.ok()) {
-    std::cerr << "verifyd: " << ready.message() << "\n";
+    event_log::Error("start_failed", absl::StrCat("reason=", event_log::Quote(ready.message())));
     server.Shutdown();
     return 1;
   }
+  // stdout: the machine-read startup line (tests/lib/daemon.sh); the log: the same, as an event.
   std::cout << server.StartupLine() << std::endl;
+  const std::string line = server.StartupLine();
+  event_log::Info("start",
+                  absl::StrCat("listen=", absl::StripPrefix(line, "verifyd listening on ")));
   verifyd::SystemdNotifier systemd(
       [&server](absl::Duration timeout) { return server.Probe(timeout); });
   systemd.Ready(server.StartupLine());
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  std::cout << "verifyd: " << strsignal(signal_number) << ", draining" << std::endl;
+  event_log::Info("draining", absl::StrCat("signal=", event_log::Quote(strsignal(signal_number))));
   systemd.Stopping();
   server.Shutdown();
-  std::cout << "verifyd: stopped" << std::endl;
+  event_log::Info("stopped", "");
   return 0;
 }

@@ -121,6 +121,7 @@ void EncodeCompactionStatus(const CompactionOperation& op, v1::CompactionStatus*
   response->set_seconds(absl::ToDoubleSeconds(op.copy_time));
   response->set_bytes_per_second(op.bytes_per_second());
   response->set_error(op.error);
+  response->set_note(op.note);
 }
 
 void EncodeFragmentation(const FragmentationStats& stats, v1::Fragmentation* out) {

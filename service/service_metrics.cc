@@ -1,5 +1,7 @@
 #include "service/service_metrics.h"
 
+#include "service/event_log.h"
+
 namespace verifyd {
 namespace {
 
@@ -248,6 +250,21 @@ void ServiceMetrics::RecordChannelDescriptor(bool ok) {
 
 void ServiceMetrics::RecordLeaseExpiries(int64_t count) {
   lease_expiries_.Increment(static_cast<double>(count));
+}
+
+void ServiceMetrics::OnLeaseExpired(uint64_t sequence) { event_log::LeaseExpired(sequence); }
+
+void ServiceMetrics::OnChannelOpened(uint64_t channel, const std::string& owner, int entries) {
+  event_log::ChannelOpened(channel, owner, entries);
+}
+
+void ServiceMetrics::OnChannelClosed(uint64_t channel, const std::string& owner,
+                                     const std::string& why) {
+  event_log::ChannelClosed(channel, owner, why);
+}
+
+void ServiceMetrics::OnCompactionFinished(const CompactionOperation& op) {
+  event_log::CompactionFinished(op);
 }
 
 }  // namespace verifyd

@@ -47,6 +47,11 @@ class ServiceMetrics final : public ExecutorMetrics {
   // completed by result.
   void RecordDataPlane(int regions, uint64_t bytes, int channels) override;
   void RecordChannelDescriptor(bool ok) override;
+  // The executor's events go to the log (service/event_log.h).
+  void OnLeaseExpired(uint64_t sequence) override;
+  void OnChannelOpened(uint64_t channel, const std::string& owner, int entries) override;
+  void OnChannelClosed(uint64_t channel, const std::string& owner, const std::string& why) override;
+  void OnCompactionFinished(const CompactionOperation& op) override;
   void RecordGraphCapture() override { graph_captures_.Increment(); }
   void RecordGraphReplay() override { graph_replays_.Increment(); }
   void RecordGraphFallback() override { graph_fallbacks_.Increment(); }

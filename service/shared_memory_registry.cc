@@ -2,41 +2,17 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/random.h"
 #include "base/shm_file.h"
 
 namespace verifyd {
 namespace {
-
-// 128 bits from the kernel's CSPRNG: a name another local user cannot guess (the mode already
-// keeps them out; the name also keeps a stale client from opening a newer region by accident).
-absl::StatusOr<std::string> RandomToken() {
-  unsigned char bytes[16];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(absl::StrCat("getrandom failed: ", std::strerror(errno)));
-    }
-    got += static_cast<size_t>(n);
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string token;
-  for (unsigned char b : bytes) {
-    token.push_back(kHex[b >> 4]);
-    token.push_back(kHex[b & 15]);
-  }
-  return token;
-}
 
 // A fresh region (base/shm_file.h: pages allocated now, so a full /dev/shm is an error here).
 absl::StatusOr<uint8_t*> CreateMapping(const std::string& path, uint64_t bytes) {
@@ -194,12 +170,10 @@ absl::StatusOr<SharedMemoryInfo> SharedMemoryRegistry::Create(uint64_t bytes,
     total_bytes_ -= static_cast<int64_t>(bytes);
     UnreserveClientLocked(client, bytes);
   };
-  absl::StatusOr<std::string> token = RandomToken();
-  if (!token.ok()) {
-    unreserve();
-    return token.status();
-  }
-  SharedMemoryInfo info{*token, absl::StrCat("/", limits_.name_prefix, *token), bytes};
+  // 128 bits from the kernel's CSPRNG: a name another local user cannot guess (the mode already
+  // keeps them out; the name also keeps a stale client from opening a newer region by accident).
+  const std::string token = RandomHex();
+  SharedMemoryInfo info{token, absl::StrCat("/", limits_.name_prefix, token), bytes};
   absl::StatusOr<uint8_t*> data = CreateMapping(info.path, bytes);
   if (!data.ok()) {
     unreserve();

@@ -4,9 +4,9 @@
 
 #include <chrono>
 #include <cstdint>
-#include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "service/event_log.h"
 
 namespace verifyd {
 
@@ -52,7 +52,8 @@ void SystemdNotifier::Watchdog(absl::Duration period) {
       sd_notify(0, "WATCHDOG=1");
       reported = false;
     } else if (!reported) {
-      std::cerr << "verifyd: watchdog not pinged: " << alive.message() << "\n";
+      event_log::Warning("watchdog_not_pinged",
+                         absl::StrCat("reason=", event_log::Quote(alive.message())));
       reported = true;
     }
   }

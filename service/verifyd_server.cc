@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstring>
 #include <future>
-#include <iostream>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -18,6 +17,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "service/backend_factory.h"
+#include "service/event_log.h"
 #include "service/malformed_request_interceptor.h"
 #include "service/message_size.h"
 
@@ -158,9 +158,11 @@ absl::Status VerifydServer::BecomeReady() {
           absl::Status registered = compute->RegisterHostMemory(data, bytes);
           if (!registered.ok()) {
             std::call_once(*reported, [&] {
-              std::cerr << "verifyd: a shared-memory region was not registered with the device "
-                           "(its tensors go through host staging): "
-                        << registered.message() << "\n";
+              event_log::Warning(
+                  "host_registration_refused",
+                  absl::StrCat("effect=\"a shared-memory region's tensors go through host "
+                               "staging\" reason=",
+                               event_log::Quote(registered.message())));
             });
           }
           return registered;

@@ -1,7 +1,6 @@
 #include "service/verifyd_service.h"
 
 #include <chrono>
-#include <iostream>
 #include <limits>
 #include <optional>
 #include <string_view>
@@ -10,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "executor/channel_table.h"
+#include "service/event_log.h"
 #include "service/grpc_status.h"
 #include "service/message_size.h"
 #include "service/response_encoding.h"
@@ -72,6 +72,7 @@ absl::Status VerifydService::Admit(const char* method, const grpc::ServerContext
 void VerifydService::End(const char* method, absl::Time start, const Finish& finish,
                          const absl::Status& status) {
   const grpc::Status grpc_status = ToGrpcStatus(status);
+  if (!status.ok()) event_log::Refused(method, status);
   metrics_->RecordRpc(method, GrpcCodeName(grpc_status.error_code()), absl::Now() - start);
   finish(grpc_status);
 }
@@ -337,10 +338,12 @@ grpc::ServerUnaryReactor* VerifydService::OpenChannel(grpc::CallbackServerContex
     if (std::string_view(device->backend_name()) == "cuda" && !device->mps_active()) {
       // The co-located way's cost without MPS (plans/0018): say it where the
       // operator looks, once per channel.
-      std::cerr << "verifyd: warning: channel " << info.id << " of client '" << owner
-                << "' opened without MPS: a scheduler on this GPU pays ~290 us "
-                   "of context switching per layer (2.4x a decode step); run "
-                   "the MPS control daemon (deploy/systemd/verifyd-mps@.service)\n";
+      event_log::Warning(
+          "channel_without_mps",
+          absl::StrCat("channel=", info.id, " owner=", event_log::Quote(owner),
+                       " cost=\"a scheduler on this GPU pays ~290 us of context "
+                       "switching per layer (2.4x a decode step)\" fix=\"run the "
+                       "MPS control daemon (deploy/systemd/verifyd-mps@.service)\""));
     }
     response->set_channel(info.id);
     response->set_path(info.path);

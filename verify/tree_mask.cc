@@ -3,28 +3,15 @@
 #include <cstddef>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "verify/tree_parents.h"
 
 namespace verifyd {
 
 absl::StatusOr<TreeMask> TreeMask::FromParents(absl::Span<const int32_t> parents, int max_nodes,
                                                const char* field) {
+  VERIFYD_RETURN_IF_ERROR(CheckParents(parents, max_nodes, field));
   const size_t n = parents.size();
-  if (n < 1 || n > static_cast<size_t>(max_nodes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " has ", n, " nodes; must be in [1, ", max_nodes, "]"));
-  }
-  for (size_t i = 0; i < n; ++i) {
-    const int32_t p = parents[i];
-    if (p == -1) continue;
-    if (p < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", i, "] = ", p, " must be -1 (a root) or >= 0"));
-    }
-    if (static_cast<size_t>(p) >= i) {
-      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "] = ", p, " must be < ", i));
-    }
-  }
 
   TreeMask mask;
   mask.num_nodes_ = static_cast<int>(n);

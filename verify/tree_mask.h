@@ -15,9 +15,7 @@ namespace verifyd {
 
 class TreeMask {
  public:
-  // Validates parents (length 1..max_nodes, parents[i] == -1 or 0 <= parents[i] < i) and builds
-  // the ancestor sets. Errors are INVALID_ARGUMENT naming `field` (e.g. "parents[3]") and the
-  // bound.
+  // Validates parents (CheckParents, verify/tree_parents.h) and builds the ancestor sets.
   static absl::StatusOr<TreeMask> FromParents(absl::Span<const int32_t> parents, int max_nodes,
                                               const char* field = "parents");
 

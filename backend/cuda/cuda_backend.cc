@@ -13,16 +13,11 @@
 #include "verify/verify_reference.h"
 
 namespace verifyd {
-namespace {
-
-// Adds the time since `*since` to `*total` and restarts the clock.
-void Lap(std::chrono::steady_clock::time_point* since, int64_t* total) {
+void CudaBackend::Lap(std::chrono::steady_clock::time_point* since, int64_t* total) {
   const auto now = std::chrono::steady_clock::now();
   *total += std::chrono::duration_cast<std::chrono::nanoseconds>(now - *since).count();
   *since = now;
 }
-
-}  // namespace
 
 bool CudaBackendAvailable(int device) {
   int count = 0;
@@ -189,22 +184,18 @@ absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem,
           [](absl::Span<const VerifySlotList>) { return absl::OkStatus(); }, &clock));
   ++phase_times_.calls;
   const absl::Status ran =
-      RunPlanned(layer, problem, planned.lists, *planned.plan, *planned.slots, clock);
+      RunPlannedHost(layer, problem, planned.lists, *planned.plan, *planned.slots, clock);
   // The mirror recorded this call's uploads as done; when they may not have reached the arena,
   // nothing it remembers can be trusted.
   if (!ran.ok()) mirror_->Clear();
   return ran;
 }
 
-absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
-                                     absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
-                                     const SlotMirrorPlan& slots,
-                                     std::chrono::steady_clock::time_point clock,
-                                     ExternalRun* external) {
+absl::StatusOr<VerifyStagingLayout> CudaBackend::LayoutAndGrowArena(const VerifyProblem& problem,
+                                                                    const CachedPlan& plan,
+                                                                    const SlotMirrorPlan& slots) {
   const VerifyStagingLayout layout = LayoutVerifyStaging(
       problem, static_cast<size_t>(slots.num_values), plan.packed.size(), plan.layout.total_bytes);
-
-  // Grown before anything is enqueued or captured: growth waits for the stream and frees memory.
   const size_t arena_bytes = static_cast<size_t>(mirror_->arena_entries()) * sizeof(int32_t);
   if (arena_bytes > slot_arena_.capacity()) {
     // Only a reset grows the mirror's arena, so no mirrored entry is lost with the old buffer.
@@ -213,146 +204,144 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
     VERIFYD_CUDA_CHECK(
         cudaMemsetAsync(slot_arena_.get(), 0, slot_arena_.capacity(), stream_->get()));
   }
-  // A host call's staging is free (the previous one synchronized before returning); an external
-  // call's ring buffer is free once its last upload ran.
-  RingStaging* ring = nullptr;
-  PinnedBuffer* staging = &staging_;
-  unsigned long long* value_words = nullptr;       // device [2]: q's and tree_kv's first bad
-  unsigned long long* value_words_host = nullptr;  // their pinned copy
-  if (external != nullptr) {
-    const int position = layer % kExternalStagingRing;
-    ring = &external_staging_[position];
-    value_words = external_value_words_.as<unsigned long long>(position * 2 * sizeof(uint64_t));
-    value_words_host = external_value_host_.as<unsigned long long>(position * 2 * sizeof(uint64_t));
-    staging = &ring->buffer;
-    if (ring->uploaded == nullptr) {
-      VERIFYD_CUDA_CHECK(cudaEventCreateWithFlags(&ring->uploaded, cudaEventDisableTiming));
-    }
-    if (ring->pending) {
-      if (cudaEventQuery(ring->uploaded) == cudaErrorNotReady) {
-        cudaGetLastError();
-        ++external_counters_.staging_waits;
-        // Time the GPU is behind, not host work: counted as a wait, not as staging.
-        Lap(&clock, &phase_times_.stage_ns);
-        VERIFYD_CUDA_CHECK(cudaEventSynchronize(ring->uploaded));
-        Lap(&clock, &phase_times_.wait_ns);
-      }
-      ring->pending = false;
-    }
-    // The last call here has run (its event was waited for or found complete above, the only way
-    // `pending` clears): its check reads its words now, before this call's copy replaces them.
-    if (ring->value_check != nullptr) {
-      ring->value_check->Settle();
-      ring->value_check.reset();
-    }
-  }
+  return layout;
+}
+
+absl::StatusOr<CudaBackend::StagedCall> CudaBackend::Stage(
+    const VerifyStagingLayout& layout, const VerifyProblem& problem,
+    absl::Span<const VerifySlotList> lists, const CachedPlan& plan, const SlotMirrorPlan& slots,
+    DirectCopies direct, PinnedBuffer* staging) {
   VERIFYD_RETURN_IF_ERROR(staging->Reserve(layout.upload_copy_bytes, *stream_).status());
   VERIFYD_RETURN_IF_ERROR(inputs_.Reserve(layout.input_bytes, *stream_).status());
-  if (external == nullptr) {
-    VERIFYD_RETURN_IF_ERROR(outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
-    VERIFYD_RETURN_IF_ERROR(host_outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
-  }
-  // External tensors are read and written in place: nothing of q, out or lse is staged.
-  const DirectCopies direct = external != nullptr
-                                  ? DirectCopies{true, true, problem.lse != nullptr}
-                                  : ChooseDirectCopies(layout, problem, host_ranges_);
-  const StagedCopy upload = StagedUpload(layout, direct);
-  const StagedCopy readback = StagedOutputs(layout, direct);
+  StagedCall staged;
+  staged.layout = layout;
+  staged.direct = direct;
+  staged.upload = StagedUpload(layout, direct);
+  staged.readback = StagedOutputs(layout, direct);
+  staged.staging = staging;
   FillVerifyStaging(layout, problem, slots.list_offset, plan.packed, staging->get(), &copier_,
                     /*stage_q=*/!direct.q);
   WriteSlotUploads(lists, slots, staging->as<SlotScatterHeader>(layout.slot_header),
                    staging->as<SlotScatterRun>(layout.slot_runs),
                    staging->as<int32_t>(layout.slot_values));
-  int32_t* arena = slot_arena_.as<int32_t>();
-  VerifyProblem device_problem =
-      PlaceVerifyProblem(layout, problem, inputs_.get(), outputs_.get(), arena);
-  if (external != nullptr) {
-    device_problem.q = problem.q;
-    device_problem.out = problem.out;
-    device_problem.lse = problem.lse;
+  staged.arena = slot_arena_.as<int32_t>();
+  staged.device_problem =
+      PlaceVerifyProblem(layout, problem, inputs_.get(), outputs_.get(), staged.arena);
+  staged.workspace = inputs_.as<void>(layout.workspace);
+  return staged;
+}
+
+absl::Status CudaBackend::EnqueueUpload(const StagedCall& staged, cudaStream_t stream) {
+  const VerifyStagingLayout& layout = staged.layout;
+  VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(staged.upload.offset),
+                                     staged.staging->as<void>(staged.upload.offset),
+                                     staged.upload.bytes, cudaMemcpyHostToDevice, stream));
+  return LaunchSlotScatter(inputs_.as<SlotScatterHeader>(layout.slot_header),
+                           inputs_.as<SlotScatterRun>(layout.slot_runs),
+                           inputs_.as<int32_t>(layout.slot_values), staged.arena, stream);
+}
+
+VerifyGraphBucket CudaBackend::GraphBucket(int layer, const VerifyProblem& problem,
+                                           const CachedPlan& plan, const StagedCall& staged,
+                                           bool external) const {
+  VerifyGraphBucket bucket;
+  bucket.layer = layer;
+  bucket.batch = problem.batch;
+  bucket.total_q_bucket = TotalQBucket(problem.total_q);
+  bucket.num_heads = problem.num_heads;
+  bucket.lse = problem.lse != nullptr;
+  bucket.combine = !plan.plan.combine.empty();
+  bucket.direct = staged.direct;
+  bucket.external = external;
+  return bucket;
+}
+
+VerifyGraphParams CudaBackend::GraphParams(const VerifyProblem& problem, const CachedPlan& plan,
+                                           const StagedCall& staged) const {
+  VerifyGraphParams params;
+  params.staging = staged.staging->get();
+  params.device_inputs = inputs_.get();
+  params.device_outputs = outputs_.get();
+  params.host_outputs = host_outputs_.get();
+  params.slot_arena = staged.arena;
+  params.kv = problem.kv;
+  params.num_slots = problem.num_slots;
+  params.num_work = static_cast<int>(plan.plan.work.size());
+  params.num_combine = static_cast<int>(plan.plan.combine.size());
+  params.num_partials = plan.plan.num_partials;
+  params.scale = problem.scale;
+  params.total_q = problem.total_q;
+  params.layout = staged.layout;
+  return params;
+}
+
+absl::StatusOr<GraphOutcome> CudaBackend::EnqueueCaptured(
+    const VerifyGraphBucket& bucket, const VerifyGraphParams& params,
+    absl::FunctionRef<absl::Status(cudaStream_t)> enqueue) {
+  if (options_.cuda_graphs) return graphs_.Run(bucket, params, enqueue, stream_->get());
+  VERIFYD_RETURN_IF_ERROR(enqueue(stream_->get()));
+  return GraphOutcome::kEager;
+}
+
+void CudaBackend::CountEager(GraphOutcome outcome) {
+  if (outcome == GraphOutcome::kEager || outcome == GraphOutcome::kWarmup) ++eager_runs_;
+}
+
+void CudaBackend::ObserveGraph(GraphOutcome outcome) {
+  if (!graph_observer_ || !options_.cuda_graphs) return;
+  switch (outcome) {
+    case GraphOutcome::kInstantiated:
+    case GraphOutcome::kUpdated:
+      graph_observer_(GraphEvent::kCapture);
+      graph_observer_(GraphEvent::kReplay);
+      break;
+    case GraphOutcome::kReplayed:
+      graph_observer_(GraphEvent::kReplay);
+      break;
+    case GraphOutcome::kEager:
+      graph_observer_(GraphEvent::kFallback);
+      break;
+    case GraphOutcome::kWarmup:  // eager by design, not a failure of the graph path
+      break;
   }
-  void* workspace = inputs_.as<void>(layout.workspace);
+}
+
+absl::Status CudaBackend::RunPlannedHost(int layer, const VerifyProblem& problem,
+                                         absl::Span<const VerifySlotList> lists,
+                                         const CachedPlan& plan, const SlotMirrorPlan& slots,
+                                         std::chrono::steady_clock::time_point clock) {
+  VERIFYD_ASSIGN_OR_RETURN(const VerifyStagingLayout layout,
+                           LayoutAndGrowArena(problem, plan, slots));
+  VERIFYD_RETURN_IF_ERROR(outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
+  VERIFYD_RETURN_IF_ERROR(host_outputs_.Reserve(layout.output_copy_bytes, *stream_).status());
+  // The staging is free: the previous host call synchronized before returning.
+  VERIFYD_ASSIGN_OR_RETURN(const StagedCall staged,
+                           Stage(layout, problem, lists, plan, slots,
+                                 ChooseDirectCopies(layout, problem, host_ranges_), &staging_));
+  const DirectCopies& direct = staged.direct;
   Lap(&clock, &phase_times_.stage_ns);
 
   auto enqueue = [&](cudaStream_t stream) -> absl::Status {
-    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(upload.offset),
-                                       staging->as<void>(upload.offset), upload.bytes,
-                                       cudaMemcpyHostToDevice, stream));
-    VERIFYD_RETURN_IF_ERROR(LaunchSlotScatter(inputs_.as<SlotScatterHeader>(layout.slot_header),
-                                              inputs_.as<SlotScatterRun>(layout.slot_runs),
-                                              inputs_.as<int32_t>(layout.slot_values), arena,
-                                              stream));
-    const int64_t rows = int64_t{problem.total_q} * problem.num_heads;
-    if (external != nullptr) {
-      // SPEC §1 on tensors the host cannot read: the device finds q's and tree_kv's first value
-      // beyond 2^16 (or NaN/Inf) before anything reads them; a refused call's outputs become NaN
-      // below and its answer reaches the host through the pinned copy (CudaValueCheck).
-      VERIFYD_CUDA_CHECK(
-          cudaMemsetAsync(value_words, 0xff, 2 * sizeof(unsigned long long), stream));
-      VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBound(problem.q, rows * kKvDim, value_words, stream));
-      VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBound(
-          external->call->tree_kv, int64_t{problem.total_q} * kKvDim, value_words + 1, stream));
-      // The tree KV goes into the pool before the attention reads it (stream order).
-      VERIFYD_RETURN_IF_ERROR(LaunchTreeKvWrite(
-          const_cast<bf16_bits*>(problem.kv), problem.num_slots, external->call->tree_kv,
-          problem.total_q, problem.batch, device_problem.qo_indptr, device_problem.prefix_len,
-          device_problem.slot_indptr, device_problem.slots, stream));
-    }
+    VERIFYD_RETURN_IF_ERROR(EnqueueUpload(staged, stream));
     VERIFYD_RETURN_IF_ERROR(
-        LaunchMlaVerify(device_problem, plan.plan, plan.layout, workspace, stream));
-    if (external != nullptr) {
-      VERIFYD_RETURN_IF_ERROR(LaunchNanIfOutOfBound(value_words, 2, problem.out, rows * kVDim,
-                                                    problem.lse, problem.lse != nullptr ? rows : 0,
-                                                    stream));
-      VERIFYD_CUDA_CHECK(cudaMemcpyAsync(value_words_host, value_words,
-                                         2 * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
-                                         stream));
-    }
-    if (readback.bytes > 0) {
-      VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host_outputs_.as<void>(readback.offset),
-                                         outputs_.as<void>(readback.offset), readback.bytes,
-                                         cudaMemcpyDeviceToHost, stream));
+        LaunchMlaVerify(staged.device_problem, plan.plan, plan.layout, staged.workspace, stream));
+    if (staged.readback.bytes > 0) {
+      VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host_outputs_.as<void>(staged.readback.offset),
+                                         outputs_.as<void>(staged.readback.offset),
+                                         staged.readback.bytes, cudaMemcpyDeviceToHost, stream));
     }
     return absl::OkStatus();
   };
-  // Outside any graph (the header says why), in stream order around it; exact sizes, so nothing
-  // of the caller's memory beyond its tensors is written. An external call's flag operations
-  // stand where the copies stand.
-  auto enqueue_direct_input = [&]() -> absl::Status {
-    if (external != nullptr) {
-      const ExternalFlag& ready = external->call->order.ready;
-      if (ready.word != nullptr) {
-        VERIFYD_CU_CHECK(external->driver->stream_wait_value32(
-            stream_->get(), reinterpret_cast<CUdeviceptr>(ready.word), ready.value,
-            CU_STREAM_WAIT_VALUE_GEQ));
-      }
-      external->ready_enqueued = true;
-      return absl::OkStatus();
-    }
+  // The direct copies stand outside any graph (the header says why), in stream order around it;
+  // exact sizes, so nothing of the caller's memory beyond its tensors is written.
+  auto enqueue_all = [&]() -> absl::StatusOr<GraphOutcome> {
     if (direct.q) {
       VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(layout.q), problem.q, layout.q_bytes,
                                          cudaMemcpyHostToDevice, stream_->get()));
     }
-    return absl::OkStatus();
-  };
-  auto enqueue_direct_outputs = [&]() -> absl::Status {
-    if (external != nullptr) {
-      const ExternalFlag& done = external->call->order.done;
-      VERIFYD_CUDA_CHECK(cudaEventRecord(ring->uploaded, stream_->get()));
-      ring->pending = true;
-      const int64_t tq = problem.total_q;
-      ring->value_check = std::make_shared<CudaValueCheck>(
-          options_.device, ring->uploaded, value_words_host,
-          std::vector<int64_t>{tq, int64_t{problem.num_heads}, int64_t{kKvDim}},
-          std::vector<int64_t>{tq, int64_t{kKvDim}});
-      external->value_check = ring->value_check;
-      if (done.word != nullptr) {
-        VERIFYD_CU_CHECK(external->driver->stream_write_value32(
-            stream_->get(), reinterpret_cast<CUdeviceptr>(done.word), done.value,
-            CU_STREAM_WRITE_VALUE_DEFAULT));
-      }
-      return absl::OkStatus();
-    }
+    VERIFYD_ASSIGN_OR_RETURN(const GraphOutcome outcome,
+                             EnqueueCaptured(GraphBucket(layer, problem, plan, staged, false),
+                                             GraphParams(problem, plan, staged), enqueue));
     if (direct.out) {
       VERIFYD_CUDA_CHECK(cudaMemcpyAsync(problem.out, outputs_.as<void>(layout.out),
                                          layout.out_bytes, cudaMemcpyDeviceToHost, stream_->get()));
@@ -361,95 +350,28 @@ absl::Status CudaBackend::RunPlanned(int layer, const VerifyProblem& problem,
       VERIFYD_CUDA_CHECK(cudaMemcpyAsync(problem.lse, outputs_.as<void>(layout.lse),
                                          layout.lse_bytes, cudaMemcpyDeviceToHost, stream_->get()));
     }
-    return absl::OkStatus();
+    return outcome;
   };
-
-  absl::StatusOr<GraphOutcome> outcome = GraphOutcome::kEager;
-  if (absl::Status input = enqueue_direct_input(); !input.ok()) {
-    outcome = input;
-  } else if (options_.cuda_graphs) {
-    VerifyGraphBucket bucket;
-    bucket.layer = layer;
-    bucket.batch = problem.batch;
-    bucket.total_q_bucket = TotalQBucket(problem.total_q);
-    bucket.num_heads = problem.num_heads;
-    bucket.lse = problem.lse != nullptr;
-    bucket.combine = !plan.plan.combine.empty();
-    bucket.direct = direct;
-    bucket.external = external != nullptr;
-    VerifyGraphParams params;
-    params.staging = staging->get();
-    params.device_inputs = inputs_.get();
-    params.device_outputs = outputs_.get();
-    params.host_outputs = host_outputs_.get();
-    params.slot_arena = arena;
-    params.kv = problem.kv;
-    params.num_slots = problem.num_slots;
-    params.num_work = static_cast<int>(plan.plan.work.size());
-    params.num_combine = static_cast<int>(plan.plan.combine.size());
-    params.num_partials = plan.plan.num_partials;
-    params.scale = problem.scale;
-    params.total_q = problem.total_q;
-    params.layout = layout;
-    if (external != nullptr) {
-      params.external_q = problem.q;
-      params.external_tree_kv = external->call->tree_kv;
-      params.external_out = problem.out;
-      params.external_lse = problem.lse;
-    }
-    outcome = graphs_.Run(bucket, params, enqueue, stream_->get());
-  } else if (absl::Status enqueued = enqueue(stream_->get()); !enqueued.ok()) {
-    outcome = enqueued;
-  }
-  if (outcome.ok()) {
-    if (absl::Status output = enqueue_direct_outputs(); !output.ok()) outcome = output;
-  }
+  const absl::StatusOr<GraphOutcome> outcome = enqueue_all();
   if (!outcome.ok()) {
-    // Part of the sequence may be queued. A host call lets it finish before the next call refills
-    // the staging; an external call's failure path signals first (the stream may be waiting for
-    // the ready flag), and its ring buffer is not reused until this stream position has passed.
-    if (external == nullptr) {
-      stream_->Synchronize().IgnoreError();
-    } else if (cudaEventRecord(ring->uploaded, stream_->get()) == cudaSuccess) {
-      ring->pending = true;
-    } else {
-      cudaGetLastError();
-    }
+    // Part of the sequence may be queued: it finishes before the next call refills the staging.
+    stream_->Synchronize().IgnoreError();
     return outcome.status();
   }
-  if (*outcome == GraphOutcome::kEager || *outcome == GraphOutcome::kWarmup) ++eager_runs_;
+  CountEager(*outcome);
   Lap(&clock, &phase_times_.enqueue_ns);
-  if (external == nullptr) {
-    // The one wait of a Verify: the host needs the outputs.
-    VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
-    Lap(&clock, &phase_times_.wait_ns);
-    if (!direct.out)
-      copier_.Copy(problem.out, host_outputs_.as<void>(layout.out), layout.out_bytes);
-    if (problem.lse != nullptr && !direct.lse) {
-      std::memcpy(problem.lse, host_outputs_.as<void>(layout.lse), layout.lse_bytes);
-    }
-    direct_copies_.q += direct.q;
-    direct_copies_.out += direct.out;
-    direct_copies_.lse += direct.lse;
-    Lap(&clock, &phase_times_.copy_out_ns);
+  // The one wait of a Verify: the host needs the outputs.
+  VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
+  Lap(&clock, &phase_times_.wait_ns);
+  if (!direct.out) copier_.Copy(problem.out, host_outputs_.as<void>(layout.out), layout.out_bytes);
+  if (problem.lse != nullptr && !direct.lse) {
+    std::memcpy(problem.lse, host_outputs_.as<void>(layout.lse), layout.lse_bytes);
   }
-  if (graph_observer_ && options_.cuda_graphs) {
-    switch (*outcome) {
-      case GraphOutcome::kInstantiated:
-      case GraphOutcome::kUpdated:
-        graph_observer_(GraphEvent::kCapture);
-        graph_observer_(GraphEvent::kReplay);
-        break;
-      case GraphOutcome::kReplayed:
-        graph_observer_(GraphEvent::kReplay);
-        break;
-      case GraphOutcome::kEager:
-        graph_observer_(GraphEvent::kFallback);
-        break;
-      case GraphOutcome::kWarmup:  // eager by design, not a failure of the graph path
-        break;
-    }
-  }
+  direct_copies_.q += direct.q;
+  direct_copies_.out += direct.out;
+  direct_copies_.lse += direct.lse;
+  Lap(&clock, &phase_times_.copy_out_ns);
+  ObserveGraph(*outcome);
   return absl::OkStatus();
 }
 

@@ -56,6 +56,7 @@
 #include "backend/cuda/cuda_plan_cache.h"
 #include "backend/cuda/cuda_slot_mirror.h"
 #include "backend/cuda/cuda_value_check.h"
+#include "backend/cuda/cuda_verify_staging.h"
 #include "backend/cuda/host_copy_pool.h"
 #include "base/cuda_driver.h"
 #include "verify/verify_problem.h"
@@ -203,12 +204,60 @@ class CudaBackend : public ComputeBackend {
       int layer, VerifyProblem& problem, absl::Span<const VerifySlotList> slot_lists,
       absl::FunctionRef<absl::Status(absl::Span<const VerifySlotList>)> check_lists,
       std::chrono::steady_clock::time_point* clock);
-  // Everything after the mirror planned the call; a failure here leaves the arena unknown.
-  // `external` null: a host call (synchronizes and copies out); else an external call (does not).
-  absl::Status RunPlanned(int layer, const VerifyProblem& problem,
-                          absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
-                          const SlotMirrorPlan& slots, std::chrono::steady_clock::time_point clock,
-                          ExternalRun* external = nullptr);
+  // Everything after the mirror planned the call, in two paths over the shared steps below; a
+  // failure here leaves the arena unknown. The host path synchronizes and copies out; the
+  // external path (cuda_backend_external.cc) waits for nothing and signals through the flags.
+  absl::Status RunPlannedHost(int layer, const VerifyProblem& problem,
+                              absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
+                              const SlotMirrorPlan& slots,
+                              std::chrono::steady_clock::time_point clock);
+  absl::Status RunPlannedExternal(int layer, const VerifyProblem& problem,
+                                  absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
+                                  const SlotMirrorPlan& slots,
+                                  std::chrono::steady_clock::time_point clock,
+                                  ExternalRun& external);
+
+  // The shared steps, in call order.
+  // Adds the time since `*since` to `*total` (a phase of CudaBackendPhaseTimes) and restarts it.
+  static void Lap(std::chrono::steady_clock::time_point* since, int64_t* total);
+  // The call's staging layout, after growing the slot arena: growth waits for the stream and
+  // frees memory, so it comes before anything is enqueued or captured.
+  absl::StatusOr<VerifyStagingLayout> LayoutAndGrowArena(const VerifyProblem& problem,
+                                                         const CachedPlan& plan,
+                                                         const SlotMirrorPlan& slots);
+  // What Stage filled and placed: the rest of the call reads only this.
+  struct StagedCall {
+    VerifyStagingLayout layout;
+    DirectCopies direct;
+    StagedCopy upload;
+    StagedCopy readback;
+    PinnedBuffer* staging = nullptr;
+    int32_t* arena = nullptr;
+    VerifyProblem device_problem;
+    void* workspace = nullptr;
+  };
+  // Reserves `staging` and the device inputs, fills the staging (q only where it is not copied
+  // directly) and the slot uploads, and places the problem on the device.
+  absl::StatusOr<StagedCall> Stage(const VerifyStagingLayout& layout, const VerifyProblem& problem,
+                                   absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
+                                   const SlotMirrorPlan& slots, DirectCopies direct,
+                                   PinnedBuffer* staging);
+  // The first of the captured sequence: the one H2D upload, then the slot scatter into the arena.
+  absl::Status EnqueueUpload(const StagedCall& staged, cudaStream_t stream);
+  // The graph's bucket and parameters of the call (an external call adds its tensors to both).
+  VerifyGraphBucket GraphBucket(int layer, const VerifyProblem& problem, const CachedPlan& plan,
+                                const StagedCall& staged, bool external) const;
+  VerifyGraphParams GraphParams(const VerifyProblem& problem, const CachedPlan& plan,
+                                const StagedCall& staged) const;
+  // `enqueue` replayed through the graph cache, or run eagerly with graphs off.
+  absl::StatusOr<GraphOutcome> EnqueueCaptured(
+      const VerifyGraphBucket& bucket, const VerifyGraphParams& params,
+      absl::FunctionRef<absl::Status(cudaStream_t)> enqueue);
+  // A call enqueued whole counts an eager run (graphs off, or a bucket's warm-up); one that
+  // completed reports its outcome to the graph observer.
+  void CountEager(GraphOutcome outcome);
+  void ObserveGraph(GraphOutcome outcome);
+
   // The failure half of the external contract: the ready wait (unless enqueued already, or its
   // channel closed: `skip_ready_wait`), 0xFF over out and lse, the done write.
   absl::Status EnqueueFailure(const ExternalFailure& failure, const CudaDriverApi& driver,
@@ -227,6 +276,9 @@ class CudaBackend : public ComputeBackend {
     // recorded again (cuda_value_check.h).
     std::shared_ptr<CudaValueCheck> value_check;
   };
+  // Waits (counted in staging_waits) until the ring buffer's last upload ran, and settles the
+  // value check of the call that last used it.
+  absl::Status AwaitRingStaging(RingStaging& ring, std::chrono::steady_clock::time_point* clock);
 
   CudaBackendOptions options_;
   std::shared_ptr<CudaStream> stream_;

@@ -10,6 +10,9 @@
 #include "backend/cuda/cuda_ipc_region.h"
 #include "base/cuda_check.h"
 #include "base/status_macros.h"
+#include "kernels/mla_verify_launch.h"
+#include "kernels/tree_kv_write.h"
+#include "kernels/value_bound_check.h"
 #include "verify/mla_dims.h"
 
 namespace verifyd {
@@ -133,6 +136,134 @@ absl::Status CudaBackend::ReleaseExternalWait(const ExternalFlag& ready) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::AwaitRingStaging(RingStaging& ring,
+                                           std::chrono::steady_clock::time_point* clock) {
+  if (ring.uploaded == nullptr) {
+    VERIFYD_CUDA_CHECK(cudaEventCreateWithFlags(&ring.uploaded, cudaEventDisableTiming));
+  }
+  if (ring.pending) {
+    if (cudaEventQuery(ring.uploaded) == cudaErrorNotReady) {
+      cudaGetLastError();
+      ++external_counters_.staging_waits;
+      // Time the GPU is behind, not host work: counted as a wait, not as staging.
+      Lap(clock, &phase_times_.stage_ns);
+      VERIFYD_CUDA_CHECK(cudaEventSynchronize(ring.uploaded));
+      Lap(clock, &phase_times_.wait_ns);
+    }
+    ring.pending = false;
+  }
+  // The last call here has run (its event was waited for or found complete above, the only way
+  // `pending` clears): its check reads its words now, before this call's copy replaces them.
+  if (ring.value_check != nullptr) {
+    ring.value_check->Settle();
+    ring.value_check.reset();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& problem,
+                                             absl::Span<const VerifySlotList> lists,
+                                             const CachedPlan& plan, const SlotMirrorPlan& slots,
+                                             std::chrono::steady_clock::time_point clock,
+                                             ExternalRun& external) {
+  VERIFYD_ASSIGN_OR_RETURN(const VerifyStagingLayout layout,
+                           LayoutAndGrowArena(problem, plan, slots));
+  // The layer's ring buffer is free once its last upload ran.
+  const int position = layer % kExternalStagingRing;
+  RingStaging& ring = external_staging_[position];
+  // Device [2]: q's and tree_kv's first bad word; and their pinned copy.
+  unsigned long long* value_words =
+      external_value_words_.as<unsigned long long>(position * 2 * sizeof(uint64_t));
+  unsigned long long* value_words_host =
+      external_value_host_.as<unsigned long long>(position * 2 * sizeof(uint64_t));
+  VERIFYD_RETURN_IF_ERROR(AwaitRingStaging(ring, &clock));
+  // External tensors are read and written in place: nothing of q, out or lse is staged.
+  VERIFYD_ASSIGN_OR_RETURN(StagedCall staged,
+                           Stage(layout, problem, lists, plan, slots,
+                                 DirectCopies{true, true, problem.lse != nullptr}, &ring.buffer));
+  staged.device_problem.q = problem.q;
+  staged.device_problem.out = problem.out;
+  staged.device_problem.lse = problem.lse;
+  Lap(&clock, &phase_times_.stage_ns);
+
+  const VerifyProblem& device_problem = staged.device_problem;
+  const bf16_bits* tree_kv = external.call->tree_kv;
+  auto enqueue = [&](cudaStream_t stream) -> absl::Status {
+    VERIFYD_RETURN_IF_ERROR(EnqueueUpload(staged, stream));
+    const int64_t rows = int64_t{problem.total_q} * problem.num_heads;
+    // SPEC §1 on tensors the host cannot read: the device finds q's and tree_kv's first value
+    // beyond 2^16 (or NaN/Inf) before anything reads them; a refused call's outputs become NaN
+    // below and its answer reaches the host through the pinned copy (CudaValueCheck).
+    VERIFYD_CUDA_CHECK(cudaMemsetAsync(value_words, 0xff, 2 * sizeof(unsigned long long), stream));
+    VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBound(problem.q, rows * kKvDim, value_words, stream));
+    VERIFYD_RETURN_IF_ERROR(
+        LaunchFirstOutOfBound(tree_kv, int64_t{problem.total_q} * kKvDim, value_words + 1, stream));
+    // The tree KV goes into the pool before the attention reads it (stream order).
+    VERIFYD_RETURN_IF_ERROR(LaunchTreeKvWrite(
+        const_cast<bf16_bits*>(problem.kv), problem.num_slots, tree_kv, problem.total_q,
+        problem.batch, device_problem.qo_indptr, device_problem.prefix_len,
+        device_problem.slot_indptr, device_problem.slots, stream));
+    VERIFYD_RETURN_IF_ERROR(
+        LaunchMlaVerify(device_problem, plan.plan, plan.layout, staged.workspace, stream));
+    VERIFYD_RETURN_IF_ERROR(LaunchNanIfOutOfBound(value_words, 2, problem.out, rows * kVDim,
+                                                  problem.lse, problem.lse != nullptr ? rows : 0,
+                                                  stream));
+    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(value_words_host, value_words,
+                                       2 * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                                       stream));
+    return absl::OkStatus();
+  };
+  // The flag operations stand outside the graph, where the host call's direct copies stand.
+  auto enqueue_all = [&]() -> absl::StatusOr<GraphOutcome> {
+    const ExternalFlag& ready = external.call->order.ready;
+    if (ready.word != nullptr) {
+      VERIFYD_CU_CHECK(external.driver->stream_wait_value32(
+          stream_->get(), reinterpret_cast<CUdeviceptr>(ready.word), ready.value,
+          CU_STREAM_WAIT_VALUE_GEQ));
+    }
+    external.ready_enqueued = true;
+    VerifyGraphParams params = GraphParams(problem, plan, staged);
+    params.external_q = problem.q;
+    params.external_tree_kv = tree_kv;
+    params.external_out = problem.out;
+    params.external_lse = problem.lse;
+    VERIFYD_ASSIGN_OR_RETURN(
+        const GraphOutcome outcome,
+        EnqueueCaptured(GraphBucket(layer, problem, plan, staged, true), params, enqueue));
+    VERIFYD_CUDA_CHECK(cudaEventRecord(ring.uploaded, stream_->get()));
+    ring.pending = true;
+    const int64_t tq = problem.total_q;
+    ring.value_check = std::make_shared<CudaValueCheck>(
+        options_.device, ring.uploaded, value_words_host,
+        std::vector<int64_t>{tq, int64_t{problem.num_heads}, int64_t{kKvDim}},
+        std::vector<int64_t>{tq, int64_t{kKvDim}});
+    external.value_check = ring.value_check;
+    const ExternalFlag& done = external.call->order.done;
+    if (done.word != nullptr) {
+      VERIFYD_CU_CHECK(external.driver->stream_write_value32(
+          stream_->get(), reinterpret_cast<CUdeviceptr>(done.word), done.value,
+          CU_STREAM_WRITE_VALUE_DEFAULT));
+    }
+    return outcome;
+  };
+  const absl::StatusOr<GraphOutcome> outcome = enqueue_all();
+  if (!outcome.ok()) {
+    // Part of the sequence may be queued. The caller's failure path signals (the stream may be
+    // waiting for the ready flag), and the ring buffer is not reused until this stream position
+    // has passed.
+    if (cudaEventRecord(ring.uploaded, stream_->get()) == cudaSuccess) {
+      ring.pending = true;
+    } else {
+      cudaGetLastError();
+    }
+    return outcome.status();
+  }
+  CountEager(*outcome);
+  Lap(&clock, &phase_times_.enqueue_ns);
+  ObserveGraph(*outcome);
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::ComputeVerifyExternal(const ExternalVerify& call,
                                                 absl::Span<const VerifySlotList> slot_lists) {
   // Without a device, a driver or usable flags nothing can be signalled: the error alone returns
@@ -162,8 +293,8 @@ absl::Status CudaBackend::ComputeVerifyExternal(const ExternalVerify& call,
     } else {
       planned_ok = true;
       ++phase_times_.calls;
-      status = RunPlanned(call.layer, problem, planned->lists, *planned->plan, *planned->slots,
-                          clock, &run);
+      status = RunPlannedExternal(call.layer, problem, planned->lists, *planned->plan,
+                                  *planned->slots, clock, run);
     }
   }
   if (status.ok()) {

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/align.h"
 
 namespace verifyd {
 
@@ -93,6 +94,5 @@ class PinnedBuffer {
 
 // Rounds up to the 256-byte alignment cudaMalloc gives, so that every region of a packed buffer
 // starts where the kernels' 16-byte vector loads (and the planner's workspace) expect.
-inline size_t AlignTo256(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 
 }  // namespace verifyd

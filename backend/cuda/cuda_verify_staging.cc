@@ -6,13 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "base/align.h"
 #include "kernels/slot_table_scatter.h"
 #include "verify/mla_dims.h"
 
 namespace verifyd {
 namespace {
-
-size_t Align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 
 uint8_t* At(void* base, size_t offset) { return static_cast<uint8_t*>(base) + offset; }
 
@@ -35,7 +34,7 @@ VerifyStagingLayout LayoutVerifyStaging(const VerifyProblem& p, size_t slot_valu
   size_t at = 0;
   auto take = [&at](size_t bytes) {
     const size_t offset = at;
-    at = Align(at + bytes);
+    at = AlignTo256(at + bytes);
     return offset;
   };
   l.q_bytes = rows * kKvDim * sizeof(bf16_bits);
@@ -57,7 +56,7 @@ VerifyStagingLayout LayoutVerifyStaging(const VerifyProblem& p, size_t slot_valu
   l.out_bytes = rows * kVDim * sizeof(bf16_bits);
   l.lse_bytes = p.lse != nullptr ? rows * sizeof(float) : 0;
   l.out = 0;
-  l.lse = Align(l.out_bytes);
+  l.lse = AlignTo256(l.out_bytes);
   l.output_bytes = p.lse != nullptr ? l.lse + l.lse_bytes : l.out_bytes;
   l.output_copy_bytes = CopyBytesFor(l.output_bytes);
   return l;

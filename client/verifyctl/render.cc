@@ -124,6 +124,7 @@ std::string FormatCompactionSummary(const v1::CompactionStatus& s) {
       {"after", FragmentationLine(s.after())},
   };
   if (!s.error().empty()) rows.push_back({"error", s.error()});
+  if (!s.note().empty()) rows.push_back({"note", s.note()});
   return Table(rows);
 }
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import verifyd
-from verifyd import dataplane
+from verifyd import dataplane, dataplane_abi, dataplane_library
 from verifyd.reference import check_close, verify_reference
 from verifyd.tensors import bf16_to_float32, random_bf16
 
@@ -399,7 +399,7 @@ def test_registration_errors_and_ownership(client, plane, daemon):
         plane.register(np.zeros(16, np.uint16))
     other = daemon.client(client_id="third-scheduler")
     with pytest.raises(verifyd.PermissionDenied):
-        dataplane._check(other.data_plane()._lib.vd_release_memory(
+        dataplane_library.check(other.data_plane()._lib.vd_release_memory(
             other.data_plane()._handle, buf.region, None), "ReleaseExternalMemory")
     other.close()
     stats = client.stats()
@@ -407,15 +407,15 @@ def test_registration_errors_and_ownership(client, plane, daemon):
     region = buf.region
     buf.release()
     with pytest.raises(verifyd.NotFound):
-        dataplane._check(plane._lib.vd_release_memory(plane._handle, region, None),
+        dataplane_library.check(plane._lib.vd_release_memory(plane._handle, region, None),
                          "ReleaseExternalMemory")
     if not dataplane.has_cuda():
         with pytest.raises(verifyd.FailedPrecondition, match="without CUDA"):
-            dataplane._check(plane._lib.vd_register_cuda(plane._handle, 1 << 20, 64,
-                                                         dataplane._U64(), dataplane._U64()),
+            dataplane_library.check(plane._lib.vd_register_cuda(plane._handle, 1 << 20, 64,
+                                                         dataplane_abi.U64(), dataplane_abi.U64()),
                              "RegisterExternalMemory")
     else:  # built with CUDA; no GPU here (CI) or not device memory: a refusal, not a crash
-        r, b = dataplane._U64(), dataplane._U64()
+        r, b = dataplane_abi.U64(), dataplane_abi.U64()
         rc = plane._lib.vd_register_cuda(plane._handle, 4096, 64, r, b)
         assert rc < 0 and plane._lib.vd_last_error()
 

@@ -1,5 +1,5 @@
 """DLPack-only objects (`__dlpack__` + `__dlpack_device__`, nothing else) read by the data plane's
-helper (verifyd.dataplane._dlpack_tensor) without a daemon: address, bytes, shape, dtype and
+helper (verifyd.dlpack.dlpack_tensor) without a daemon: address, bytes, shape, dtype and
 device as numpy's own __array_interface__ / torch say; strided views and other devices refused,
 naming the tensor; the capsule's deleter run exactly once per export, refusals included. The
 channel and register() with such objects: test_dataplane.py."""
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import verifyd
-from verifyd import dataplane
+from verifyd import dataplane, dataplane_tensors, dlpack
 
 from helpers import DELETED, DLPackOnly, HandmadeDLPack
 
-read = dataplane._dlpack_tensor
+read = dlpack.dlpack_tensor
 
 
 def _interface(a):
@@ -40,10 +40,10 @@ def test_numpy_capsules_read_as_numpy_sees_the_array():
         assert (t.address, t.shape, t.nbytes) == (address, shape, a.nbytes), (a.shape, t)
         assert t.dtype == dtype and not t.device and t.device_type == 1
         # What the channel's general path asks of the object, through the same capsule.
-        assert dataplane._pointer(w, "q") == (address, a.nbytes, False)
-        assert dataplane._shape(w, "q") == shape
-        assert dataplane._dtype_ok(w, True, "q") == (dtype == "uint16")
-        assert dataplane._dtype_ok(w, False, "q") == (dtype == "float32")
+        assert dataplane_tensors.address_of(w, "q") == (address, a.nbytes, False)
+        assert dataplane_tensors.shape_of(w, "q") == shape
+        assert dataplane_tensors.dtype_ok(w, True, "q") == (dtype == "uint16")
+        assert dataplane_tensors.dtype_ok(w, False, "q") == (dtype == "float32")
         assert w.streams and set(w.streams) == {None}  # stream=None, as the standard has it
 
 
@@ -56,9 +56,9 @@ def test_torch_capsules_read_as_torch_sees_the_tensor():
         t = read(DLPackOnly(x), "out")
         assert (t.address, t.shape, t.nbytes, t.dtype, t.device) == \
             (x.data_ptr(), tuple(x.shape), x.numel() * x.element_size(), dtype, False)
-    assert dataplane._dtype_ok(DLPackOnly(base), True, "q")
-    assert not dataplane._dtype_ok(DLPackOnly(torch.zeros(2, dtype=torch.int16)), True, "q")
-    assert not dataplane._dtype_ok(DLPackOnly(base), False, "lse")
+    assert dataplane_tensors.dtype_ok(DLPackOnly(base), True, "q")
+    assert not dataplane_tensors.dtype_ok(DLPackOnly(torch.zeros(2, dtype=torch.int16)), True, "q")
+    assert not dataplane_tensors.dtype_ok(DLPackOnly(base), False, "lse")
 
 
 def test_layouts_numpy_and_torch_do_not_make():
@@ -75,7 +75,7 @@ def test_layouts_numpy_and_torch_do_not_make():
     cuda = HandmadeDLPack(0x40000, (2, 576), device=(2, 3))
     t = read(cuda, "tree_kv")
     assert t.device and (t.device_type, t.device_id) == (2, 3)
-    assert dataplane._pointer(cuda, "tree_kv") == (0x40000, 2 * 576 * 2, True)
+    assert dataplane_tensors.address_of(cuda, "tree_kv") == (0x40000, 2 * 576 * 2, True)
     assert dataplane.device_pointer(cuda) == (0x40000, 2 * 576 * 2, 3)
 
     class Cai:  # the same memory through the CUDA array interface
@@ -97,12 +97,12 @@ def test_non_contiguous_views_are_refused_by_name():
                                                       r"2\] in elements\)"):
         read(DLPackOnly(a[:, :, ::2]), "q")
     with pytest.raises(verifyd.InvalidArgument, match="tree_kv is not C-contiguous"):
-        dataplane._pointer(DLPackOnly(np.zeros((576, 4), np.uint16).T), "tree_kv")
+        dataplane_tensors.address_of(DLPackOnly(np.zeros((576, 4), np.uint16).T), "tree_kv")
     with pytest.raises(verifyd.InvalidArgument, match="out is not C-contiguous"):
         read(HandmadeDLPack(0x1000, (4, 4), strides=(1, 4)), "out")
     torch = pytest.importorskip("torch")
     with pytest.raises(verifyd.InvalidArgument, match="lse is not C-contiguous"):
-        dataplane._shape(DLPackOnly(torch.zeros(8, 2)[::2]), "lse")
+        dataplane_tensors.shape_of(DLPackOnly(torch.zeros(8, 2)[::2]), "lse")
 
 
 def test_other_devices_are_refused_by_name():
@@ -111,7 +111,7 @@ def test_other_devices_are_refused_by_name():
         read(rocm, "q")
     assert rocm.calls == 0  # refused from __dlpack_device__(), before an export
     with pytest.raises(verifyd.InvalidArgument, match="out is on DLPack device type 10"):
-        dataplane._pointer(rocm, "out")
+        dataplane_tensors.address_of(rocm, "out")
     # the capsule is what counts: a device __dlpack_device__() did not say
     managed = HandmadeDLPack(0x1000, (4,), device=(13, 0), reported_device=(2, 0))
     with pytest.raises(verifyd.InvalidArgument,
@@ -164,12 +164,12 @@ def test_the_other_kinds_keep_their_own_ways():
     class Cai(DLPackOnly):
         __cuda_array_interface__ = {"shape": (4,), "typestr": "<u2", "data": (64, False),
                                     "version": 2}
-    assert not dataplane._uses_dlpack(np.zeros(4))
-    assert not dataplane._uses_dlpack(torch.zeros(4))
-    assert not dataplane._uses_dlpack(Cai(np.zeros(4)))
-    assert dataplane._uses_dlpack(DLPackOnly(np.zeros(4)))
+    assert not dlpack.uses_dlpack(np.zeros(4))
+    assert not dlpack.uses_dlpack(torch.zeros(4))
+    assert not dlpack.uses_dlpack(Cai(np.zeros(4)))
+    assert dlpack.uses_dlpack(DLPackOnly(np.zeros(4)))
     cai = Cai(np.zeros(4, np.uint16))
-    assert dataplane._pointer(cai) == (64, 8, True) and cai.calls == 0
+    assert dataplane_tensors.address_of(cai) == (64, 8, True) and cai.calls == 0
 
 
 def test_the_deleter_runs_exactly_once():

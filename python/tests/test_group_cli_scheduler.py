@@ -71,6 +71,49 @@ def test_cli_health_and_stats(daemon):
     assert r.returncode == 0 and json.loads(r.stdout)["state"] == "DONE"
 
 
+def _table_keys(text):
+    return [line.split("  ")[0] for line in text.splitlines() if line.strip()]
+
+
+def test_cli_has_verifyctls_commands_and_views(daemon, seq_ids, rng):
+    t = daemon.target
+    sid, fork = next(seq_ids), next(seq_ids)
+    with daemon.client() as c:
+        c.append(sid, random_bf16(rng, (LAYERS, 9, 576)))
+    # The options after the command, as after it in verifyctl.
+    r = run_cli("stats", "--target", t, "-o", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["layers"] == LAYERS, r.stderr
+    r = run_cli("sequences", "--target", t)
+    assert r.returncode == 0 and r.stdout.startswith("SEQUENCE  ") and f"\n{sid} " in r.stdout
+    r = run_cli("--target", t, "-o", "json", "sequences")
+    assert sid in [int(s["sequence_id"]) for s in json.loads(r.stdout)["sequences"]]
+    r = run_cli("fork", "--sequence", str(sid), "--new-sequence", str(fork), "--length", "4",
+                "--target", t)
+    assert r.returncode == 0 and f"forked sequence {fork} from {sid}: 4 tokens shared" in r.stdout
+    r = run_cli("release", "--sequence", str(fork), "--target", t, "-o", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["freed_slots"] == 0, r.stderr
+    r = run_cli("--target", t, "release", "--sequence", str(sid))
+    assert r.returncode == 0 and f"released sequence {sid}: 9 slots freed" in r.stdout
+    r = run_cli("--target", t, "release", "--sequence", str(sid))
+    assert r.returncode == 1 and "not a live sequence" in r.stderr
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"verifyd-py {verifyd.__version__}"
+    r = run_cli("--target", t, "compact")
+    assert r.returncode == 0 and "note  " in r.stdout, r.stdout
+    # The same views as verifyctl's: the same rows, in the same order.
+    verifyctl = os.environ.get("VERIFYCTL_BINARY")
+    if verifyctl is None:
+        pytest.skip("VERIFYCTL_BINARY not set (ctest sets it): views not compared")
+    for command in (["stats"], ["compact"]):
+        ours = run_cli("--target", t, *command)
+        theirs = subprocess.run([verifyctl, f"--target={t}", *command], capture_output=True,
+                                text=True, timeout=60)
+        assert theirs.returncode == 0, theirs.stderr
+        keys = [k for k in _table_keys(theirs.stdout) if not k.startswith(("[", "compaction "))]
+        assert [k for k in _table_keys(ours.stdout)
+                if not k.startswith(("[", "compaction "))] == keys, (ours.stdout, theirs.stdout)
+
+
 def test_cli_errors(tmp_path):
     r = run_cli("--target", f"unix://{tmp_path}/none.sock", "--timeout", "1", "health")
     assert r.returncode == 1 and ("UNAVAILABLE" in r.stderr or "DEADLINE" in r.stderr), r.stderr

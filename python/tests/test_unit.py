@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import verifyd
-from verifyd import dataplane, health
+from verifyd import dataplane, dataplane_library, health
 from verifyd.adapter import VerifyAttention
 from verifyd.reference import ancestor_mask, verify_reference
 from verifyd.tensors import bf16_to_float32, random_bf16
@@ -67,8 +67,8 @@ def test_error_types():
 
 def test_data_plane_is_reported_unavailable(monkeypatch, tmp_path):
     monkeypatch.setenv(dataplane.ENV_LIBRARY, str(tmp_path / "missing.so"))
-    monkeypatch.setattr(dataplane, "_lib", None)
-    monkeypatch.setattr(dataplane, "_why", None)
+    monkeypatch.setattr(dataplane_library, "_lib", None)
+    monkeypatch.setattr(dataplane_library, "_why", None)
     assert not dataplane.available()
     why = dataplane.why_unavailable()
     assert "missing.so: no such file" in why and dataplane.ENV_LIBRARY in why
@@ -92,3 +92,33 @@ def test_device_pointer_of_cuda_array_interface():
                                     "strides": (32, 2), "version": 2}
     with pytest.raises(verifyd.InvalidArgument, match="not C-contiguous"):
         dataplane.device_pointer(Strided())
+
+
+def test_package_modules_import_without_a_cycle():
+    # Each module's imports of its siblings, at module level or inside functions (where an import
+    # cycle would hide), less those for type checkers only: the graph must have no cycle.
+    import ast
+    import pathlib
+    package = pathlib.Path(verifyd.__file__).parent
+    graph = {}
+    for path in package.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        typing_only = {id(m) for n in ast.walk(tree) if isinstance(n, ast.If)
+                       and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING"
+                       for m in ast.walk(n)}
+        graph[path.stem] = {n.module.split(".")[0] for n in ast.walk(tree)
+                            if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module
+                            and id(n) not in typing_only}
+    state = {}
+
+    def visit(name, trail):
+        if state.get(name) == "done":
+            return
+        assert state.get(name) != "open", f"import cycle: {' -> '.join(trail + [name])}"
+        state[name] = "open"
+        for dep in sorted(graph.get(name, ())):
+            visit(dep, trail + [name])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        visit(name, [])

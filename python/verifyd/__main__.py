@@ -1,66 +1,115 @@
 """python -m verifyd [--target unix:///run/verifyd/verifyd-0.sock] [--timeout 10] [-o table|json]
-COMMAND: health | stats | compact [--budget-bytes N] — an operator tool for Python-only boxes
-(the same views as verifyctl). Exit 0 on success (health: only when SERVING), 1 on a failed call,
-2 on bad usage."""
+COMMAND, where COMMAND is health | stats | sequences | compact [--budget-bytes N] |
+release --sequence ID | fork --sequence ID --new-sequence ID --length K; also --version.
+An operator tool for Python-only boxes with verifyctl's commands and views (cli_render.py); the
+options may come before or after the command. Exit 0 on success (health: only when SERVING;
+compact: only when DONE), 1 on a failed call, 2 on bad usage."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import List, Optional
 
+from . import __version__
+from .cli_render import (format_compaction, format_progress, format_sequences, format_stats,
+                         to_dict)
 from .client import Client
 from .errors import VerifydError
 
 
-def _table(rows) -> str:
-    width = max(len(k) for k, _ in rows)
-    return "".join(f"{k}{' ' * (width - len(k) + 2)}{v}\n" for k, v in rows)
+def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """The options every command takes, before the command or after it. After it they default to
+    SUPPRESS, so that a value given before the command is not reset by the subcommand's parser."""
+    def d(value):
+        return argparse.SUPPRESS if suppress else value
+    parser.add_argument("--target", default=d("unix:///run/verifyd/verifyd-0.sock"))
+    parser.add_argument("--timeout", type=float, default=d(10.0), help="seconds per call")
+    parser.add_argument("-o", "--output", choices=("table", "text", "json"), default=d("table"),
+                        help="text is table (verifyctl's name)")
+    parser.add_argument("--admin-token", default=d(""))
 
 
-def _pct(part: float, whole: float) -> str:
-    return f"{100.0 * part / whole:.1f}%" if whole > 0 else "-"
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m verifyd", description=__doc__.split("\n")[0])
+    _common(p, suppress=False)
+    p.add_argument("--version", action="version", version=f"verifyd-py {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help)
+        _common(c, suppress=True)
+        return c
+
+    command("health", "grpc.health.v1 status (exit 0 only when SERVING)")
+    command("stats", "store occupancy, fragmentation and settings")
+    command("sequences", "every live sequence: committed length, pending tree nodes, shared "
+                         "tokens, idle time, lease left")
+    c = command("compact", "defragment (0 = until converged), with progress")
+    c.add_argument("--budget-bytes", type=int, default=0)
+    c.add_argument("--poll-seconds", type=float, default=0.1)
+    r = command("release", "drop a sequence and free its slots")
+    r.add_argument("--sequence", type=int, required=True)
+    f = command("fork", "a new sequence on ID's first K committed tokens, sharing their KV")
+    f.add_argument("--sequence", type=int, required=True)
+    f.add_argument("--new-sequence", type=int, required=True)
+    f.add_argument("--length", type=int, required=True)
+    return p
 
 
-def format_stats(s) -> str:
-    cap = float(s.capacity_tokens)
-    f = s.fragmentation
-    return _table([
-        ("backend", s.backend), ("layers", s.layers), ("heads", s.heads),
-        ("max tree nodes", s.max_tree_nodes), ("softmax scale", f"{s.softmax_scale:.6g}"),
-        ("capacity tokens", s.capacity_tokens),
-        ("used tokens", f"{s.used_tokens}  ({_pct(s.used_tokens, cap)})"),
-        ("pending tokens", f"{s.pending_tokens}  ({_pct(s.pending_tokens, cap)})"),
-        ("free tokens", f"{s.free_tokens}  ({_pct(s.free_tokens, cap)})"),
-        ("largest free run", s.largest_free_run), ("sequences", f.sequences),
-        ("committed tokens", f.tokens), ("fragment runs", f.runs),
-        ("outside first run", f.tokens_outside_first_run),
-        ("fragmented ratio", f"{f.fragmented_ratio:.4f}"),
-    ])
+def _print_json(message) -> None:
+    print(json.dumps(to_dict(message), indent=2))
 
 
-def _to_dict(message) -> dict:
-    from google.protobuf.json_format import MessageToDict  # noqa: PLC0415
-    kwargs = {"preserving_proto_field_name": True}
-    try:
-        return MessageToDict(message, including_default_value_fields=True, **kwargs)
-    except TypeError:  # protobuf >= 5.26 renamed it
-        return MessageToDict(message, always_print_fields_with_no_presence=True, **kwargs)
+def _run(client: Client, args) -> int:
+    as_json = args.output == "json"
+    if args.command == "health":
+        status = client.health()
+        print(json.dumps({"status": status}) if as_json else status)
+        return 0 if status == "SERVING" else 1
+    if args.command == "stats":
+        s = client.stats()
+        _print_json(s) if as_json else print(format_stats(s), end="")
+        return 0
+    if args.command == "sequences":
+        # Every page: an operator looking for leaks wants them all (ids ascending).
+        listed = client.all_sequences()
+        if as_json:
+            print(json.dumps({"sequences": [to_dict(s) for s in listed],
+                              "truncated": False, "total_sequences": len(listed)}, indent=2))
+        else:
+            print(format_sequences(listed, len(listed)), end="")
+        return 0
+    if args.command == "release":
+        freed = client.release(args.sequence)
+        print(json.dumps({"freed_slots": freed}) if as_json
+              else f"released sequence {args.sequence}: {freed} slots freed")
+        return 0
+    if args.command == "fork":
+        forked = client.fork(args.sequence, args.new_sequence, args.length)
+        _print_json(forked) if as_json else print(
+            f"forked sequence {args.new_sequence} from {args.sequence}: "
+            f"{forked.committed_length} tokens shared; {forked.shared_tokens} shared slots in "
+            "the daemon")
+        return 0
+    op = client.compact(args.budget_bytes)
+    if not as_json:
+        budget = "until converged" if args.budget_bytes == 0 else f"{args.budget_bytes} bytes"
+        print(f"compaction {op} (budget {budget})")
+    last: List[Optional[int]] = [None]
+
+    def progress(status) -> None:  # one line per state change (a pipe or a journal reads it)
+        if not as_json and status.state != last[0]:
+            print(format_progress(status), flush=True)
+        last[0] = status.state
+
+    status = client.wait_compaction(op, poll_interval=args.poll_seconds, on_progress=progress)
+    _print_json(status) if as_json else print(format_compaction(status), end="")
+    return 0 if type(status).State.Name(status.state) == "DONE" else 1
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m verifyd", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="unix:///run/verifyd/verifyd-0.sock")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
-    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    p.add_argument("--admin-token", default="")
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("health", help="grpc.health.v1 status of the daemon")
-    sub.add_parser("stats", help="geometry, occupancy, fragmentation")
-    c = sub.add_parser("compact", help="defragment, with progress")
-    c.add_argument("--budget-bytes", type=int, default=0)
-    c.add_argument("--poll-seconds", type=float, default=0.1)
-    args = p.parse_args(argv)
-
+    args = _parser().parse_args(argv)
     try:
         client = Client(args.target, timeout=args.timeout, admin_token=args.admin_token)
     except VerifydError as e:
@@ -68,27 +117,7 @@ def main(argv=None) -> int:
         return 2
     try:
         with client:
-            if args.command == "health":
-                status = client.health()
-                print(json.dumps({"status": status}) if args.output == "json" else status)
-                return 0 if status == "SERVING" else 1
-            if args.command == "stats":
-                s = client.stats()
-                print(json.dumps(_to_dict(s), indent=2) if args.output == "json"
-                      else format_stats(s), end="\n" if args.output == "json" else "")
-                return 0
-            op = client.compact(args.budget_bytes)
-            status = client.wait_compaction(
-                op, poll_interval=args.poll_seconds,
-                on_progress=None if args.output == "json" else
-                (lambda st: print(f"{st.bytes_moved}/{st.bytes_planned} bytes "
-                                  f"{type(st).State.Name(st.state)}", file=sys.stderr)))
-            if args.output == "json":
-                print(json.dumps(_to_dict(status), indent=2))
-            else:
-                print(f"operation {status.operation_id}: {type(status).State.Name(status.state)},"
-                      f" {status.bytes_moved} bytes moved in {status.seconds:.3f} s")
-            return 0 if type(status).State.Name(status.state) == "DONE" else 1
+            return _run(client, args)
     except VerifydError as e:
         print(f"verifyd: {e}", file=sys.stderr)
         return 1

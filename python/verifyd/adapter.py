@@ -66,7 +66,7 @@ import grpc
 import numpy as np
 
 from .client import Client, VerifySequence
-from .dataplane import _is_cuda
+from .dataplane_tensors import is_cuda
 from .errors import ResourceExhausted, VerifydError, invalid_argument, make_error
 from .shared_memory import SharedMemoryRegion, shared_verify_layout
 from .tensors import ROW, copy_bf16_into, is_torch
@@ -77,7 +77,7 @@ __all__ = ["VerifyAttention"]
 def on_device_memory(x: Any) -> bool:
     """CUDA memory: a torch CUDA tensor, a `__cuda_array_interface__` object or a DLPack kDLCUDA
     one (the data plane's own test, verifyd.dataplane)."""
-    return _is_cuda(x, "q", "Verify")
+    return is_cuda(x, "q", "Verify")
 
 
 def _capturing() -> bool:

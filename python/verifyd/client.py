@@ -19,7 +19,9 @@ import numpy as np
 
 from . import health as health_codec
 from ._proto import pb, pb_grpc
+from .dataplane import DataPlane
 from .errors import VerifydError, error_from_rpc, invalid_argument, make_error
+from .sequences import SequenceLike, VerifySequence, as_sequence
 from .shared_memory import SharedMemoryRegion, SharedVerifyLayout, shared_verify_layout
 from .tensors import (ROW, V_DIM, TensorKind, as_bf16_bits, check_shape, to_output_bf16,
                       to_output_fp32)
@@ -32,37 +34,6 @@ CLIENT_ID_KEY = "x-verifyd-client"  # the owner of external regions and channels
 # Room left in a message for everything but the KV payload (as client/append_chunking.h).
 APPEND_ENVELOPE_BYTES = 1024
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
-
-
-@dataclass
-class VerifySequence:
-    """One sequence of a Verify: its tree (`parents[i]` = -1 for a root, else an index < i) and,
-    optionally, the commit of its previous tree riding on this call (`commit_previous`: the
-    accepted path, a root then each a child of the previous; [] rejects the whole tree)."""
-    sequence_id: int
-    parents: Sequence[int]
-    commit_previous: Optional[Sequence[int]] = None
-
-    def to_proto(self):
-        s = pb.VerifySequence(sequence_id=int(self.sequence_id),
-                              parents=[int(p) for p in self.parents])
-        if self.commit_previous is not None:
-            path = [int(a) for a in self.commit_previous]
-            s.commit_previous.CopyFrom(pb.CommitSpec(commit_length=len(path), accepted_path=path))
-        return s
-
-
-SequenceLike = Union[VerifySequence, Tuple[int, Sequence[int]],
-                     Tuple[int, Sequence[int], Optional[Sequence[int]]]]
-
-
-def _as_sequence(s: SequenceLike) -> VerifySequence:
-    if isinstance(s, VerifySequence):
-        return s
-    if isinstance(s, tuple) and len(s) in (2, 3):
-        return VerifySequence(*s)
-    raise invalid_argument("sequences entries must be VerifySequence or (sequence_id, parents[, "
-                           f"commit_previous]) tuples, not {type(s).__name__}", "Verify")
 
 
 @dataclass
@@ -232,7 +203,7 @@ class Client:
     # -- Verify ----------------------------------------------------------------------------------
     def _verify_request(self, layer: int, sequences: Iterable[SequenceLike], return_lse: bool,
                         softmax_scale: Optional[float]):
-        seqs = [_as_sequence(s) for s in sequences]
+        seqs = [as_sequence(s) for s in sequences]
         if not seqs:
             raise invalid_argument("sequences must not be empty", "Verify")
         request = pb.VerifyRequest(layer=int(layer), sequences=[s.to_proto() for s in seqs],
@@ -439,7 +410,7 @@ class Client:
         """verify() with q and tree_kv copied into `region` (layout shared_verify_layout(0, ...))
         and out/lse written there by the daemon. numpy outputs are views into the region (valid
         until it is reused); torch outputs are views too on CPU, copies on a CUDA device."""
-        seqs = [_as_sequence(s) for s in sequences]
+        seqs = [as_sequence(s) for s in sequences]
         total_q = sum(len(s.parents) for s in seqs)
         q_bits, kind = as_bf16_bits(q, "q", "Verify")
         kv_bits, _ = as_bf16_bits(tree_kv, "tree_kv", "Verify")
@@ -462,7 +433,6 @@ class Client:
         when the library is missing): registration, host buffers, channels, under this Client's
         client_id. Created on first use, closed with the Client."""
         if self._data_plane is None:
-            from .dataplane import DataPlane  # noqa: PLC0415
             plane = DataPlane(self.target, self.client_id, admin_token=self.admin_token,
                               timeout=self.timeout)
             try:

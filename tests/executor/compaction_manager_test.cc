@@ -94,6 +94,7 @@ TEST_F(CompactionManagerTest, BudgetBoundsTheCopy) {
   EXPECT_EQ(op.tokens_moved, 2);
   EXPECT_EQ(op.bytes_moved, 2 * kMoveBytes);
   EXPECT_GE(op.bytes_planned, op.bytes_moved);
+  EXPECT_EQ(op.note.rfind("stopped at the budget: budget_bytes = ", 0), 0u) << op.note;
   // A partial pass may leave the share outside first runs higher for a while (a sequence moves
   // run by run); only convergence is promised, below.
   EXPECT_EQ(op.after.tokens, op.before.tokens);
@@ -115,9 +116,40 @@ TEST_F(CompactionManagerTest, UntilConvergedRemovesFragmentation) {
   EXPECT_GT(op.before.tokens_outside_first_run, 0);
   EXPECT_EQ(op.after.tokens_outside_first_run, 0);
   EXPECT_EQ(op.after.runs, 2);
+  EXPECT_EQ(op.note, "converged: every sequence is one contiguous run");
   EXPECT_EQ(op.bytes_moved, op.tokens_moved * kMoveBytes);
   EXPECT_GT(op.bytes_per_second(), 0.0);
   ExpectKvIntact();
+}
+
+// A compaction that moves nothing says why: nothing is fragmented, or no free run can take what
+// is (here the pool is full).
+TEST_F(CompactionManagerTest, AnOperationThatMovesNothingSaysWhy) {
+  std::vector<bf16_bits> kv(static_cast<size_t>(kLayers) * 10 * kKvDim, 0);
+  ASSERT_TRUE(store_.Append(5, 0, kLayers, 10, kv.data()).ok());
+  CompactionManager manager(64, kMoveBytes, &metrics_);
+  const std::string contiguous = manager.Create(0);
+  RunToIdle(manager);
+  CompactionOperation op = *manager.Get(contiguous);
+  EXPECT_EQ(op.state, CompactionOperation::State::kDone);
+  EXPECT_EQ(op.bytes_moved, 0);
+  EXPECT_EQ(op.note, "nothing to move: every sequence is one contiguous run already");
+
+  ASSERT_TRUE(store_.Release(5).ok());
+  Fragment();
+  const int64_t free_slots = store_.Stats().capacity_slots - store_.Stats().used_slots;
+  kv.assign(static_cast<size_t>(kLayers) * free_slots * kKvDim, 0);
+  ASSERT_TRUE(store_.Append(3, 0, kLayers, free_slots, kv.data()).ok());
+  const std::string full = manager.Create(0);
+  RunToIdle(manager);
+  op = *manager.Get(full);
+  EXPECT_EQ(op.state, CompactionOperation::State::kDone);
+  EXPECT_EQ(op.bytes_moved, 0);
+  EXPECT_EQ(op.note.rfind("no free run is large enough for what is left: ", 0), 0u) << op.note;
+  const int64_t budget_too_small = kMoveBytes - 1;
+  const std::string tiny = manager.Create(budget_too_small);
+  RunToIdle(manager);
+  EXPECT_FALSE(manager.Get(tiny)->note.empty());
 }
 
 // Chunks end inside runs (3 slots per chunk; runs are 3..7 slots): every Step moves at most the

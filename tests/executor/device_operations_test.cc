@@ -11,12 +11,14 @@
 #include "service/request_validation.h"
 #include "service/response_encoding.h"
 #include "tests/executor/recording_metrics.h"
+#include "tests/executor/service_calls.h"
 #include "tests/service/shadow_model.h"
 
 namespace verifyd {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::Limits;
 
 // The CPU arithmetic, reporting a capture on the first call and a replay on every call. With
 // host_lists = false it asks for slot lists only (as the CUDA backend does) and concatenates them
@@ -84,14 +86,6 @@ DeviceOptions SmallDevice(int layers, int64_t capacity, absl::Duration lease = a
   return options;
 }
 
-// The service's limits for a device of `layers` layers and `heads` heads.
-ValidationLimits Limits(int layers, int heads) {
-  ServiceOptions options;
-  options.layers = layers;
-  options.heads = heads;
-  return LimitsFromOptions(options);
-}
-
 constexpr float kScale = 0.07216878364870322f;
 
 class DeviceOperationsTest : public ::testing::TestWithParam<bool> {
@@ -103,20 +97,12 @@ class DeviceOperationsTest : public ::testing::TestWithParam<bool> {
     ASSERT_TRUE(ops.ok()) << ops.status();
     ops_ = *std::move(ops);
     const v1::AppendRequest append = model_.MakeAppend(7, 9);
-    auto call = ValidateAppend(append, limits_);
-    ASSERT_TRUE(call.ok()) << call.status();
-    ASSERT_TRUE(ops_->Append(*call).ok());
+    ASSERT_TRUE(testing::AppendAsService(*ops_, append, limits_).ok());
     model_.AcceptAppend(append);
   }
 
-  // Decoded, run and encoded as the service does.
   absl::Status Verify(const v1::VerifyRequest& request, v1::VerifyResponse* response) {
-    auto call = ValidateVerify(request, limits_);
-    if (!call.ok()) return call.status();
-    absl::StatusOr<VerifyResult> result = ops_->Verify(*call);
-    if (!result.ok()) return result.status();
-    EncodeVerify(request, *call, *std::move(result), response);
-    return absl::OkStatus();
+    return testing::VerifyAsService(*ops_, request, limits_, response);
   }
 
   const ValidationLimits limits_ = Limits(2, 2);

@@ -12,6 +12,7 @@
 #include "service/request_validation.h"
 #include "service/response_encoding.h"
 #include "tests/executor/recording_metrics.h"
+#include "tests/executor/service_calls.h"
 #include "tests/kvstore/failing_storage.h"
 #include "tests/service/shadow_model.h"
 #include "verify/verify_reference.h"
@@ -55,10 +56,7 @@ class FaultInjectionTest : public ::testing::Test {
     device.capacity_slots = 256;
     // The requests' field names, as the service sets them: the messages below name "sequences[0]".
     device.store.field_names = RequestFieldNames();
-    ServiceOptions service;
-    service.layers = 2;
-    service.heads = 2;
-    limits_ = LimitsFromOptions(service);
+    limits_ = testing::Limits(2, 2);
     auto backend = std::make_unique<FaultyBackend>();
     backend_ = backend.get();
     auto ops = DeviceOperations::Create(device, std::move(backend), &metrics_);
@@ -67,18 +65,10 @@ class FaultInjectionTest : public ::testing::Test {
   }
 
   absl::Status Append(const v1::AppendRequest& request) {
-    auto call = ValidateAppend(request, limits_);
-    if (!call.ok()) return call.status();
-    return ops_->Append(*call).status();
+    return testing::AppendAsService(*ops_, request, limits_);
   }
-  // Decoded, run and encoded as the service does.
   absl::Status Verify(const v1::VerifyRequest& request, v1::VerifyResponse* response) {
-    auto call = ValidateVerify(request, limits_);
-    if (!call.ok()) return call.status();
-    absl::StatusOr<VerifyResult> result = ops_->Verify(*call);
-    if (!result.ok()) return result.status();
-    EncodeVerify(request, *call, *std::move(result), response);
-    return absl::OkStatus();
+    return testing::VerifyAsService(*ops_, request, limits_, response);
   }
   // Verify on both layers (the commit rides on layer 0), each checked against float64.
   void Step(const VerifyPart& part) {

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "service/request_validation.h"
 #include "tests/executor/recording_metrics.h"
+#include "tests/executor/service_calls.h"
 #include "tests/service/shadow_model.h"
 #include "verify/mla_dims.h"
 
@@ -81,19 +82,14 @@ class ValueCheckTest : public ::testing::Test {
     device.store.num_layers = kLayers;
     device.capacity_slots = 256;
     device.store.field_names = RequestFieldNames();
-    ServiceOptions service;
-    service.layers = kLayers;
-    service.heads = kHeads;
-    limits_ = LimitsFromOptions(service);
+    limits_ = testing::Limits(kLayers, kHeads);
     auto backend = std::make_unique<LateAnsweringBackend>();
     backend_ = backend.get();
     auto ops = DeviceOperations::Create(device, std::move(backend), &metrics_);
     ASSERT_TRUE(ops.ok()) << ops.status();
     ops_ = *std::move(ops);
     const v1::AppendRequest append = model_.MakeAppend(1, 23);
-    auto call = ValidateAppend(append, limits_);
-    ASSERT_TRUE(call.ok()) << call.status();
-    ASSERT_TRUE(ops_->Append(*call).ok());
+    ASSERT_TRUE(testing::AppendAsService(*ops_, append, limits_).ok());
     model_.AcceptAppend(append);
   }
 

@@ -258,7 +258,7 @@ TEST_F(KvStoreTest, PrepareVerifyRejectsEachBadInputAndChangesNothing) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(s, "items[0].parents[2] = 5 must be < 2")) << s;
   s = store_->PrepareVerify(0, {VerifyItem{2, std::vector<int32_t>(17, -1), {}}});
-  EXPECT_TRUE(Contains(s, "items[0].parents has 17 nodes; must be in [1, 16]")) << s;
+  EXPECT_TRUE(Contains(s, "items[0].parents has 17 nodes, must be in [1, 16]")) << s;
   s = store_->PrepareVerify(0, {VerifyItem{3, {-1}, {}}});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(s, "layer 1 holds 0 tokens, layer 0 holds 1")) << s;
@@ -376,6 +376,22 @@ TEST_F(KvStoreTest, LeasesAreRenewedByEveryCallAndExpiredSequencesReleased) {
   now_ += absl::Seconds(10);
   EXPECT_EQ(store_->ExpireLeases(), (std::vector<SequenceId>{2}));
   EXPECT_EQ(store_->Stats().used_slots, 0);
+}
+
+TEST_F(KvStoreTest, ACallNamingAnExpiredSequenceHearsThatItsLeaseExpired) {
+  ASSERT_TRUE(AppendAll(1, 2, 1).ok());
+  now_ += absl::Seconds(11);
+  ASSERT_EQ(store_->ExpireLeases(), (std::vector<SequenceId>{1}));
+  const absl::Status gone = store_->PrepareVerify(0, {VerifyItem{1, {-1}, {}}});
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(gone, "= 1 is not a live sequence: its lease expired at ")) << gone;
+  EXPECT_TRUE(Contains(gone, "Append it again")) << gone;
+  EXPECT_EQ(store_->Release(1).code(), absl::StatusCode::kNotFound);
+  // Never seen: the plain answer. Appended again: live, and the record is gone with it.
+  EXPECT_FALSE(Contains(store_->Release(9), "lease"));
+  ASSERT_TRUE(AppendAll(1, 2, 2).ok());
+  ASSERT_TRUE(store_->Release(1).ok());
+  EXPECT_FALSE(Contains(store_->Release(1), "lease"));
 }
 
 TEST_F(KvStoreTest, StatsCountRunsAndTokensOutsideTheFirstRun) {

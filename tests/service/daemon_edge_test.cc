@@ -29,6 +29,7 @@
 #include "tests/service/rpc_helpers.h"
 #include "tests/service/shadow_model.h"
 #include "tests/service/test_server.h"
+#include "tests/testing/prometheus_text.h"
 
 namespace verifyd {
 namespace {
@@ -59,28 +60,12 @@ std::vector<std::string> HeavyDaemonFlags(const std::string& address) {
           "--max-tree-nodes=64", "--softmax-scale=0.0625"};
 }
 
-std::string MetricsAddress(const DaemonProcess& daemon) {
-  const std::string field = daemon.StartupField("metrics");
-  absl::string_view u = field;
-  absl::ConsumePrefix(&u, "http://");
-  absl::ConsumeSuffix(&u, "/metrics");
-  return std::string(u);
-}
-
-// The value of the sample whose line starts with `series` (name and labels), 0 when absent.
-double Sample(const std::string& text, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::ConsumePrefix(&line, series + " ")) {
-      double v = 0;
-      if (absl::SimpleAtod(line, &v)) return v;
-    }
-  }
-  return 0;
-}
-
 double VerifyCount(const std::string& metrics, const char* code) {
-  return Sample(testing::HttpGet(metrics, "/metrics"),
-                absl::StrCat("verifyd_rpc_requests_total{code=\"", code, "\",method=\"Verify\"}"));
+  // A code not seen yet has no line: 0 calls.
+  return testing::PrometheusSample(
+             testing::HttpGet(metrics, "/metrics"),
+             absl::StrCat("verifyd_rpc_requests_total{code=\"", code, "\",method=\"Verify\"}"))
+      .value_or(0);
 }
 
 // Starts `binary args` under /bin/sh with `prelude` run first (ulimit, umask).
@@ -107,7 +92,7 @@ TEST(DaemonEdgeTest, AKilledClientsQueuedVerifiesAreNotComputedAndCountCancelled
   std::string error;
   auto daemon = DaemonProcess::Start(kBinary, flags, &error);
   ASSERT_NE(daemon, nullptr) << error;
-  const std::string metrics = MetricsAddress(*daemon);
+  const std::string metrics = daemon->MetricsAddress();
 
   // The client runs in a process of its own, so that SIGKILL closes its connection the way a
   // crashed scheduler does.

@@ -14,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace verifyd::testing {
 namespace {
@@ -33,7 +34,8 @@ std::vector<char*> Argv(const std::string& binary, const std::vector<std::string
 
 std::unique_ptr<DaemonProcess> DaemonProcess::Start(const std::string& binary,
                                                     const std::vector<std::string>& args,
-                                                    std::string* error) {
+                                                    std::string* error,
+                                                    const std::string& stderr_path) {
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) {
     *error = "pipe failed";
@@ -44,6 +46,10 @@ std::unique_ptr<DaemonProcess> DaemonProcess::Start(const std::string& binary,
   const pid_t pid = fork();
   if (pid == 0) {
     dup2(pipe_fds[1], STDOUT_FILENO);
+    if (!stderr_path.empty()) {
+      const int log = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (log >= 0) dup2(log, STDERR_FILENO);
+    }
     close(pipe_fds[0]);
     close(pipe_fds[1]);
     execv(binary.c_str(), argv.data());
@@ -85,6 +91,14 @@ std::string DaemonProcess::StartupField(const std::string& key) const {
       return std::string(word.substr(key.size() + 1));
   }
   return "";
+}
+
+std::string DaemonProcess::MetricsAddress() const {
+  const std::string field = StartupField("metrics");
+  absl::string_view url = field;
+  absl::ConsumePrefix(&url, "http://");
+  absl::ConsumeSuffix(&url, "/metrics");
+  return std::string(url);
 }
 
 void DaemonProcess::Signal(int signal_number) {

@@ -14,15 +14,19 @@ namespace verifyd::testing {
 class DaemonProcess {
  public:
   // Starts `binary` with `args` and waits for its first stdout line; null (with *error) when it
-  // exits or prints nothing within the timeout.
+  // exits or prints nothing within the timeout. Its stderr (the event log) goes to
+  // `stderr_path` when given, else to the test's.
   static std::unique_ptr<DaemonProcess> Start(const std::string& binary,
                                               const std::vector<std::string>& args,
-                                              std::string* error);
+                                              std::string* error,
+                                              const std::string& stderr_path = "");
   ~DaemonProcess();  // SIGKILL if still running.
 
   const std::string& startup_line() const { return startup_line_; }
   // The value of `key=` in the startup line ("" when absent).
   std::string StartupField(const std::string& key) const;
+  // host:port of its /metrics (the startup line's metrics=http://host:port/metrics).
+  std::string MetricsAddress() const;
   void Signal(int signal_number);
   pid_t pid() const { return pid_; }
   // The exit code, or -1 on timeout / abnormal end.

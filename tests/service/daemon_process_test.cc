@@ -23,6 +23,7 @@
 #include "tests/service/rpc_helpers.h"
 #include "tests/service/shadow_model.h"
 #include "tests/service/test_server.h"
+#include "tests/testing/prometheus_text.h"
 
 namespace verifyd {
 namespace {
@@ -35,25 +36,6 @@ using Health = grpc::health::v1::HealthCheckResponse;
 
 // The build's daemon; VERIFYD_BINARY in the environment points elsewhere (the GPU bundle).
 const std::string kBinary = testing::DaemonBinary(VERIFYD_BINARY);
-
-std::string MetricsAddress(const DaemonProcess& daemon) {
-  const std::string field = daemon.StartupField("metrics");
-  absl::string_view url = field;
-  absl::ConsumePrefix(&url, "http://");
-  absl::ConsumeSuffix(&url, "/metrics");
-  return std::string(url);
-}
-
-// The value of an unlabelled sample in Prometheus text, or -1.
-double Sample(const std::string& text, const std::string& name) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::ConsumePrefix(&line, name + " ")) {
-      double v = -1;
-      if (absl::SimpleAtod(line, &v)) return v;
-    }
-  }
-  return -1;
-}
 
 TEST(DaemonProcessTest, InvalidFlagsExitTwo) {
   std::string output;
@@ -186,6 +168,43 @@ TEST(DaemonProcessTest, SigtermFinishesQueuedCallsAndExitsZero) {
                    .ok());
 }
 
+// What an operator and a client hear of a lease expiry: the daemon logs it (one levelled line per
+// event, with the start, a refused call and the stop), and a later call naming the sequence gets
+// a NOT_FOUND that says its lease expired.
+TEST(DaemonProcessTest, ALeaseExpiryIsLoggedAndNamedInTheNotFound) {
+  const std::string address = testing::TempSocketAddress("expiry");
+  const std::string log = absl::StrCat(::testing::TempDir(), "/verifyd-expiry-", getpid(), ".log");
+  std::string error;
+  auto daemon =
+      DaemonProcess::Start(kBinary,
+                           {"--listen=" + address, "--metrics=", "--layers=1", "--heads=2",
+                            "--kv-capacity-tokens=256", "--lease-seconds=1", "--compute-threads=1"},
+                           &error, log);
+  ASSERT_NE(daemon, nullptr) << error;
+  auto stub = v1::Verifyd::NewStub(testing::MakeChannel(address));
+  ShadowModel model(1, 2, 1.0f / std::sqrt(192.0f), 5);
+  testing::RpcDriver driver(*stub, model);
+  ASSERT_TRUE(driver.Append(model.MakeAppend(4, 9)).ok());
+  grpc::Status gone;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    gone = driver.Commit(4, {});
+  } while (gone.error_code() != grpc::StatusCode::NOT_FOUND &&
+           std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(gone.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(gone.error_message(), HasSubstr("= 4 is not a live sequence: its lease expired at "));
+  daemon->Signal(SIGTERM);
+  ASSERT_EQ(daemon->Wait(std::chrono::seconds(30)), 0);
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, ::testing::ContainsRegex("Z info start listen=unix://[^ ]+ .*layers=1"));
+  EXPECT_THAT(text, HasSubstr(" info lease_expired sequence=4\n"));
+  EXPECT_THAT(text, HasSubstr(" info refused method=Commit code=NOT_FOUND count=1 message="));
+  EXPECT_THAT(text, HasSubstr(" info stopped\n"));
+  unlink(log.c_str());
+}
+
 TEST(DaemonProcessTest, LeaseExpiryFreesSilentClientsAndMetricsPassPromtool) {
   const std::string address = testing::TempSocketAddress("lease");
   std::string error;
@@ -195,7 +214,7 @@ TEST(DaemonProcessTest, LeaseExpiryFreesSilentClientsAndMetricsPassPromtool) {
        "--kv-capacity-tokens=1024", "--lease-seconds=1", "--compute-threads=1"},
       &error);
   ASSERT_NE(daemon, nullptr) << error;
-  const std::string metrics = MetricsAddress(*daemon);
+  const std::string metrics = daemon->MetricsAddress();
   ASSERT_FALSE(metrics.empty()) << daemon->startup_line();
 
   auto channel = testing::MakeChannel(address);
@@ -221,14 +240,14 @@ TEST(DaemonProcessTest, LeaseExpiryFreesSilentClientsAndMetricsPassPromtool) {
   std::string text;
   for (int i = 0; i < 50; ++i) {
     text = testing::HttpGet(metrics, "/metrics");
-    if (Sample(text, "verifyd_sequences") == 0) break;
+    if (testing::PrometheusSample(text, "verifyd_sequences") == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_FALSE(text.empty()) << "no answer from http://" << metrics << "/metrics";
-  EXPECT_EQ(Sample(text, "verifyd_lease_expiries_total"), 2);
-  EXPECT_EQ(Sample(text, "verifyd_sequences"), 0);
-  EXPECT_EQ(Sample(text, "verifyd_kv_capacity_tokens"), 1024);
-  EXPECT_EQ(Sample(text, "verifyd_ready"), 1);
+  EXPECT_EQ(testing::PrometheusSample(text, "verifyd_lease_expiries_total"), 2);
+  EXPECT_EQ(testing::PrometheusSample(text, "verifyd_sequences"), 0);
+  EXPECT_EQ(testing::PrometheusSample(text, "verifyd_kv_capacity_tokens"), 1024);
+  EXPECT_EQ(testing::PrometheusSample(text, "verifyd_ready"), 1);
   EXPECT_THAT(text,
               ::testing::ContainsRegex("verifyd_build_info\\{backend=\"(cpu|cuda)\",version=\""));
   // The DCGM join key (plans/0003): "" on cpu, nvidia-smi's form on cuda.

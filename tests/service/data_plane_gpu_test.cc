@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/align.h"
 #include "base/cuda_driver.h"
 #include "client/channel.h"
 #include "client/client.h"
@@ -52,8 +53,6 @@ bool HaveCudaDevice() {
   return have;
 }
 
-uint64_t Align256(uint64_t x) { return (x + 255) / 256 * 256; }
-
 int64_t TotalQ(const v1::VerifyRequest& r) {
   int64_t q = 0;
   for (const auto& s : r.sequences()) q += s.parents_size();
@@ -70,9 +69,9 @@ Slot SlotFor(int layer) {
   Slot s;
   s.q = uint64_t(layer) * kSlotBytes;
   s.tree_kv = s.q + 64 * kHeads * kKvDim * 2;
-  s.out = Align256(s.tree_kv + 64 * kKvDim * 2);
-  s.lse = Align256(s.out + 64 * kHeads * kVDim * 2);
-  s.end = Align256(s.lse + 64 * kHeads * 4);
+  s.out = AlignTo256(s.tree_kv + 64 * kKvDim * 2);
+  s.lse = AlignTo256(s.out + 64 * kHeads * kVDim * 2);
+  s.end = AlignTo256(s.lse + 64 * kHeads * 4);
   return s;
 }
 constexpr uint64_t kReady = 7 << 20;

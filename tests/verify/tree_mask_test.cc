@@ -25,8 +25,8 @@ void ExpectInvalid(const std::vector<int32_t>& parents, int max_nodes, const std
 }
 
 TEST(TreeMaskTest, RejectsEmptyAndOversizedTrees) {
-  ExpectInvalid({}, kMaxTreeNodes, "parents has 0 nodes; must be in [1, 1024]");
-  ExpectInvalid(std::vector<int32_t>(9, -1), 8, "parents has 9 nodes; must be in [1, 8]");
+  ExpectInvalid({}, kMaxTreeNodes, "parents has 0 nodes, must be in [1, 1024]");
+  ExpectInvalid(std::vector<int32_t>(9, -1), 8, "parents has 9 nodes, must be in [1, 8]");
   EXPECT_TRUE(TreeMask::FromParents(std::vector<int32_t>(8, -1), 8).ok());
 }
 
@@ -34,7 +34,7 @@ TEST(TreeMaskTest, RejectsParentsThatDoNotPrecedeTheirNode) {
   ExpectInvalid({0}, 8, "parents[0] = 0 must be < 0");
   ExpectInvalid({-1, 0, 1, 5}, 8, "parents[3] = 5 must be < 3");
   ExpectInvalid({-1, 1}, 8, "parents[1] = 1 must be < 1");
-  ExpectInvalid({-1, 0, -2}, 8, "parents[2] = -2 must be -1 (a root) or >= 0");
+  ExpectInvalid({-1, 0, -2}, 8, "parents[2] = -2 must be -1 (a root) or an index >= 0");
   ExpectInvalid({-1, 0, 7}, 8, "tree_parents[2] = 7 must be < 2", "tree_parents");
 }
 

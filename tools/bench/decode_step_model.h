@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/align.h"
 #include "base/cuda_check.h"
 #include "base/status_macros.h"
 #include "tools/bench/decode_step_fill.h"
@@ -48,17 +49,16 @@ struct Region {
   std::vector<size_t> q, kv, out, lse;
   size_t ready = 0, done = 0, bytes = 0;
 };
-inline size_t Align256(size_t b) { return (b + 255) & ~size_t{255}; }
 inline Region LayOut(const Dims& d) {
   Region r;
   size_t at = 0;
   const size_t rows = static_cast<size_t>(d.nodes) * d.heads;
   for (int l = 0; l < d.layers; ++l) {
     r.q.push_back(at);
-    r.kv.push_back(at = Align256(at + rows * kKvDim * 2));
-    r.out.push_back(at = Align256(at + size_t(d.nodes) * kKvDim * 2));
-    r.lse.push_back(at = Align256(at + rows * kVDim * 2));
-    at = Align256(at + rows * 4);
+    r.kv.push_back(at = AlignTo256(at + rows * kKvDim * 2));
+    r.out.push_back(at = AlignTo256(at + size_t(d.nodes) * kKvDim * 2));
+    r.lse.push_back(at = AlignTo256(at + rows * kVDim * 2));
+    at = AlignTo256(at + rows * 4);
   }
   r.ready = at;
   r.done = at + 256;

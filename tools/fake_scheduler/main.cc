@@ -7,6 +7,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -54,6 +56,18 @@ bool ParseRange(const std::string& text, int* lo, int* hi) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "fake_scheduler --target=unix:///run/verifyd/verifyd-0.sock [flags]");
+  // --help lists this file's flags (absl's default looks for a file named after the binary);
+  // --version says the build's version and type.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "fake_scheduler/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] {
+    return std::string("fake_scheduler ") + VERIFYD_VERSION + " (" + VERIFYD_BUILD_TYPE +
+           " build)\n";
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   verifyd::sched::SchedulerConfig c;
   c.targets = absl::StrSplit(absl::GetFlag(FLAGS_target), ',', absl::SkipEmpty());

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/align.h"
 #include "base/cuda_driver.h"
 #include "tests/backend/cuda/cuda_test_util.h"
 #include "tests/backend/cuda/ipc_producer.h"
@@ -37,8 +38,6 @@ constexpr double kTolerance = 1e-2;
 constexpr int kLayers = 3;
 constexpr int kHeads = 8;
 constexpr uint64_t kDelayUs = 2000;  // the producer's "model" per layer: the daemon waits on it
-
-size_t Align256(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 
 // One layer's tensors in the producer's region.
 struct Placement {
@@ -73,10 +72,10 @@ Step MakeStep(uint64_t seed) {
     }
     Placement pl;
     pl.q = at;
-    pl.kv = Align256(pl.q + p.q.size() * sizeof(bf16_bits));
-    pl.out = Align256(pl.kv + rows.size() * sizeof(bf16_bits));
+    pl.kv = AlignTo256(pl.q + p.q.size() * sizeof(bf16_bits));
+    pl.out = AlignTo256(pl.kv + rows.size() * sizeof(bf16_bits));
     pl.lse = pl.out + p.out.size() * sizeof(bf16_bits);  // out then lse: one copy back
-    pl.end = Align256(pl.lse + p.lse.size() * sizeof(float));
+    pl.end = AlignTo256(pl.lse + p.lse.size() * sizeof(float));
     at = pl.end;
     step.problems.push_back(std::move(p));
     step.trees.push_back(std::move(tree));
