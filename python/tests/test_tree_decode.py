@@ -51,8 +51,7 @@ def references(target):
 def decode(daemon, target, drafter, transport, budget, prompt, sid):
     with daemon.client() as c:
         attention = VerifydAttention(c, CFG.num_attention_heads, budget, transport=transport,
-                                     device=torch.device("cpu"),
-                                     softmax_scale=target.model.layers[0].self_attn.scaling)
+                                     device=torch.device("cpu"))
         try:
             return TreeDecoder(target, drafter, attention, budget).generate(
                 sid, prompt, NEW_TOKENS, keep_logits=True)

@@ -35,13 +35,14 @@ __all__ = ["VerifydAttention", "accept_path", "DecodeResult", "TreeDecoder", "ma
 
 class VerifydAttention:
     """The target's attention on verifyd: per layer the absorbed q and the latent rows into the
-    engine's buffers, forward_verify, W_UV + o_proj. Buffers: plain tensors (grpc,
+    engine's buffers, forward_verify with the layer's own softmax scale, W_UV + o_proj. Buffers:
+    plain tensors (grpc,
     shared_memory), or registered memory for transport "device" (a CUDA pool on the cuda
     backend, a /dev/shm buffer on the cpu backend)."""
 
     def __init__(self, client: Client, heads: int, max_nodes: int, *, transport: str,
-                 device: torch.device, softmax_scale: float, kv_format: str = "bf16"):
-        self.attn = VerifyAttention(client, transport=transport, softmax_scale=softmax_scale)
+                 device: torch.device, kv_format: str = "bf16"):
+        self.attn = VerifyAttention(client, transport=transport)
         self.kv_format = kv_format
         shapes = ((max_nodes, heads, ROW_DIM), (max_nodes, ROW_DIM), (max_nodes, heads,
                                                                      LATENT_DIM))
@@ -64,6 +65,7 @@ class VerifydAttention:
         q, kv, out = self.q[:t], self.kv[:t], self.out[:t]
         q.copy_(mla.queries(x, positions))
         kv.copy_(mla.latent_rows(x, positions, self.kv_format))
+        self.attn.softmax_scale = mla.softmax_scale
         self.attn.forward_verify(layer, q, kv, out)
         return mla.project(out, x.dtype)
 
@@ -233,8 +235,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       width=args.width)
     with Client(args.target) as client:
         attention = VerifydAttention(client, target.config.num_attention_heads, args.budget,
-                                     transport=args.transport, device=torch.device(args.device),
-                                     softmax_scale=mla_layers(target, 1)[0].softmax_scale)
+                                     transport=args.transport, device=torch.device(args.device))
         try:
             r = TreeDecoder(target, drafter, attention, args.budget).generate(
                 1, [int(t) for t in args.prompt.split(",")], args.new_tokens)
