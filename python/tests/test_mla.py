@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 
-import verifyd
 from verifyd.mla import MlaLayer, ROW_FORMATS, rope_parameters, softmax_scale, yarn_mscale
 from verifyd.tools.drafter import absorbed_attention
 

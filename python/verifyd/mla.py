@@ -82,7 +82,7 @@ def rope_parameters(config: Any) -> Dict[str, Any]:
 
 def softmax_scale(config: Any) -> float:
     """DeepseekV3Attention's scaling: qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2
-    when the RoPE is scaled and mscale_all_dim is set (YaRN; 1.3689^2 for DeepSeek-V3's factor 40)."""
+    when the RoPE is scaled and mscale_all_dim is set (YaRN: 1.3689^2 for DeepSeek-V3's 40)."""
     qk_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim
     scale = qk_head_dim ** -0.5
     p = rope_parameters(config)

@@ -24,29 +24,8 @@ py=$work/venv/bin/python
 cd "$work"
 run() { env -u PYTHONPATH -u LD_LIBRARY_PATH -u VERIFYD_DATAPLANE_LIB "$@"; }
 
-site=$(run "$py" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
-[[ -f "$site/verifyd/libverifyd_dataplane.so" ]] || fail "the wheel put no library in $site/verifyd"
-# -S: no site packages, so nothing but the library itself brings gRPC, protobuf or abseil.
-run "$py" -S - "$site/verifyd" <<'PY' || fail "the library loads libraries from outside the wheel"
-import ctypes, os, re, sys
-where = sys.argv[1]
-ctypes.CDLL(os.path.join(where, "libverifyd_dataplane.so"))
-mapped = set(re.findall(r"\s(/\S+\.so[.\d]*)\n", open("/proc/self/maps").read()))
-ours = [p for p in mapped if re.search(r"/lib(grpc|gpr|absl|protobuf|upb|re2|cares|address_sorting|verifyd)", p)]
-outside = sorted(p for p in ours if os.path.dirname(p) != where)
-print(f"{len(ours) - len(outside)} libraries mapped from the wheel's verifyd/, {len(outside)} from elsewhere")
-sys.exit(1 if outside or len(ours) < 5 else 0)
-PY
-run "$py" - "$repo" <<'PY' || fail "the installed package is not the one imported"
-import os, sys
-import verifyd
-from verifyd import dataplane
-here = os.path.dirname(verifyd.__file__)
-assert not here.startswith(sys.argv[1]), f"imported from the checkout: {here}"
-assert dataplane.load()._name == os.path.join(here, "libverifyd_dataplane.so"), dataplane.load()._name
-import verifyd.mla, verifyd.tools.tree_decode  # noqa: F401 - torch is there (python3-torch)
-print(f"verifyd {verifyd.__version__} from {here}; data plane {dataplane.load()._name}")
-PY
+run "$py" "$repo/tests/python/installed_wheel_check.py" --repo "$repo" ||
+  fail "the installed wheel"
 
 target="unix://$work/verifyd.sock"
 daemon_start "$VERIFYD" --listen="$target" --metrics= --backend=cpu --layers=2 --heads=2 \

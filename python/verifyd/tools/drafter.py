@@ -9,7 +9,7 @@ A tree grows level by level from the root (the token the target chose last, at t
 length n): at each level every frontier node's `width` most likely next tokens are candidates and
 the `width` candidates of highest path log-probability join the tree, until `budget` nodes. Nodes
 come in breadth-first order, so parents[i] < i (verifyd's rule). A level's nodes run through the
-drafter together, each seeing the committed prefix and its own ancestors (the tree mask of SPEC §1).
+drafter together, each seeing the committed prefix and its own ancestors (SPEC §1's tree mask).
 """
 from __future__ import annotations
 

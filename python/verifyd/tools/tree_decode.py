@@ -118,7 +118,8 @@ class DecodeResult:
     margins: List[float] = field(default_factory=list)  # top-1 minus top-2 logit per token
     logits: Optional[torch.Tensor] = None  # [max_new, vocab]: what decided each token
     prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
+    decode_seconds: float = 0.0            # every step: drafting + the target + the commits
+    draft_seconds: float = 0.0             # the drafter's share of it
 
     @property
     def steps(self) -> int:
@@ -136,7 +137,8 @@ class DecodeResult:
 
     @property
     def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.decode_seconds if self.decode_seconds else 0.0
+        """Tokens the steps produced (the first came from the prefill) per decode second."""
+        return (len(self.tokens) - 1) / self.decode_seconds if self.decode_seconds else 0.0
 
 
 def _margin(row: torch.Tensor) -> float:
@@ -181,7 +183,9 @@ class TreeDecoder:
         n = len(prompt)
         while len(result.tokens) < max_new:
             root = result.tokens[-1]
-            tree = self.drafter.draft(root, n, self.budget)
+            t_draft = time.perf_counter()
+            tree = self.drafter.draft(root, n, self.budget)  # ends reading logits: synchronized
+            result.draft_seconds += time.perf_counter() - t_draft
             attn.begin_step([(sequence_id, tree.parents)])
             tokens = torch.tensor(tree.tokens, device=self.device)
             depth = torch.tensor(tree.depths, device=self.device)
