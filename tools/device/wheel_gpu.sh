@@ -16,6 +16,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/verifyd-wheel-gpu}
 B=${BUNDLE:-bundle}
 mkdir -p "$OUT"
+[ -d "$B" ] || tar xzf bundle.tgz
 summary=""
 status=0
 note() { summary="$summary$1\n"; echo "$1"; }
@@ -25,12 +26,8 @@ if [[ -z "$wheel" ]]; then
   echo "FAIL: no $B/wheel/verifyd-*.whl (tools/device/make_bundle.sh builds it)"
   exit 1
 fi
-# The daemon alone gets the bundle's libraries (and cuBLAS's directory, as run_device.sh finds it).
-cublas_dir=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-  $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
-  if [ -e "$d/libcublas.so.13" ]; then cublas_dir=$d; break; fi
-done
+# The daemon alone gets the bundle's libraries (and cuBLAS's directory).
+cublas_dir=$(bash tools/device/cublas_dir.sh)
 daemon_ld="$(cd "$B" && pwd)/lib${cublas_dir:+:$cublas_dir}"
 
 venv="$(mktemp -d)/venv"
