@@ -36,9 +36,10 @@ __all__ = ["VerifydAttention", "accept_path", "DecodeResult", "TreeDecoder", "ma
 class VerifydAttention:
     """The target's attention on verifyd: per layer the absorbed q and the latent rows into the
     engine's buffers, forward_verify with the layer's own softmax scale, W_UV + o_proj. Buffers:
-    plain tensors (grpc,
-    shared_memory), or registered memory for transport "device" (a CUDA pool on the cuda
-    backend, a /dev/shm buffer on the cpu backend)."""
+    plain tensors (grpc, shared_memory), or registered memory for transport "device" (a CUDA pool
+    on the cuda backend, a /dev/shm buffer on the cpu backend). One serves every sequence, as an
+    engine registers its pool once: a pool freed and allocated again can land in the allocation
+    the daemon still has mapped."""
 
     def __init__(self, client: Client, heads: int, max_nodes: int, *, transport: str,
                  device: torch.device, kv_format: str = "bf16"):
@@ -47,14 +48,15 @@ class VerifydAttention:
         shapes = ((max_nodes, heads, ROW_DIM), (max_nodes, ROW_DIM), (max_nodes, heads,
                                                                      LATENT_DIM))
         self._memory = None
+        self._pool = None
         if transport != "device":
             self.q, self.kv, self.out = (torch.empty(s, dtype=torch.bfloat16, device=device)
                                          for s in shapes)
         elif device.type == "cuda":
-            pool = torch.empty(sum(_aligned(s) for s in shapes), dtype=torch.uint8,
-                               device=device)
-            self._memory = client.register(pool)
-            self.q, self.kv, self.out = _carve(pool, shapes)
+            self._pool = torch.empty(sum(_aligned(s) for s in shapes), dtype=torch.uint8,
+                                     device=device)
+            self._memory = client.register(self._pool)
+            self.q, self.kv, self.out = _carve(self._pool, shapes)
         else:
             self._memory = client.host_buffer(sum(_aligned(s) for s in shapes), torch=True)
             self.q, self.kv, self.out = (self._memory.take(s) for s in shapes)
