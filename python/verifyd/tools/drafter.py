@@ -117,11 +117,11 @@ class Drafter:
         score = [0.0]
         frontier = [0]
         while len(tree) < budget:
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            top = torch.topk(logp, self.width, dim=-1)
+            top = torch.topk(torch.log_softmax(logits.float(), dim=-1), self.width, dim=-1)
+            values, indices = top.values.tolist(), top.indices.tolist()  # one copy each
             candidates = sorted(
-                ((score[f] + float(v), f, int(t)) for k, f in enumerate(frontier)
-                 for v, t in zip(top.values[k], top.indices[k])), reverse=True)
+                ((score[f] + v, f, t) for k, f in enumerate(frontier)
+                 for v, t in zip(values[k], indices[k])), reverse=True)
             frontier = []
             for s, parent, token in candidates[:min(self.width, budget - len(tree))]:
                 i = len(tree)

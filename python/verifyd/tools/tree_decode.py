@@ -143,9 +143,10 @@ class DecodeResult:
         return (len(self.tokens) - 1) / self.decode_seconds if self.decode_seconds else 0.0
 
 
-def _margin(row: torch.Tensor) -> float:
-    top = torch.topk(row.float(), 2).values
-    return float(top[0] - top[1])
+def _margins(logits: torch.Tensor) -> List[float]:
+    """Top-1 minus top-2 logit of each row of [T, vocab]."""
+    top = torch.topk(logits.float(), 2, dim=-1).values
+    return (top[..., 0] - top[..., 1]).reshape(-1).tolist()
 
 
 class TreeDecoder:
@@ -178,7 +179,7 @@ class TreeDecoder:
                          layer_begin=layer, expected_fill=None if layer == 0 else 0)
         self.drafter.prefill(prompt)
         self._sync()
-        result = DecodeResult([int(last.argmax())], margins=[_margin(last)])
+        result = DecodeResult([int(last.argmax())], margins=_margins(last[None]))
         decided = [last] if keep_logits else []
         result.prefill_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -197,7 +198,7 @@ class TreeDecoder:
             attn.end_step({sequence_id: path})
             self.drafter.accept(tree, path)
             result.tokens += [tree.tokens[i] for i in path[1:]] + [greedy[path[-1]]]
-            result.margins += [_margin(logits[i]) for i in path]
+            result.margins += _margins(logits[path])
             if keep_logits:
                 decided += [logits[i] for i in path]
             result.accepted.append(len(path))
