@@ -9,7 +9,8 @@
 #   2. tools/device/python_dataplane_gpu.py --installed  the Python data-plane GPU checks (a cuda
 #      daemon, torch CUDA tensors registered, stream-ordered Verify, every output against float64)
 #   3. tools/device/real_model_gpu.py --installed  transformers' DeepSeek-V3 decoding with trees
-#      through verifyd, token for token (REAL_MODEL_ARGS: e.g. --quick; REAL_MODEL=0 skips it)
+#      through verifyd, token for token (REAL_MODEL_ARGS: e.g. --quick; REAL_MODEL=0 skips it;
+#      REAL_MODEL_TIMEOUT seconds, 420 by default, inside the device tool's 600 s a command)
 # Logs and real_model.json go to $OUT; the summary comes last. Exit 1 when anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -74,7 +75,7 @@ note "python_dataplane (from the wheel) rc=$rc $(tail -1 "$OUT/python_dataplane_
 
 if [ "${REAL_MODEL:-1}" = 1 ]; then
   # shellcheck disable=SC2086 - REAL_MODEL_ARGS is a list of options
-  run OUT="$OUT" timeout "${REAL_MODEL_TIMEOUT:-1500}" "$py" tools/device/real_model_gpu.py \
+  run OUT="$OUT" timeout "${REAL_MODEL_TIMEOUT:-420}" "$py" tools/device/real_model_gpu.py \
     --installed --verifyd "$B/bin/verifyd" --daemon-ld-path "$daemon_ld" --out "$OUT" \
     ${REAL_MODEL_ARGS:-} 2>&1 | tee "$OUT/real_model.log"
   rc=${PIPESTATUS[0]}
