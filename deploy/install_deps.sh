@@ -10,6 +10,7 @@ pkgs=(cmake g++ make pkg-config git
       libspdlog-dev  # the daemon's event log (service/event_log.h)
       curl systemd libsystemd-dev python3-yaml
       python3-grpcio python3-protobuf python3-numpy python3-setuptools python3-venv
+      python3-pip python3-wheel  # python/build_wheel.sh (pip wheel, offline)
       clang-14 libfuzzer-14-dev  # the ASan+UBSan stage and the fuzz targets (tests/fuzz)
       clang-format-14)  # the format check (tools/format/check_format.sh)
 # The Python package's tests also use pytest and torch (CPU); the pictures' scripts matplotlib.

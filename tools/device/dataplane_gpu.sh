@@ -15,11 +15,7 @@ OUT=${OUT:-/tmp/verifyd-gpu-out}
 mkdir -p "$OUT"
 [ -d bundle ] || tar xzf bundle.tgz
 B=bundle
-cublas_dir=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-  $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
-  if [ -e "$d/libcublas.so.13" ]; then cublas_dir=$d; break; fi
-done
+cublas_dir=$(bash tools/device/cublas_dir.sh)
 export LD_LIBRARY_PATH="$PWD/$B/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,compute_mode,clocks.sm --format=csv,noheader | tee "$OUT/device.txt"
 

@@ -43,15 +43,11 @@ if [[ " ${targets[*]} " == *" verifyd_dataplane "* ]]; then
 fi
 [ -f "$BUILD/kernels/libverifyd_kernels.a" ] && cp "$BUILD/kernels/libverifyd_kernels.a" bundle/lib/
 # Non-system libraries: everything ldd resolves except glibc, the C++ runtime and CUDA's libraries.
-system='/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt)\.so'
-for bin in bundle/bin/*; do
-  ldd "$bin" | awk '/=> \//{print $3}' | { grep -Ev "$system" || true; } | while read -r lib; do
-    cp -Ln "$lib" bundle/lib/ 2>/dev/null || true
-  done
-done
+bash tools/collect_libs.sh bundle/lib bundle/bin/*
 if [ -f bundle/pylib/libverifyd_dataplane.so ]; then
-  ldd bundle/pylib/libverifyd_dataplane.so | awk '/=> \//{print $3}' | { grep -Ev "$system" || true; } \
-    | while read -r lib; do cp -Ln "$lib" bundle/pylib/ 2>/dev/null || true; done
+  bash tools/collect_libs.sh bundle/pylib bundle/pylib/libverifyd_dataplane.so
+  # The same library and package as a wheel for the GPU host's Python (tools/device/wheel_gpu.sh).
+  bash python/build_wheel.sh --lib bundle/pylib/libverifyd_dataplane.so --out bundle/wheel
 fi
 # Quick local check: the binaries start (they skip their GPU tests without a device).
 for t in split_planner_test kv_slot_write_test; do

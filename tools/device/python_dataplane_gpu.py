@@ -12,6 +12,8 @@ generated stubs under bundle/python and libverifyd_dataplane.so under bundle/pyl
         --daemon-ld-path bundle/lib
 
 python/tests/test_dataplane_cuda.py runs the same checks under pytest where CUDA is present.
+`--installed` runs them on the verifyd package this Python has installed (the wheel, as
+tools/device/wheel_gpu.sh installs it) instead of a directory.
 
 Checks:
   stream_order      3 rounds x 2 layers, 2 sequences, commits riding, a Commit descriptor; per
@@ -46,7 +48,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LAYERS, HEADS = 2, 8
 
 
-def _setup_path(python_dir: str | None, lib: str | None) -> None:
+def _setup_path(python_dir: str | None, lib: str | None, installed: bool = False) -> None:
+    if installed:  # the package and its library as the wheel installed them
+        return
     sys.path.insert(0, python_dir or os.path.join(HERE, "..", "..", "python"))
     if lib:
         os.environ["VERIFYD_DATAPLANE_LIB"] = lib
@@ -54,14 +58,14 @@ def _setup_path(python_dir: str | None, lib: str | None) -> None:
 
 class CudaDaemon:
     def __init__(self, binary: str, heads: int = HEADS, layers: int = LAYERS,
-                 ld_path: str | None = None):
+                 ld_path: str | None = None, backend: str = "cuda"):
         import verifyd
         self.dir = tempfile.mkdtemp(prefix="verifyd-pygpu-")
         self.target = f"unix://{self.dir}/verifyd.sock"
         self.log = os.path.join(self.dir, "daemon.log")
         self._out = open(self.log, "w")
         self.proc = subprocess.Popen(
-            [binary, f"--listen={self.target}", "--metrics=", "--backend=cuda",
+            [binary, f"--listen={self.target}", "--metrics=", f"--backend={backend}",
              f"--layers={layers}", f"--heads={heads}", "--max_tree_nodes=64",
              "--kv_capacity_tokens=65536", "--drain_seconds=2"],
             stdout=self._out, stderr=subprocess.STDOUT,
@@ -494,13 +498,17 @@ def main() -> int:
     p.add_argument("--verifyd", required=True, help="the verifyd binary (cuda backend)")
     p.add_argument("--python", help="directory holding the verifyd package (with stubs)")
     p.add_argument("--lib", help="libverifyd_dataplane.so to load")
+    p.add_argument("--installed", action="store_true",
+                   help="use this Python's installed verifyd (a wheel): no --python / --lib")
     p.add_argument("--daemon-ld-path", help="LD_LIBRARY_PATH for the daemon only (the bundle's "
                    "lib/), so that this Python keeps its own libraries")
     p.add_argument("checks", nargs="*", help=f"subset of {list(CHECKS)}")
     args = p.parse_args()
-    _setup_path(args.python, args.lib)
+    _setup_path(args.python, args.lib, args.installed)
     import torch
+    import verifyd
     from verifyd import dataplane
+    print(f"verifyd from {os.path.dirname(verifyd.__file__)}")
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, cuda "
           f"{torch.cuda.is_available()}, data plane: "
           f"{dataplane.why_unavailable() or 'loaded, cuda=%s' % dataplane.has_cuda()}")

@@ -8,11 +8,7 @@ OUT=${OUT:-/tmp/verifyd-gpu-out}
 # BUNDLE: which collected build to run (default ./bundle; a second one lets one call compare two).
 B=${BUNDLE:-bundle}
 mkdir -p "$OUT"
-cublas_dir=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-  $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
-  if [ -e "$d/libcublas.so.13" ]; then cublas_dir=$d; break; fi
-done
+cublas_dir=$(bash tools/device/cublas_dir.sh)
 export VERIFYD_BINARY="$PWD/$B/bin/verifyd"
 export VERIFYD_DYING_CLIENT="$PWD/$B/bin/verifyd_dying_client"
 export LD_LIBRARY_PATH="$PWD/$B/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
