@@ -16,6 +16,7 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const ServiceO
   CudaBackendOptions cuda;
   cuda.device = options.device;
   cuda.cuda_graphs = options.cuda_graphs;
+  cuda.flash_path = options.portable_flash_kernel ? FlashPath::kPortable : FlashPath::kAuto;
   VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(cuda));
   return std::unique_ptr<ComputeBackend>(std::move(backend));
 }

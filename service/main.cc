@@ -72,6 +72,11 @@ ABSL_FLAG(int64_t, shm_max_region_bytes, int64_t{256} << 20,
           "shared memory for tensors: most bytes of one region");
 ABSL_FLAG(std::string, cuda_graphs, "on",
           "on|off: replay the per-step work as CUDA graphs per shape bucket (cuda backend)");
+ABSL_FLAG(
+    std::string, flash_kernel, "auto",
+    "auto|portable: the flash kernel (cuda backend). auto: the sm_90a one on Hopper, else the "
+    "portable one; portable: the kernel sm_80 and sm_120 run, also on Hopper (to reproduce "
+    "the product GPU's path)");
 
 namespace {
 
@@ -118,6 +123,12 @@ absl::StatusOr<verifyd::ServiceOptions> OptionsFromFlags() {
         absl::StrCat("--cuda-graphs = '", graphs, "' must be on or off"));
   }
   o.cuda_graphs = graphs == "on";
+  const std::string flash = absl::GetFlag(FLAGS_flash_kernel);
+  if (flash != "auto" && flash != "portable") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--flash-kernel = '", flash, "' must be auto or portable"));
+  }
+  o.portable_flash_kernel = flash == "portable";
   o.compaction_chunk_bytes = absl::GetFlag(FLAGS_compaction_chunk_bytes);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.compute_threads = absl::GetFlag(FLAGS_compute_threads);

@@ -50,6 +50,8 @@ struct ServiceOptions {
   int compute_threads = 0;  // cpu backend; 0 = all cores
   // cuda backend: replay each shape bucket's step as a CUDA graph (false: always eager).
   bool cuda_graphs = true;
+  // cuda backend: run the portable flash kernel (sm_80 / sm_120's) even where the Hopper one can.
+  bool portable_flash_kernel = false;
   // After each request the executor thread (and Verify's polling thread) polls this long for the
   // next one before it sleeps (0: it sleeps at once; < 0: auto, 2000 when the process may use
   // >= 8 CPUs, else 0). Not a flag (plans/0015): the spin won every measurement on the H200, and

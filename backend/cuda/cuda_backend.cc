@@ -323,8 +323,9 @@ absl::Status CudaBackend::RunPlannedHost(int layer, const VerifyProblem& problem
 
   auto enqueue = [&](cudaStream_t stream) -> absl::Status {
     VERIFYD_RETURN_IF_ERROR(EnqueueUpload(staged, stream));
-    VERIFYD_RETURN_IF_ERROR(
-        LaunchMlaVerify(staged.device_problem, plan.plan, plan.layout, staged.workspace, stream));
+    VERIFYD_RETURN_IF_ERROR(LaunchMlaVerify(staged.device_problem, plan.plan, plan.layout,
+                                            staged.workspace, stream,
+                                            VerifyStages::kFlashAndCombine, options_.flash_path));
     if (staged.readback.bytes > 0) {
       VERIFYD_CUDA_CHECK(cudaMemcpyAsync(host_outputs_.as<void>(staged.readback.offset),
                                          outputs_.as<void>(staged.readback.offset),

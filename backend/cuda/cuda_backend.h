@@ -59,6 +59,7 @@
 #include "backend/cuda/cuda_verify_staging.h"
 #include "backend/cuda/host_copy_pool.h"
 #include "base/cuda_driver.h"
+#include "kernels/mla_verify_launch.h"
 #include "verify/verify_problem.h"
 
 namespace verifyd {
@@ -75,6 +76,10 @@ struct CudaBackendOptions {
   int64_t slot_arena_entries = 0;
   // Threads (the executor's included) for the large host copies: q into staging, outputs out.
   int copy_threads = 4;
+  // Which flash kernel runs: kAuto (the sm_90a one on Hopper, else the portable one) or
+  // kPortable, the kernel sm_80 and sm_120 run, so that a Hopper host reproduces the product GPU's
+  // path end to end (the tests, the decode-step bench, the daemon's --flash_kernel).
+  FlashPath flash_path = FlashPath::kAuto;
 };
 
 // Host time of ComputeVerify by phase, summed over calls (the benchmark's breakdown of the

@@ -203,8 +203,9 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
         const_cast<bf16_bits*>(problem.kv), problem.num_slots, tree_kv, problem.total_q,
         problem.batch, device_problem.qo_indptr, device_problem.prefix_len,
         device_problem.slot_indptr, device_problem.slots, stream));
-    VERIFYD_RETURN_IF_ERROR(
-        LaunchMlaVerify(device_problem, plan.plan, plan.layout, staged.workspace, stream));
+    VERIFYD_RETURN_IF_ERROR(LaunchMlaVerify(device_problem, plan.plan, plan.layout,
+                                            staged.workspace, stream,
+                                            VerifyStages::kFlashAndCombine, options_.flash_path));
     VERIFYD_RETURN_IF_ERROR(LaunchNanIfOutOfBound(value_words, 2, problem.out, rows * kVDim,
                                                   problem.lse, problem.lse != nullptr ? rows : 0,
                                                   stream));

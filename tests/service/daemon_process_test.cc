@@ -53,6 +53,9 @@ TEST(DaemonProcessTest, InvalidFlagsExitTwo) {
   output.clear();
   EXPECT_EQ(testing::RunToExit(kBinary, {"--shm-max-region-bytes=100"}, &output), 2);
   EXPECT_THAT(output, HasSubstr("--shm-max-region-bytes = 100 must be in [4096, "));
+  output.clear();
+  EXPECT_EQ(testing::RunToExit(kBinary, {"--flash-kernel=hopper"}, &output), 2);
+  EXPECT_THAT(output, HasSubstr("--flash-kernel = 'hopper' must be auto or portable"));
 }
 
 TEST(DaemonProcessTest, HealthGoesNotServingOnSigterm) {

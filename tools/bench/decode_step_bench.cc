@@ -54,6 +54,9 @@ ABSL_FLAG(int, nodes, 16, "Q: tree nodes per step");
 ABSL_FLAG(int, heads, 8, "H");
 ABSL_FLAG(int, accept, 4, "tree nodes accepted per step (join the prefix at the commit)");
 ABSL_FLAG(int, steps, 40, "timed decode steps per way");
+ABSL_FLAG(std::string, flash_kernel, "auto",
+          "auto|portable: the in-process and two-process ways' flash kernel (portable: the one "
+          "sm_120 runs; the daemon ways take the daemon's own --flash_kernel)");
 ABSL_FLAG(int, warmup, 5, "untimed steps first (graph warm-up and capture)");
 ABSL_FLAG(int, gemm_n, 1024, "the model GEMM is 4096 x gemm_n x 4096 bf16 (1024: ~50 us)");
 ABSL_FLAG(std::string, ways, "model,inproc,flags,twoproc,grpc,shm,channel,stream",
@@ -83,6 +86,8 @@ class VerifySide {
     d_ = d;
     CudaBackendOptions options;
     options.cuda_graphs = graphs;
+    options.flash_path =
+        absl::GetFlag(FLAGS_flash_kernel) == "portable" ? FlashPath::kPortable : FlashPath::kAuto;
     VERIFYD_ASSIGN_OR_RETURN(backend_, CudaBackend::Create(options));
     VERIFYD_ASSIGN_OR_RETURN(storage_, backend_->CreateStorage(d.layers, d.capacity()));
     auto* pool =

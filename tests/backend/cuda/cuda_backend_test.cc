@@ -87,6 +87,36 @@ TEST_F(CudaBackendTest, RandomBatchesMatchTheFloat64Oracle) {
   }
 }
 
+// The backend forced onto the portable kernel (the one sm_80 and sm_120 run; a Hopper host
+// otherwise runs the sm_90a one): random batches against float64, graphs on and off, both slot
+// layouts.
+TEST_F(CudaBackendTest, PortableKernelMatchesTheFloat64Oracle) {
+  SCOPED_TRACE("VERIFYD_TEST_SEED=" + std::to_string(seed_));
+  for (bool scattered : {false, true}) {
+    HostProblem host = MakeRandomProblem(RandomSpecs(rng_, 4, 3000, 257), 8, rng_(), scattered,
+                                         /*extra_slots=*/37);
+    const test::ReferenceF64 reference = test::ComputeReferenceF64(host.problem());
+    for (bool graphs : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "graphs=" << graphs << " scattered=" << scattered);
+      CudaBackendOptions options;
+      options.cuda_graphs = graphs;
+      options.flash_path = FlashPath::kPortable;
+      auto made = test::MakeBackend(options, kLayers, host.num_slots);
+      ASSERT_TRUE(made.ok()) << made.status();
+      const int layer = static_cast<int>(rng_() % kLayers);
+      UploadPool(*made, layer, host);
+      for (int call = 0; call < 3; ++call) {  // graphs: warm-up, capture, replay
+        host.Poison();
+        const absl::Status s = made->backend->ComputeVerify(layer, host.problem());
+        ASSERT_TRUE(s.ok()) << s;
+        const test::Accuracy acc = test::Compare(reference, host.out, host.lse);
+        EXPECT_LE(acc.out, kTolerance);
+        EXPECT_LE(acc.lse, kTolerance);
+      }
+    }
+  }
+}
+
 // The same sequence of calls on a graphs-on and a graphs-off backend: identical bytes, and the
 // graph path exercised in all of its ways (warm-up, instantiate, replay as is, update).
 TEST_F(CudaBackendTest, GraphReplayAndEagerGiveIdenticalBytes) {
