@@ -291,6 +291,7 @@ class KvStore {
   void Retrack(const Sequence& sequence);
   // Compaction moved positions [position, position + length) of `owner` to slots dst...: the
   // same rewrite for every descendant holding them (limit: the shared prefix along the path).
+  // Iterative: O(holders) time and heap, whatever the depth of the sharing tree.
   void RewriteDescendants(Sequence& owner, int64_t position, int32_t dst, int64_t length,
                           int64_t limit);
   const KvFieldNames& names() const { return options_.field_names; }
