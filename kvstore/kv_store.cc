@@ -65,6 +65,26 @@ void KvStore::Renew(Sequence& sequence) const {
   sequence.deadline = options_.now() + options_.lease;
 }
 
+absl::Status KvStore::CheckHostBounds(SequenceId seq, const std::string& field, bool new_sequence,
+                                      int64_t entries) const {
+  const int64_t live = static_cast<int64_t>(sequences_.size());
+  if (new_sequence && options_.max_sequences > 0 && live >= options_.max_sequences) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, " = ", seq, " would be live sequence ", live + 1, ", past ", names().max_sequences,
+        " = ", options_.max_sequences, "; release sequences first; nothing was kept"));
+  }
+  if (options_.max_slot_table_entries > 0 &&
+      table_entries_ + entries > options_.max_slot_table_entries) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, " = ", seq, ": ", entries, " more slot-table entries would make ",
+        table_entries_ + entries, ", past ", names().max_slot_table_entries, " = ",
+        options_.max_slot_table_entries,
+        " (every committed position of every sequence, a fork's shared prefix included); release "
+        "sequences or forks first; nothing was kept"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvStore::CheckExpectation(SequenceId seq, const Sequence* existing, int layer_begin,
                                        int layer_count, AppendExpectation expect) const {
   switch (expect.kind) {
@@ -124,6 +144,7 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
     new_length = std::max(new_length, fill + num_tokens);
   }
   const int64_t need = new_length - length;
+  VERIFYD_RETURN_IF_ERROR(CheckHostBounds(seq, names().sequence, existing == nullptr, need));
   std::vector<SlotRun> runs;
   if (need > 0) {
     // Extending the last run in place keeps the sequence contiguous with no copy.
@@ -164,6 +185,7 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
   }
   for (int l = layer_begin; l < layer_begin + layer_count; ++l) sequence->fill[l] += num_tokens;
   for (int64_t p = length; p < new_length; ++p) Hold(sequence->slots[p]);
+  table_entries_ += need;
   if (existing == nullptr) fragmentation_.Add(seq);
   if (need > 0) {
     fragmentation_.Extend(seq, sequence->accounted(), length - sequence->accounted_begin());
@@ -223,6 +245,7 @@ absl::Status KvStore::ApplyCommit(Sequence& sequence, const CommitPath& path) {
     accepted[node] = true;
   }
   fragmentation_.Extend(sequence.id, sequence.accounted(), old_length - sequence.accounted_begin());
+  table_entries_ += static_cast<int64_t>(path.accepted_path.size());
   pending_slots_ -= tree.num_nodes();
   std::vector<int32_t> rejected;
   for (int32_t i = 0; i < tree.num_nodes(); ++i) {
@@ -398,6 +421,7 @@ absl::Status KvStore::Release(SequenceId seq) {
     slots.insert(slots.end(), sequence->pending->slots.begin(), sequence->pending->slots.end());
     pending_slots_ -= sequence->pending->num_nodes();
   }
+  table_entries_ -= static_cast<int64_t>(sequence->slots.size());
   Detach(*sequence);
   sequences_.erase(seq);
   fragmentation_.Remove(seq);

@@ -34,6 +34,7 @@ absl::Status KvStore::Fork(SequenceId source, SequenceId fork, int64_t length) {
                                               " must be <= the committed length ", committed,
                                               " of ", names().fork_source, " = ", source));
   }
+  VERIFYD_RETURN_IF_ERROR(CheckHostBounds(fork, names().fork_sequence, true, length));
 
   auto created = std::make_unique<Sequence>();
   created->id = fork;
@@ -41,6 +42,7 @@ absl::Status KvStore::Fork(SequenceId source, SequenceId fork, int64_t length) {
   created->fill.assign(options_.num_layers, length);
   created->slots.assign(parent->slots.begin(), parent->slots.begin() + length);
   for (int32_t slot : created->slots) Hold(slot);
+  table_entries_ += length;
   created->parent = parent;
   created->fork_length = length;
   parent->children.push_back(created.get());

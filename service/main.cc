@@ -52,6 +52,12 @@ ABSL_FLAG(double, softmax_scale, 1.0 / std::sqrt(192.0), "default attention scal
 ABSL_FLAG(double, lease_seconds, 300, "a sequence untouched this long is released");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "gRPC receive and send limit");
 ABSL_FLAG(int, compute_threads, 0, "cpu backend threads (0: every core)");
+ABSL_FLAG(int64_t, max_sequences, 65536,
+          "live sequences at most: a new sequence or a Fork past it gets RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_slot_table_entries, 0,
+          "slot-table entries at most (every committed position of every sequence, a fork's "
+          "shared prefix included; 4 bytes each): a Fork or Append past it gets "
+          "RESOURCE_EXHAUSTED (0: 16 x the pool's slots, at least 2^20)");
 ABSL_FLAG(int, max_queued_requests, 1024,
           "requests waiting for the device beyond this get RESOURCE_EXHAUSTED");
 ABSL_FLAG(double, shutdown_delay_seconds, 0,
@@ -114,6 +120,8 @@ absl::StatusOr<verifyd::ServiceOptions> OptionsFromFlags() {
   o.compaction_chunk_bytes = absl::GetFlag(FLAGS_compaction_chunk_bytes);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.compute_threads = absl::GetFlag(FLAGS_compute_threads);
+  o.max_sequences = absl::GetFlag(FLAGS_max_sequences);
+  o.max_slot_table_entries = absl::GetFlag(FLAGS_max_slot_table_entries);
   o.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   o.shutdown_delay_seconds = absl::GetFlag(FLAGS_shutdown_delay_seconds);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);

@@ -199,6 +199,8 @@ KvFieldNames RequestFieldNames() {
   names.item_commit = "commit_previous";
   names.fork_source = "source_sequence_id";
   names.fork_sequence = "new_sequence_id";
+  names.max_sequences = "--max-sequences";
+  names.max_slot_table_entries = "--max-slot-table-entries";
   return names;
 }
 
