@@ -7,6 +7,8 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "executor/channel_table.h"
@@ -34,6 +36,13 @@ absl::StatusOr<std::string> ClientOf(const grpc::ServerContextBase& context) {
                                                    " characters, must be <= 128"));
   }
   return std::string(it->second.data(), it->second.size());
+}
+
+// The process behind a client name "pid:<n>" (UnixListener::ClientOf); 0 for any other.
+int64_t ClientPid(const std::string& client) {
+  int64_t pid = 0;
+  if (!absl::StartsWith(client, "pid:") || !absl::SimpleAtoi(client.substr(4), &pid)) return 0;
+  return pid;
 }
 
 // Verify's work on the device.
@@ -298,8 +307,10 @@ grpc::ServerUnaryReactor* VerifydService::RegisterExternalMemory(
       return absl::InvalidArgumentError(
           absl::StrCat("device = ", request->device(), " must be this daemon's device"));
     }
-    const ExternalMemoryHandle handle{request->handle(), request->bytes(),
-                                      static_cast<int>(request->device())};
+    ExternalMemoryHandle handle{request->handle(), request->bytes(),
+                                static_cast<int>(request->device())};
+    // Host memory is opened as a descriptor of the calling process (the cpu backend).
+    handle.client_pid = ClientPid(client_of_ ? client_of_(context->peer()) : "");
     VERIFYD_ASSIGN_OR_RETURN(uint64_t region, device->external_regions().Register(owner, handle));
     response->set_region(region);
     response->set_bytes(request->bytes());

@@ -11,7 +11,7 @@ computes. Missing or of another ABI: `DataPlaneUnavailable` saying which and why
     plane = client.data_plane()                    # one per Client (its client_id owns regions)
     # cuda backend: any torch CUDA tensor / __cuda_array_interface__ / DLPack kDLCUDA object
     mem = plane.register(pool)                     # CUDA IPC handle made inside the library
-    # cpu backend: memory the daemon can map = a file in /dev/shm
+    # cpu backend: memory the daemon can map = a sealed memfd of this process
     buf = plane.host_buffer(8 << 20)               # created, mapped, registered
     q = buf.take((n, H, 576), "bfloat16")          # numpy uint16 bits (torch=True: torch bf16)
     flags = buf.take((2,), "uint32")
@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import mmap
 import os
-import secrets
 from collections import deque
 from dataclasses import dataclass
 from typing import (Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optional, Sequence,
@@ -470,26 +470,28 @@ def _buffer_address(buffer) -> int:
 
 
 class HostBuffer:
-    """Host memory the cpu backend's daemon can map: a file in /dev/shm (0600, this process's
-    user), mapped here, registered as one region, then unlinked (both mappings stay; nothing is
-    left in /dev/shm). `take(shape, dtype)` hands out 64-byte-aligned numpy views (torch CPU
+    """Host memory the cpu backend's daemon can map: a memfd of this process with its pages
+    allocated and sealed so that it can never shrink (the daemon maps nothing else: a file that
+    shrinks under its mapping would kill it), mapped here and registered as one region through
+    /proc/<pid>/fd/<n>. `take(shape, dtype)` hands out 64-byte-aligned numpy views (torch CPU
     tensors with torch=True), one after another; `view(offset, ...)` any range. release()
-    releases the region and unmaps."""
+    releases the region and unmaps; nothing is left in /dev/shm."""
 
     def __init__(self, plane: "DataPlane", nbytes: int, *, torch: bool = False):
         if nbytes < 1:
             raise invalid_argument(f"bytes = {nbytes} must be >= 1")
-        self.path = f"/dev/shm/verifyd-py-{os.getpid()}-{secrets.token_hex(8)}"
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.memfd_create("verifyd-host-buffer", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, nbytes)
+            os.posix_fallocate(fd, 0, nbytes)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self._mm: Optional[mmap.mmap] = mmap.mmap(fd, nbytes, mmap.MAP_SHARED,
                                                       mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
-            os.unlink(self.path)
             raise
-        os.close(fd)
+        self.path = f"/proc/{os.getpid()}/fd/{fd}"
         self.memory: Optional[RegisteredMemory] = None
         self.bytes = nbytes
         self.torch = torch
@@ -500,9 +502,9 @@ class HostBuffer:
         except BaseException:
             self._close()
             raise
-        # The daemon mapped the file while registering it: the name is no longer needed, so it
-        # goes now and nothing is left in /dev/shm whatever happens to this process.
-        self._unlink()
+        finally:
+            # The daemon mapped the pages while registering; the mapping here keeps them too.
+            os.close(fd)
 
     @property
     def region(self) -> int:
@@ -551,14 +553,7 @@ class HostBuffer:
             self.memory = None
             self._close()
 
-    def _unlink(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-
     def _close(self) -> None:
-        self._unlink()
         mm, self._mm = self._mm, None
         if mm is not None:
             try:
@@ -682,7 +677,8 @@ class DataPlane:
     # -- registration ----------------------------------------------------------------------------
     def register_file(self, path: str, nbytes: int, address: int = 0, *, device: int = 0,
                       keep: Any = None) -> RegisteredMemory:
-        """Registers a file (cpu backend) mapped at `address` in this process."""
+        """Registers host memory (cpu backend) mapped at `address` in this process: `path` is
+        /proc/<this pid>/fd/<n>, a memfd sealed against shrinking with its pages allocated."""
         region = _U64()
         _check(self._lib.vd_register_file(self._handle, path.encode(), int(nbytes), int(device),
                                           ctypes.byref(region)), "RegisterExternalMemory")
@@ -719,7 +715,7 @@ class DataPlane:
         return m
 
     def host_buffer(self, nbytes: int, *, torch: bool = False) -> HostBuffer:
-        """A registered /dev/shm buffer (cpu backend's "device memory")."""
+        """A registered sealed memfd (the cpu backend's "device memory")."""
         return HostBuffer(self, nbytes, torch=torch)
 
     def _forget(self, m: RegisteredMemory) -> None:
