@@ -73,6 +73,7 @@ absl::StatusOr<ChannelInfo> ChannelTable::Open(const std::string& owner, uint32_
   channel.spin = options_.spin;
   channel.on_completion = options_.on_completion;
   channel.release_wait = options_.release_wait;
+  channel.wait_ready = options_.wait_ready;
   channel.sleep_slice = std::min(absl::Milliseconds(100), options_.lease / 4);
   const std::string name = absl::StrCat("/", options_.name_prefix, RandomHex());
   absl::StatusOr<std::unique_ptr<ChannelServer>> server =

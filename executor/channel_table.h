@@ -28,6 +28,7 @@ struct ChannelTableOptions {
   std::string name_prefix = "verifyd-channel-";
   std::function<void(bool ok)> on_completion;  // ChannelOptions::on_completion of every channel
   std::function<void(const ExternalFlag& ready)> release_wait;  // ChannelOptions::release_wait
+  decltype(ChannelOptions::wait_ready) wait_ready;              // ChannelOptions::wait_ready
 };
 
 struct ChannelInfo {

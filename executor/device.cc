@@ -74,6 +74,13 @@ Device::Device(const DeviceOptions& options, std::unique_ptr<DeviceOperations> o
   channel_options.release_wait = [ops = ops_.get()](const ExternalFlag& ready) {
     (void)ops->mutable_backend().ReleaseExternalWait(ready);
   };
+  if (ops_->backend().waits_for_ready_on_host()) {
+    // On the channel's own thread: a flag that never comes holds that channel, not the executor.
+    channel_options.wait_ready = [ops = ops_.get()](const ExternalFlag& ready,
+                                                    const std::atomic<bool>* cancelled) {
+      return ops->backend().WaitReadyOnHost(ready, cancelled);
+    };
+  }
   channels_ = std::make_unique<ChannelTable>(channel_options, this, external_regions_.get());
   // Started last: its tick reads the tables.
   executor_ = std::make_unique<DeviceExecutor>(std::move(hooks));

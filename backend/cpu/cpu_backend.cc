@@ -82,6 +82,11 @@ absl::Status CpuBackend::FailVerifyExternal(const ExternalFailure& failure) {
   return waited;
 }
 
+absl::Status CpuBackend::WaitReadyOnHost(const ExternalFlag& ready,
+                                         const std::atomic<bool>* cancelled) const {
+  return WaitReadyFlag(ready, ready_timeout_, cancelled);
+}
+
 absl::StatusOr<int64_t> CpuBackend::AvailableMemoryBytes() const {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_bytes = sysconf(_SC_PAGE_SIZE);

@@ -11,7 +11,7 @@ class HostKvStorage;
 class CpuBackend : public ComputeBackend {
  public:
   // num_threads <= 0: every core. ready_timeout bounds the wait for an external call's ready flag
-  // (cpu_external.h): the wait holds the executor, so it must end.
+  // (cpu_external.h): the wait holds a thread (the channel's, WaitReadyOnHost), so it must end.
   explicit CpuBackend(int num_threads, absl::Duration ready_timeout = absl::Seconds(10))
       : num_threads_(num_threads), ready_timeout_(ready_timeout) {}
   const char* name() const override { return "cpu"; }
@@ -32,6 +32,9 @@ class CpuBackend : public ComputeBackend {
                                      absl::Span<const VerifySlotList> slot_lists) override;
   absl::Status FailVerifyExternal(const ExternalFailure& failure) override;
   bool external_memory_is_host() const override { return true; }
+  bool waits_for_ready_on_host() const override { return true; }
+  absl::Status WaitReadyOnHost(const ExternalFlag& ready,
+                               const std::atomic<bool>* cancelled) const override;
 
  private:
   int num_threads_;
