@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "kvstore/sequence.h"
 #include "verify/mla_dims.h"
+#include "verify/value_bound.h"
 
 namespace verifyd {
 namespace {
@@ -165,11 +166,27 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
   for (const SlotRun& run : runs) {
     for (int32_t s = run.begin; s < run.end(); ++s) sequence->slots.push_back(s);
   }
+  const int64_t layer_values = int64_t{num_tokens} * kKvDim;
   for (int l = layer_begin; l < layer_begin + layer_count; ++l) {
     const absl::Span<const int32_t> target(sequence->slots.data() + sequence->fill[l], num_tokens);
-    const bf16_bits* rows = kv + static_cast<size_t>(l - layer_begin) * num_tokens * kKvDim;
-    absl::Status written = memory == RowMemory::kDevice ? storage_->WriteDeviceRows(l, target, rows)
-                                                        : storage_->WriteRows(l, target, rows);
+    const bf16_bits* rows = kv + static_cast<size_t>(l - layer_begin) * layer_values;
+    absl::Status written;
+    if (memory == RowMemory::kShared) {
+      // The values judged are the values written: the copy, not the region, which its client may
+      // rewrite meanwhile.
+      shared_rows_.resize(static_cast<size_t>(layer_values));
+      const int64_t bad = CopyFirstOutOfBound(shared_rows_.data(), rows, layer_values);
+      if (bad >= 0) {
+        const int64_t shape[] = {layer_count, num_tokens, kKvDim};
+        written =
+            OutOfBoundError(shape, (l - layer_begin) * layer_values + bad, shared_rows_[bad], "kv");
+      }
+      rows = shared_rows_.data();
+    }
+    if (written.ok()) {
+      written = memory == RowMemory::kDevice ? storage_->WriteDeviceRows(l, target, rows)
+                                             : storage_->WriteRows(l, target, rows);
+    }
     if (written.code() == absl::StatusCode::kInvalidArgument && memory == RowMemory::kDevice) {
       written =
           absl::InvalidArgumentError(absl::StrCat("kv[", l - layer_begin, "] ", written.message()));

@@ -195,7 +195,9 @@ class KvStore {
   // when `expect` does not hold (naming the expected and the actual fill), RESOURCE_EXHAUSTED;
   // every failure keeps nothing (not even a new sequence). kv in device memory (`memory`
   // kDevice): the storage checks its values (INVALID_ARGUMENT "kv[layer] row r element c = ...")
-  // and reads it there (KvStorage::WriteDeviceRows).
+  // and reads it there (KvStorage::WriteDeviceRows). kv in memory a client may rewrite (kShared):
+  // each layer is copied and the copy checked and written (INVALID_ARGUMENT "kv[l, t, c] = ...",
+  // the gRPC validation's message).
   absl::Status Append(SequenceId seq, int layer_begin, int layer_count, int num_tokens,
                       const bf16_bits* kv, AppendExpectation expect = AppendExpectation::Any(),
                       RowMemory memory = RowMemory::kHost);
@@ -326,6 +328,7 @@ class KvStore {
   int64_t shared_references_ = 0;  // sum of holders_ over those
   int64_t table_entries_ = 0;      // sum of Sequence::slots.size() over sequences
   uint64_t next_slot_generation_ = 1;
+  std::vector<bf16_bits> shared_rows_;  // Append's private copy of one layer of kShared rows
 };
 
 }  // namespace verifyd

@@ -46,6 +46,8 @@ class VerifydServer {
   ServiceMetrics& metrics() { return *metrics_; }
   // After Start: the shared-memory regions (tests look at their count and bytes).
   SharedMemoryRegistry& shared_memory() { return *regions_; }
+  // After BecomeReady: the device (tests hold its executor to order calls around it).
+  Device* device() const { return device_.get(); }
 
  private:
   void SetServing(bool serving);

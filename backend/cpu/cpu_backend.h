@@ -1,6 +1,8 @@
 // The CPU backend: the reference arithmetic (fp32 accumulation) directly on host KV rows.
 #pragma once
 
+#include <vector>
+
 #include "absl/time/time.h"
 #include "backend/compute_backend.h"
 
@@ -41,6 +43,8 @@ class CpuBackend : public ComputeBackend {
   absl::Duration ready_timeout_;
   // Owned by the KvStore, which outlives the executor's use of this backend.
   HostKvStorage* storage_ = nullptr;
+  // An external call's q and tree_kv, copied out of the scheduler's region (executor thread).
+  std::vector<bf16_bits> q_copy_, tree_kv_copy_;
 };
 
 }  // namespace verifyd

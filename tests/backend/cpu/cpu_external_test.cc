@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <random>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "kvstore/kv_storage.h"
 #include "tests/testing/problem_builder.h"
 #include "verify/mla_dims.h"
+#include "verify/value_bound.h"
 
 namespace verifyd {
 namespace {
@@ -256,6 +258,65 @@ TEST(CpuExternalVerifyTest, FailVerifyExternalWaitsForReadyThenNansAndWritesDone
   EXPECT_TRUE(AllNan(c->call.problem.out, rows * kVDim));
   EXPECT_TRUE(std::isnan(c->call.problem.lse[0]));
   EXPECT_EQ(std::atomic_ref<uint32_t>(*c->done).load(), 9u);
+}
+
+// Issue 33 N8, the channel's part: the scheduler keeps rewriting an element of its q and of its
+// tree_kv between a good value and NaN while the calls run. Whatever it catches, a call that
+// answers OK kept only finite rows in the pool and produced finite outputs, and a refused one
+// NaN-filled its outputs: the check and the compute read the same private copy. (Checking the
+// region and then reading it again let a NaN through between the two.)
+TEST(CpuExternalVerifyTest, TensorsRewrittenDuringTheCallNeverReachThePoolOrTheOutputs) {
+  std::unique_ptr<ExternalCase> c = MakeCase(test::TestSeed());
+  std::atomic_ref<uint32_t>(*c->ready).store(7, std::memory_order_release);
+  const int64_t tq = c->hp.total_q(), rows = tq * c->hp.num_heads;
+  std::mt19937_64 rng(test::TestSeed());
+  auto* q_word = const_cast<bf16_bits*>(c->call.problem.q) + rng() % (rows * kKvDim);
+  auto* kv_word = const_cast<bf16_bits*>(c->call.tree_kv) + rng() % (tq * kKvDim);
+  const bf16_bits q_good = *q_word, kv_good = *kv_word;
+  // Good and NaN in turns of tens of microseconds (longer than a check, shorter than a compute):
+  // many calls pass the check, and a later read of the region by the same call would meet a NaN.
+  std::atomic<bool> stop{false};
+  std::thread scheduler([&] {
+    const auto start = std::chrono::steady_clock::now();
+    while (!stop.load(std::memory_order_relaxed)) {
+      const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+      const bool bad = (us / 25) % 4 == 3;
+      std::atomic_ref<bf16_bits>(*q_word).store(bad ? 0x7fc0 : q_good, std::memory_order_relaxed);
+      std::atomic_ref<bf16_bits>(*kv_word).store(bad ? 0x7fc0 : kv_good, std::memory_order_relaxed);
+    }
+  });
+  // Stops the scheduler however the test ends.
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::thread& thread;
+    ~Joiner() {
+      stop.store(true);
+      thread.join();
+    }
+  } joiner{stop, scheduler};
+  int refused = 0, answered = 0;
+  std::vector<bf16_bits> pool_rows(static_cast<size_t>(tq) * kKvDim);
+  for (int call = 0; call < 400; ++call) {
+    const absl::Status s = c->backend.ComputeVerifyExternal(c->call, {});
+    if (s.ok()) {
+      ++answered;
+      ASSERT_TRUE(c->storage->ReadRows(0, c->tree_slots, pool_rows.data()).ok());
+      ASSERT_EQ(FirstOutOfBound(pool_rows.data(), tq * kKvDim), -1)
+          << "call " << call << " answered OK with a NaN in the pool";
+      for (int64_t i = 0; i < rows * kVDim; ++i) {
+        ASSERT_TRUE(std::isfinite(Bf16ToFloat(c->call.problem.out[i])))
+            << "call " << call << " answered OK with out[" << i << "] not finite";
+      }
+    } else {
+      ++refused;
+      ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      ASSERT_TRUE(AllNan(c->call.problem.out, rows * kVDim));
+    }
+  }
+  std::cout << answered << " calls answered, " << refused << " refused\n";
+  EXPECT_GT(answered, 0) << "the scheduler's rewrites left no call to answer";
 }
 
 }  // namespace
