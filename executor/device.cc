@@ -58,11 +58,16 @@ Device::Device(const DeviceOptions& options, std::unique_ptr<DeviceOperations> o
   ExternalRegionLimits region_limits;
   region_limits.device = options.device;
   region_limits.lease = options.store.lease;
+  region_limits.max_regions = options.max_external_regions;
+  region_limits.descriptors = options.descriptors;
   external_regions_ =
       std::make_unique<ExternalRegionTable>(&ops_->mutable_backend(), region_limits);
   ChannelTableOptions channel_options;
   channel_options.limits = options.request_limits;
   channel_options.lease = options.store.lease;
+  channel_options.max_channels = options.max_channels;
+  channel_options.max_ring_bytes = options.max_channel_bytes;
+  channel_options.descriptors = options.descriptors;
   // A channel thread polls as long as the executor does after its last piece of work (2 ms on
   // hosts with >= 8 cores, plans/0012), at least 50 µs: a scheduler's next layer usually comes
   // within that, and a futex wake-up costs tens of µs on a VM.

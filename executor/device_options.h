@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "base/descriptor_budget.h"
 #include "executor/verify_validation.h"
 #include "kvstore/kv_store.h"
 
@@ -27,6 +28,14 @@ struct DeviceOptions {
   // both answer the same (layers and max_tree_nodes equal the store's).
   int device = 0;
   ValidationLimits request_limits;
+  // Daemon-wide bounds of the data plane (issue 33 N6): open channels and their rings' bytes,
+  // registered external regions.
+  int max_channels = 64;
+  uint64_t max_channel_bytes = uint64_t{256} << 20;
+  int max_external_regions = 256;
+  // The process's descriptors, shared with the service's acceptor (owned by the caller, outlives
+  // the device); null: not checked.
+  DescriptorBudget* descriptors = nullptr;
 };
 
 }  // namespace verifyd

@@ -65,6 +65,12 @@ ABSL_FLAG(double, shutdown_delay_seconds, 0,
 ABSL_FLAG(double, drain_seconds, 30, "after that, seconds in-flight calls get to finish");
 ABSL_FLAG(int64_t, compaction_chunk_bytes, 0,
           "most bytes one compaction step copies between requests (0: 4 MiB cpu, 256 MiB cuda)");
+ABSL_FLAG(int, max_channels, 64,
+          "data plane: open channels at most, daemon-wide (a thread and a descriptor each)");
+ABSL_FLAG(int64_t, max_channel_bytes, int64_t{256} << 20,
+          "data plane: bytes of /dev/shm the open channels' rings take at most, daemon-wide");
+ABSL_FLAG(int, max_external_regions, 256,
+          "data plane: registered external regions at most, daemon-wide");
 ABSL_FLAG(int64_t, shm_max_bytes, int64_t{1} << 30,
           "shared memory for tensors: most bytes over all regions (0 disables it)");
 ABSL_FLAG(int64_t, shm_max_region_bytes, int64_t{256} << 20,
@@ -125,6 +131,9 @@ absl::StatusOr<verifyd::ServiceOptions> OptionsFromFlags() {
   o.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   o.shutdown_delay_seconds = absl::GetFlag(FLAGS_shutdown_delay_seconds);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
+  o.max_channels = absl::GetFlag(FLAGS_max_channels);
+  o.max_channel_bytes = absl::GetFlag(FLAGS_max_channel_bytes);
+  o.max_external_regions = absl::GetFlag(FLAGS_max_external_regions);
   o.shm_max_bytes = absl::GetFlag(FLAGS_shm_max_bytes);
   o.shm_max_region_bytes = absl::GetFlag(FLAGS_shm_max_region_bytes);
   absl::Status valid = verifyd::ValidateServiceOptions(o);

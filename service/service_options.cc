@@ -136,6 +136,10 @@ absl::Status ValidateServiceOptions(const ServiceOptions& o) {
   VERIFYD_RETURN_IF_ERROR(
       CheckRange("--compaction-chunk-bytes", o.compaction_chunk_bytes, 0, int64_t{1} << 40));
   VERIFYD_RETURN_IF_ERROR(CheckRange("compaction_history", o.compaction_history, 1, 1 << 20));
+  VERIFYD_RETURN_IF_ERROR(CheckRange("--max-channels", o.max_channels, 0, 4096));
+  VERIFYD_RETURN_IF_ERROR(
+      CheckRange("--max-channel-bytes", o.max_channel_bytes, 0, int64_t{1} << 40));
+  VERIFYD_RETURN_IF_ERROR(CheckRange("--max-external-regions", o.max_external_regions, 0, 65536));
   VERIFYD_RETURN_IF_ERROR(CheckRange("--shm-max-bytes", o.shm_max_bytes, 0, int64_t{1} << 40));
   VERIFYD_RETURN_IF_ERROR(
       CheckRange("--shm-max-region-bytes", o.shm_max_region_bytes, 4096, int64_t{1} << 40));
@@ -201,6 +205,9 @@ absl::StatusOr<DeviceOptions> BuildDeviceOptions(const ServiceOptions& options,
   device.compaction_history = options.compaction_history;
   device.device = options.device;
   device.request_limits = LimitsFromOptions(options);
+  device.max_channels = options.max_channels;
+  device.max_channel_bytes = static_cast<uint64_t>(options.max_channel_bytes);
+  device.max_external_regions = options.max_external_regions;
   return device;
 }
 

@@ -74,6 +74,11 @@ struct ServiceOptions {
   int64_t compaction_chunk_bytes = 0;
   // Operations GetCompaction remembers.
   int compaction_history = 64;
+  // The data plane's daemon-wide bounds (issue 33 N6): open channels (a thread and a descriptor
+  // each), the bytes of their rings in /dev/shm, registered external regions.
+  int max_channels = 64;
+  int64_t max_channel_bytes = int64_t{256} << 20;
+  int max_external_regions = 256;
   // Shared memory for tensors (plans/0010): bytes over all regions (0 disables it) and per region.
   int64_t shm_max_bytes = int64_t{1} << 30;
   int64_t shm_max_region_bytes = int64_t{256} << 20;

@@ -1,5 +1,7 @@
 #include "service/verifyd_server.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -18,6 +20,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "service/backend_factory.h"
+#include "service/listen_sockets.h"
 #include "service/malformed_request_interceptor.h"
 #include "service/message_size.h"
 
@@ -62,9 +65,34 @@ absl::Status VerifydServer::Start() {
   if (!options_.admin_token_file.empty()) {
     VERIFYD_ASSIGN_OR_RETURN(admin_token, ReadAdminTokenFile(options_.admin_token_file));
   }
-  const std::string socket_path = UnixSocketPath(options_.listen);
-  if (!socket_path.empty()) {
-    VERIFYD_ASSIGN_OR_RETURN(unix_listener_, UnixListener::Bind(socket_path));
+  descriptors_ = std::make_unique<DescriptorBudget>();
+  acceptor_ = std::make_unique<Acceptor>(descriptors_.get());
+  // Bound before anything else starts, so that a refusal (another daemon on the socket, a port
+  // taken) leaves nothing running. The acceptor owns each socket from here on.
+  int unix_fd = -1;
+  if (const std::string path = UnixSocketPath(options_.listen); !path.empty()) {
+    VERIFYD_ASSIGN_OR_RETURN(unix_fd, BindUnixSocket(path, "--listen"));
+    socket_path_ = path;
+  }
+  TcpSockets tcp, health;
+  if (!options_.tcp.empty()) {
+    absl::StatusOr<TcpSockets> bound = BindTcp(options_.tcp, "--tcp");
+    if (!bound.ok()) {
+      if (unix_fd >= 0) close(unix_fd);
+      return bound.status();
+    }
+    tcp = *std::move(bound);
+    tcp_port_ = tcp.port;
+  }
+  if (!options_.health_listen.empty()) {
+    absl::StatusOr<TcpSockets> bound = BindTcp(options_.health_listen, "--health-listen");
+    if (!bound.ok()) {
+      if (unix_fd >= 0) close(unix_fd);
+      for (int fd : tcp.fds) close(fd);
+      return bound.status();
+    }
+    health = *std::move(bound);
+    health_port_ = health.port;
   }
 
   SharedMemoryLimits shm_limits;
@@ -80,25 +108,19 @@ absl::Status VerifydServer::Start() {
   // Expiry lags a lease by at most a quarter of it, as for sequences.
   regions_->StartLeaseSweeper(std::clamp(absl::Seconds(options_.lease_seconds) / 4,
                                          absl::Milliseconds(20), absl::Milliseconds(250)));
-  UnixListener* listener = unix_listener_.get();
+  Acceptor* acceptor = acceptor_.get();
   service_ = std::make_unique<VerifydService>(
       options_, std::move(admin_token), metrics_.get(), regions_.get(),
-      [listener](const std::string& peer) {
-        return listener != nullptr ? listener->ClientOf(peer) : peer;
-      });
+      [acceptor](const std::string& peer) { return acceptor->ClientOf(peer); },
+      [acceptor](const std::string& peer) { return acceptor->IsOwner(peer); });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // Above --max-message-bytes: the handlers refuse and count what lies between (message_size.h).
   builder.SetMaxReceiveMessageSize(ReceiveCeiling(options_.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
-  // A Unix socket is ours to accept on (UnixListener); any other --listen URI is gRPC's.
-  if (unix_listener_ == nullptr) {
-    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials());
-  }
-  if (!options_.tcp.empty()) {
-    builder.AddListeningPort(options_.tcp, grpc::InsecureServerCredentials(), &tcp_port_);
-  }
+  // The Unix socket and TCP are ours to accept on (Acceptor); any other --listen URI is gRPC's.
+  if (unix_fd < 0) builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials());
   builder.RegisterService(service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<MalformedRequestInterceptorFactory>(metrics_.get()));
@@ -108,28 +130,25 @@ absl::Status VerifydServer::Start() {
       service_.get(), builder.AddCompletionQueue(),
       absl::Microseconds(ExecutorSpinMicros(options_.executor_spin_us)));
   server_ = builder.BuildAndStart();
+  if (unix_fd >= 0) acceptor_->Add(unix_fd, Acceptor::Transport::kUnix, server_.get());
+  for (int fd : tcp.fds) acceptor_->Add(fd, Acceptor::Transport::kTcp, server_.get());
   if (server_ == nullptr) {
     verify_poller_->Stop();
-    return absl::UnavailableError(absl::StrCat("could not listen on --listen = '", options_.listen,
-                                               "'", options_.tcp.empty() ? "" : " or --tcp = '",
-                                               options_.tcp, options_.tcp.empty() ? "" : "'"));
+    return absl::UnavailableError(
+        absl::StrCat("could not listen on --listen = '", options_.listen, "'"));
   }
   verify_poller_->Start();
-  if (!options_.tcp.empty() && tcp_port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("could not listen on --tcp = '", options_.tcp, "'"));
-  }
-  if (!options_.health_listen.empty()) {
+  if (!health.fds.empty()) {
     // Health only, for probes from outside the host (the kubelet): nothing else is registered.
     grpc::ServerBuilder health_builder;
-    health_builder.AddListeningPort(options_.health_listen, grpc::InsecureServerCredentials(),
-                                    &health_port_);
     health_server_ = health_builder.BuildAndStart();
-    if (health_server_ == nullptr || health_port_ == 0) {
+    for (int fd : health.fds) acceptor_->Add(fd, Acceptor::Transport::kTcp, health_server_.get());
+    if (health_server_ == nullptr) {
       return absl::UnavailableError(
-          absl::StrCat("could not listen on --health-listen = '", options_.health_listen, "'"));
+          absl::StrCat("could not serve --health-listen = '", options_.health_listen, "'"));
     }
   }
-  if (unix_listener_ != nullptr) unix_listener_->Start(server_.get());
+  acceptor_->Start();
   SetServing(false);
   return absl::OkStatus();
 }
@@ -145,8 +164,8 @@ absl::Status VerifydServer::BecomeReady() {
   // The device owns the backend from here on; the hooks below stop using it (Shutdown clears
   // them) before the device is destroyed.
   ComputeBackend* compute = backend.get();
-  VERIFYD_ASSIGN_OR_RETURN(const DeviceOptions device_options,
-                           BuildDeviceOptions(options_, *backend));
+  VERIFYD_ASSIGN_OR_RETURN(DeviceOptions device_options, BuildDeviceOptions(options_, *backend));
+  device_options.descriptors = descriptors_.get();
   VERIFYD_ASSIGN_OR_RETURN(device_,
                            Device::Create(device_options, std::move(backend), metrics_.get()));
   if (compute->can_register_host_memory()) {
@@ -199,9 +218,9 @@ void VerifydServer::SetServing(bool serving) {
 
 void VerifydServer::Shutdown() {
   if (shut_down_) return;
-  if (server_ == nullptr) {  // Start failed before gRPC ran: only the socket file may be left
-    if (unix_listener_ != nullptr) unix_listener_->Unlink();
-    unix_listener_.reset();
+  if (server_ == nullptr) {  // Start failed before gRPC ran: only the sockets may be left
+    if (acceptor_ != nullptr) acceptor_->Stop();
+    if (!socket_path_.empty()) unlink(socket_path_.c_str());
     shut_down_ = true;
     return;
   }
@@ -218,7 +237,7 @@ void VerifydServer::Shutdown() {
     std::this_thread::sleep_for(std::chrono::duration<double>(options_.shutdown_delay_seconds));
   }
   // No new connections from here on (gRPC's Shutdown below closes its own listeners).
-  if (unix_listener_ != nullptr) unix_listener_->Stop();
+  acceptor_->Stop();
   // Stops accepting, lets in-flight calls finish (the executor keeps running them), and cancels
   // what is left at the deadline; it returns once every reactor has finished.
   server_->Shutdown(std::chrono::system_clock::now() +
@@ -234,7 +253,7 @@ void VerifydServer::Shutdown() {
   // device, which owns it, is destroyed with this server).
   regions_->UnlinkAll();
   regions_->ClearMappingHooks();
-  if (unix_listener_ != nullptr) unix_listener_->Unlink();
+  if (!socket_path_.empty()) unlink(socket_path_.c_str());
 }
 
 std::string VerifydServer::tcp_address() const {

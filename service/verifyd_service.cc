@@ -38,7 +38,7 @@ absl::StatusOr<std::string> ClientOf(const grpc::ServerContextBase& context) {
   return std::string(it->second.data(), it->second.size());
 }
 
-// The process behind a client name "pid:<n>" (UnixListener::ClientOf); 0 for any other.
+// The process behind a client name "pid:<n>" (Acceptor::ClientOf); 0 for any other.
 int64_t ClientPid(const std::string& client) {
   int64_t pid = 0;
   if (!absl::StartsWith(client, "pid:") || !absl::SimpleAtoi(client.substr(4), &pid)) return 0;
@@ -65,9 +65,10 @@ absl::Status Prepared(const absl::Status& gate, const absl::StatusOr<Validated>&
 
 VerifydService::VerifydService(const ServiceOptions& options, std::string admin_token,
                                ServiceMetrics* metrics, SharedMemoryRegistry* regions,
-                               std::function<std::string(const std::string&)> client_of)
+                               std::function<std::string(const std::string&)> client_of,
+                               OwnerCheck is_owner)
     : limits_(LimitsFromOptions(options)),
-      gate_(std::move(admin_token)),
+      gate_(std::move(admin_token), std::move(is_owner)),
       metrics_(metrics),
       regions_(regions),
       client_of_(std::move(client_of)) {}
