@@ -73,7 +73,10 @@ Device::Device(const DeviceOptions& options, std::unique_ptr<DeviceOperations> o
   // within that, and a futex wake-up costs tens of µs on a VM.
   channel_options.spin =
       absl::Microseconds(std::max<int64_t>(50, ExecutorSpinMicros(options.executor_spin_us)));
-  channel_options.name_prefix = absl::StrCat("verifyd-", options.device, "-channel-");
+  channel_options.name_prefix =
+      absl::StrCat(options.shm_name_prefix.empty() ? absl::StrCat("verifyd-", options.device, "-")
+                                                   : options.shm_name_prefix,
+                   "channel-");
   channel_options.on_completion = [metrics](bool ok) { metrics->RecordChannelDescriptor(ok); };
   // Off the executor (a channel's close): the backend's own thread-safety covers it (plans/0018).
   channel_options.release_wait = [ops = ops_.get()](const ExternalFlag& ready) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "base/descriptor_budget.h"
 #include "executor/verify_validation.h"
@@ -33,6 +34,9 @@ struct DeviceOptions {
   int max_channels = 64;
   uint64_t max_channel_bytes = uint64_t{256} << 20;
   int max_external_regions = 256;
+  // What the names of the daemon's /dev/shm files start with ("verifyd-<device>-<instance>-",
+  // service/shm_instance.h); empty: "verifyd-<device>-".
+  std::string shm_name_prefix;
   // The process's descriptors, shared with the service's acceptor (owned by the caller, outlives
   // the device); null: not checked.
   DescriptorBudget* descriptors = nullptr;

@@ -45,11 +45,13 @@ Acceptor::~Acceptor() {
   if (wake_[1] >= 0) close(wake_[1]);
 }
 
-void Acceptor::Add(int listening_fd, Transport transport, grpc::Server* server) {
-  listening_.push_back({listening_fd, transport, server});
+void Acceptor::Add(int listening_fd, Transport transport, Target target) {
+  listening_.push_back({listening_fd, transport, target});
 }
 
-void Acceptor::Start() {
+void Acceptor::Start(grpc::Server* main, grpc::Server* health) {
+  servers_[static_cast<int>(Target::kMain)] = main;
+  servers_[static_cast<int>(Target::kHealth)] = health;
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -137,7 +139,7 @@ void Acceptor::AcceptOne(const Listening& listening) {
     if (static_cast<size_t>(conn) >= connections_.size()) connections_.resize(conn + 1);
     connections_[conn] = std::move(record);
   }
-  grpc::AddInsecureChannelFromFd(listening.server, conn);
+  grpc::AddInsecureChannelFromFd(servers_[static_cast<int>(listening.target)], conn);
 }
 
 }  // namespace verifyd

@@ -28,15 +28,19 @@ namespace verifyd {
 class Acceptor {
  public:
   enum class Transport { kUnix, kTcp };
+  // Which server a socket's connections go to: the daemon's, or the health-only one.
+  enum class Target { kMain, kHealth };
   explicit Acceptor(DescriptorBudget* budget);
   ~Acceptor();  // Stop()
   Acceptor(const Acceptor&) = delete;
   Acceptor& operator=(const Acceptor&) = delete;
 
-  // Before Start: a bound, listening socket (owned from here on, closed by Stop) whose
-  // connections go to `server` (started by the time Start is called).
-  void Add(int listening_fd, Transport transport, grpc::Server* server);
-  void Start();
+  // Before Start: a bound, listening socket (owned from here on, closed by Stop or destruction)
+  // whose connections go to `target`'s server.
+  void Add(int listening_fd, Transport transport, Target target);
+  // Accepts on a thread of its own; the servers are started (health may be null when no socket
+  // targets it).
+  void Start(grpc::Server* main, grpc::Server* health);
   // Stops accepting and closes the listening sockets; connections already handed over stay.
   void Stop();
 
@@ -54,7 +58,7 @@ class Acceptor {
   struct Listening {
     int fd;
     Transport transport;
-    grpc::Server* server;
+    Target target;
   };
   struct Connection {
     bool live = false;
@@ -68,6 +72,7 @@ class Acceptor {
 
   DescriptorBudget* budget_;
   std::vector<Listening> listening_;
+  grpc::Server* servers_[2] = {nullptr, nullptr};  // by Target
   int wake_[2] = {-1, -1};  // a pipe: Stop writes to it to end the accept loop
   std::thread thread_;
   mutable std::mutex mu_;

@@ -1,8 +1,10 @@
 #include "service/verifyd_server.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -12,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
@@ -29,6 +32,21 @@
 #endif
 
 namespace verifyd {
+namespace {
+
+// False once the process named "pid:<n>" (Acceptor::ClientOf) has ended; true for it while it
+// lives (EPERM: it exists, as another user), and for any other client (a TCP address: its end is
+// not known here, the lease decides).
+bool ClientProcessAlive(const std::string& client) {
+  int pid = 0;
+  if (!absl::StartsWith(client, "pid:") || !absl::SimpleAtoi(client.substr(4), &pid) || pid <= 0) {
+    return true;
+  }
+  return kill(pid, 0) == 0 || errno != ESRCH;
+}
+
+}  // namespace
+
 std::string UnixSocketPath(const std::string& address) {
   if (absl::StartsWith(address, "unix://")) return address.substr(7);
   if (absl::StartsWith(address, "unix:")) return address.substr(5);
@@ -69,41 +87,44 @@ absl::Status VerifydServer::Start() {
   acceptor_ = std::make_unique<Acceptor>(descriptors_.get());
   // Bound before anything else starts, so that a refusal (another daemon on the socket, a port
   // taken) leaves nothing running. The acceptor owns each socket from here on.
-  int unix_fd = -1;
-  if (const std::string path = UnixSocketPath(options_.listen); !path.empty()) {
-    VERIFYD_ASSIGN_OR_RETURN(unix_fd, BindUnixSocket(path, "--listen"));
+  const std::string path = UnixSocketPath(options_.listen);
+  if (!path.empty()) {
+    VERIFYD_ASSIGN_OR_RETURN(const int fd, BindUnixSocket(path, "--listen"));
+    acceptor_->Add(fd, Acceptor::Transport::kUnix, Acceptor::Target::kMain);
     socket_path_ = path;
   }
-  TcpSockets tcp, health;
   if (!options_.tcp.empty()) {
-    absl::StatusOr<TcpSockets> bound = BindTcp(options_.tcp, "--tcp");
-    if (!bound.ok()) {
-      if (unix_fd >= 0) close(unix_fd);
-      return bound.status();
-    }
-    tcp = *std::move(bound);
+    VERIFYD_ASSIGN_OR_RETURN(const TcpSockets tcp, BindTcp(options_.tcp, "--tcp"));
+    for (int fd : tcp.fds) acceptor_->Add(fd, Acceptor::Transport::kTcp, Acceptor::Target::kMain);
     tcp_port_ = tcp.port;
   }
   if (!options_.health_listen.empty()) {
-    absl::StatusOr<TcpSockets> bound = BindTcp(options_.health_listen, "--health-listen");
-    if (!bound.ok()) {
-      if (unix_fd >= 0) close(unix_fd);
-      for (int fd : tcp.fds) close(fd);
-      return bound.status();
+    VERIFYD_ASSIGN_OR_RETURN(const TcpSockets health,
+                             BindTcp(options_.health_listen, "--health-listen"));
+    for (int fd : health.fds) {
+      acceptor_->Add(fd, Acceptor::Transport::kTcp, Acceptor::Target::kHealth);
     }
-    health = *std::move(bound);
     health_port_ = health.port;
   }
-
+  VERIFYD_ASSIGN_OR_RETURN(shm_instance_, ShmInstance::Create(options_.device));
+  if (shm_instance_->swept_files() > 0) {
+    std::cerr << "verifyd: removed " << shm_instance_->swept_files() << " files ("
+              << shm_instance_->swept_bytes() << " bytes) that dead daemons of device "
+              << options_.device << " left in /dev/shm\n";
+  }
   SharedMemoryLimits shm_limits;
   shm_limits.max_total_bytes = options_.shm_max_bytes;
   shm_limits.max_region_bytes = options_.shm_max_region_bytes;
-  // Each client (process) may hold half the budget, and at least one region of the largest size:
-  // one scheduler cannot lock the others out (plans/0015).
+  // A lone client (process) may hold half the budget, and at least one region of the largest
+  // size; with others holding some, half of what they leave: one scheduler, or two dead
+  // incarnations of one, cannot lock the others out (plans/0015, issue 33 N11).
   shm_limits.max_client_bytes = std::max(
       options_.shm_max_bytes / 2, std::min(options_.shm_max_region_bytes, options_.shm_max_bytes));
+  // A client's regions go at the next sweep once its process has ended, not at the lease.
+  shm_limits.client_alive = [](const std::string& client) { return ClientProcessAlive(client); };
+  shm_limits.descriptors = descriptors_.get();
   shm_limits.lease = absl::Seconds(options_.lease_seconds);
-  shm_limits.name_prefix = absl::StrCat("verifyd-", options_.device, "-");
+  shm_limits.name_prefix = shm_instance_->prefix();
   regions_ = std::make_unique<SharedMemoryRegistry>(shm_limits);
   // Expiry lags a lease by at most a quarter of it, as for sequences.
   regions_->StartLeaseSweeper(std::clamp(absl::Seconds(options_.lease_seconds) / 4,
@@ -120,7 +141,7 @@ absl::Status VerifydServer::Start() {
   builder.SetMaxReceiveMessageSize(ReceiveCeiling(options_.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
   // The Unix socket and TCP are ours to accept on (Acceptor); any other --listen URI is gRPC's.
-  if (unix_fd < 0) builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials());
+  if (path.empty()) builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials());
   builder.RegisterService(service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<MalformedRequestInterceptorFactory>(metrics_.get()));
@@ -130,25 +151,22 @@ absl::Status VerifydServer::Start() {
       service_.get(), builder.AddCompletionQueue(),
       absl::Microseconds(ExecutorSpinMicros(options_.executor_spin_us)));
   server_ = builder.BuildAndStart();
-  if (unix_fd >= 0) acceptor_->Add(unix_fd, Acceptor::Transport::kUnix, server_.get());
-  for (int fd : tcp.fds) acceptor_->Add(fd, Acceptor::Transport::kTcp, server_.get());
   if (server_ == nullptr) {
     verify_poller_->Stop();
     return absl::UnavailableError(
         absl::StrCat("could not listen on --listen = '", options_.listen, "'"));
   }
   verify_poller_->Start();
-  if (!health.fds.empty()) {
+  if (!options_.health_listen.empty()) {
     // Health only, for probes from outside the host (the kubelet): nothing else is registered.
     grpc::ServerBuilder health_builder;
     health_server_ = health_builder.BuildAndStart();
-    for (int fd : health.fds) acceptor_->Add(fd, Acceptor::Transport::kTcp, health_server_.get());
     if (health_server_ == nullptr) {
       return absl::UnavailableError(
           absl::StrCat("could not serve --health-listen = '", options_.health_listen, "'"));
     }
   }
-  acceptor_->Start();
+  acceptor_->Start(server_.get(), health_server_.get());
   SetServing(false);
   return absl::OkStatus();
 }
@@ -166,6 +184,7 @@ absl::Status VerifydServer::BecomeReady() {
   ComputeBackend* compute = backend.get();
   VERIFYD_ASSIGN_OR_RETURN(DeviceOptions device_options, BuildDeviceOptions(options_, *backend));
   device_options.descriptors = descriptors_.get();
+  device_options.shm_name_prefix = shm_instance_->prefix();
   VERIFYD_ASSIGN_OR_RETURN(device_,
                            Device::Create(device_options, std::move(backend), metrics_.get()));
   if (compute->can_register_host_memory()) {

@@ -17,6 +17,7 @@
 #include "service/service_metrics.h"
 #include "service/service_options.h"
 #include "service/shared_memory_registry.h"
+#include "service/shm_instance.h"
 #include "service/verify_poller.h"
 #include "service/verifyd_service.h"
 
@@ -60,6 +61,8 @@ class VerifydServer {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::shared_ptr<ProcessMetrics> process_metrics_;
   std::atomic<Device*> device_for_metrics_{nullptr};  // read by scrapes on the exposer's thread
+  // This run's share of /dev/shm: the names, the lock, the sweep of dead daemons' files.
+  std::unique_ptr<ShmInstance> shm_instance_;
   std::unique_ptr<SharedMemoryRegistry> regions_;
   std::unique_ptr<VerifydService> service_;
   std::unique_ptr<grpc::Server> server_;
