@@ -2,6 +2,7 @@
 // computes on host memory; the CUDA backend supplies device storage and its kernels.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -126,6 +127,20 @@ class ComputeBackend {
   virtual absl::Status ReleaseExternalWait(const ExternalFlag& ready) {
     (void)ready;
     return absl::OkStatus();
+  }
+  // Whether the ready flag of an external call can be waited for on any host thread (cpu: flags
+  // are host memory and the backend's own wait blocks its caller). Then the daemon waits on the
+  // channel's thread (WaitReadyOnHost) before it hands the call over, so that a flag that never
+  // comes holds that channel only, not the executor every client's calls go through.
+  virtual bool waits_for_ready_on_host() const { return false; }
+  // Thread-safe. OK once *ready.word >= ready.value; DEADLINE_EXCEEDED after the backend's bound,
+  // ABORTED once *cancelled; the messages ComputeVerifyExternal's own wait gives.
+  virtual absl::Status WaitReadyOnHost(const ExternalFlag& ready,
+                                       const std::atomic<bool>* cancelled) const {
+    (void)ready;
+    (void)cancelled;
+    return absl::UnimplementedError(
+        absl::StrCat("the ", name(), " backend waits for ready flags in its own order"));
   }
   // Whether an opened region's data() is host memory the daemon may read (cpu: a mapped file) or
   // a device pointer (cuda): Append from a device region is checked and written by the storage on

@@ -28,11 +28,15 @@ namespace verifyd {
 
 // What identifies memory another process registered.
 struct ExternalMemoryHandle {
-  // CUDA backend: the 64 bytes of a cudaIpcMemHandle_t. CPU backend: the path of a file in
-  // /dev/shm (or any file) whose first `bytes` bytes are the region.
+  // CUDA backend: the 64 bytes of a cudaIpcMemHandle_t. CPU backend: /proc/<pid>/fd/<n>, a
+  // descriptor of the registering process that is a sealed memfd (base/sealed_memfd.h) whose
+  // first `bytes` bytes are the region.
   std::string handle;
   uint64_t bytes = 0;
   int device = 0;  // the CUDA device the memory is on; ignored by the CPU backend
+  // The registering process as the daemon's socket saw it (SO_PEERCRED); 0 when unknown (TCP).
+  // The CPU backend opens descriptors of this process only.
+  int64_t client_pid = 0;
 };
 
 // An opened region: `data` is a device pointer (cuda) or a host pointer (cpu), valid until the

@@ -27,7 +27,13 @@ inline absl::StatusOr<void*> CreateSharedMemoryFile(const std::string& name, uin
                                                     const std::string& what) {
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) {
-    return absl::InternalError(absl::StrCat("shm_open '", name, "': ", std::strerror(errno)));
+    const int err = errno;
+    const std::string why = absl::StrCat("shm_open '", name, "': ", std::strerror(err));
+    // Out of descriptors or of /dev/shm: the daemon holds too much, not a defect (issue 33 N6).
+    if (err == EMFILE || err == ENFILE || err == ENOSPC || err == ENOMEM) {
+      return absl::ResourceExhaustedError(why);
+    }
+    return absl::InternalError(why);
   }
   absl::Status status;
   void* data = MAP_FAILED;

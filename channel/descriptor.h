@@ -136,6 +136,35 @@ inline DescriptorHeader PeekHeader(const uint8_t* copy) {
   return h;
 }
 
+// The most tree nodes a slot can carry: every byte after the header a parent.
+inline constexpr uint64_t kMaxClaimedNodes = (kDescriptorBytes - sizeof(DescriptorHeader)) / 4;
+
+// Daemon, for a descriptor that does not decode: the tree nodes its body claims, so that the
+// call's outputs can still be poisoned (SPEC §3.1: a failed call's outputs are NaN). The header's
+// num_sequences and bytes may be the broken fields, so the sequence headers are read as far as
+// the slot holds them: num_sequences of them when that many fit the body, else every one up to
+// `bytes` (or the slot's end when `bytes` is impossible). Each counts at most `max_per_sequence`
+// parents, the whole at most kMaxClaimedNodes. For a descriptor that decodes: the sum of its
+// sequences' parents (each at most `max_per_sequence`).
+inline uint64_t ClaimedNodes(const uint8_t* copy, uint64_t max_per_sequence) {
+  const DescriptorHeader h = PeekHeader(copy);
+  const bool bytes_possible = h.bytes >= sizeof(DescriptorHeader) && h.bytes <= kDescriptorBytes;
+  const uint64_t end = bytes_possible ? h.bytes : kDescriptorBytes;
+  const uint64_t fit = (end - sizeof(DescriptorHeader)) / sizeof(SequenceHeader);
+  const bool counted = h.num_sequences >= 1 && h.num_sequences <= fit;
+  uint64_t nodes = 0;
+  uint64_t at = sizeof(DescriptorHeader);
+  for (uint64_t b = 0; counted ? b < h.num_sequences : at + sizeof(SequenceHeader) <= end; ++b) {
+    if (at + sizeof(SequenceHeader) > kDescriptorBytes) break;
+    SequenceHeader sh;
+    std::memcpy(&sh, copy + at, sizeof(sh));
+    nodes += sh.num_parents < max_per_sequence ? sh.num_parents : max_per_sequence;
+    if (nodes >= kMaxClaimedNodes) return kMaxClaimedNodes;
+    at += sizeof(SequenceHeader) + 4 * (uint64_t{sh.num_parents} + sh.path_nodes);
+  }
+  return nodes;
+}
+
 // Daemon: `copy` is the daemon's private copy of one slot (kDescriptorBytes). INVALID_ARGUMENT
 // naming the field for a malformed descriptor.
 inline absl::StatusOr<Descriptor> Decode(const uint8_t* copy) {

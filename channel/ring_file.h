@@ -86,6 +86,13 @@ inline absl::StatusOr<RingMapping> CreateRingFile(const std::string& name, uint3
   if (!data.ok()) return data.status();
   // The daemon's own descriptor, for ClientGone's test of the client's lock.
   const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    const int err = errno;
+    munmap(*data, bytes);
+    shm_unlink(name.c_str());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("opening the channel's ring for its lock: ", std::strerror(err)));
+  }
   RingMapping mapping(*data, bytes, entries, fd);
   mapping.view().Initialize();
   return mapping;

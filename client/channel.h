@@ -1,10 +1,10 @@
 // verifyd::Channel: the co-located data plane's per-thread channel (SPEC §3.1,
 // plans/0017-data-plane.md). A scheduler on the daemon's host registers its buffers once
-// (Client::RegisterExternalMemory: a cudaIpcMemHandle_t's bytes, or on the cpu backend the path of
-// a shared-memory file), opens a channel (Client::OpenChannel), and then enqueues Verify and
-// Commit descriptors into a ring in shared memory: no gRPC round trip per call. Tensors are named
-// by registered region + byte offset; the daemon waits for the `ready` flag (a uint32 in a
-// registered region reaching `value`) before it reads q and tree_kv, and writes `done` after the
+// (Client::RegisterExternalMemory: a cudaIpcMemHandle_t's bytes, or on the cpu backend a sealed
+// memfd's handle, client/host_memory.h), opens a channel (Client::OpenChannel), and then enqueues
+// Verify and Commit descriptors into a ring in shared memory: no gRPC round trip per call. Tensors
+// are named by registered region + byte offset; the daemon waits for the `ready` flag (a uint32 in
+// a registered region reaching `value`) before it reads q and tree_kv, and writes `done` after the
 // last write of out and lse. Every descriptor completes: on failure the outputs are NaN, `done`
 // is still written, and the completion record carries the gRPC code and message (the same as the
 // gRPC Verify's for the same mistake). On the cuda backend a Verify's record is written once the
@@ -16,7 +16,7 @@
 // releases what it left waiting, without waiting for its lease.
 //
 //   auto client = *verifyd::Client::Connect("unix:///tmp/verifyd-0.sock");
-//   // cudaIpcGetMemHandle(&h, buffer) on the cuda backend; a /dev/shm file on the cpu backend
+//   // cudaIpcGetMemHandle(&h, buffer) on the cuda backend; HostMemory::handle() on the cpu backend
 //   uint64_t region = client->RegisterExternalMemory(handle_bytes, buffer_bytes)->region();
 //   std::unique_ptr<verifyd::Channel> channel = *client->OpenChannel();
 //   verifyd::Channel::VerifyDescriptor d;

@@ -135,6 +135,17 @@ class RefResolver {
     if (data.ok()) ranges_.push_back(Range{field, ref.region, ref.offset, length});
     return data;
   }
+  // At most `length` bytes, fewer where the region ends first (whole `unit`s): the outputs of a
+  // descriptor whose size is only a guess (ClaimedNodes).
+  absl::StatusOr<uint8_t*> TensorUpTo(const channel::TensorRef& ref, uint64_t* length,
+                                      uint64_t unit, const char* field) {
+    absl::StatusOr<std::shared_ptr<const OpenExternalRegion>> region =
+        regions_->Find(owner_, ref.region, absl::StrCat(field, ".region"));
+    if (region.ok() && ref.offset < (*region)->bytes()) {
+      *length = std::min(*length, ((*region)->bytes() - ref.offset) / unit * unit);
+    }
+    return Tensor(ref, *length, field);
+  }
   // Region 0: no flag.
   absl::StatusOr<ExternalFlag> Flag(const channel::FlagRef& ref, const char* field) {
     if (ref.region == 0) return ExternalFlag{};
@@ -174,8 +185,44 @@ void Keep(absl::Status* first, const absl::Status& status) {
   if (first->ok() && !status.ok()) *first = status;
 }
 
-// Builds the work of a Verify descriptor. Everything the failure path needs (out, lse, done) is
-// resolved even when an earlier check failed, so that a refused call still completes its flag.
+// What a refused call writes (its outputs' NaN, its done flag) and waits for first (its ready
+// flag: until then the outputs are the scheduler's), resolved before any check so that every
+// refusal can complete. `rows` = tree nodes x heads; `guessed`: the descriptor did not decode, its
+// outputs are cut where their region ends. The resolutions are returned for the caller's errors.
+struct FailureTargets {
+  absl::StatusOr<ExternalFlag> ready, done;
+  absl::StatusOr<uint8_t*> out;
+  std::optional<absl::StatusOr<uint8_t*>> lse;  // when the call names one
+};
+FailureTargets ResolveFailure(const channel::TensorRef& out, const channel::TensorRef* lse,
+                              const channel::FlagRef& ready, const channel::FlagRef& done,
+                              uint64_t rows, bool guessed, RefResolver& refs, Work* work) {
+  FailureTargets t;
+  t.done = refs.Flag(done, "done");
+  if (t.done.ok()) work->failure.order.done = *t.done;
+  t.ready = refs.Flag(ready, "ready");
+  if (t.ready.ok()) work->failure.order.ready = *t.ready;
+  uint64_t out_bytes = rows * kVDim * 2;
+  t.out = guessed ? refs.TensorUpTo(out, &out_bytes, kVDim * 2, "out")
+                  : refs.Tensor(out, out_bytes, "out");
+  if (t.out.ok()) {
+    work->failure.out = reinterpret_cast<bf16_bits*>(*t.out);
+    work->failure.out_elements = static_cast<int64_t>(out_bytes / 2);
+  }
+  if (lse != nullptr) {
+    uint64_t lse_bytes = rows * 4;
+    t.lse =
+        guessed ? refs.TensorUpTo(*lse, &lse_bytes, 4, "lse") : refs.Tensor(*lse, lse_bytes, "lse");
+    if (t.lse->ok()) {
+      work->failure.lse = reinterpret_cast<float*>(**t.lse);
+      work->failure.lse_elements = static_cast<int64_t>(lse_bytes / 4);
+    }
+  }
+  return t;
+}
+
+// Builds the work of a Verify descriptor. Everything the failure path needs (out, lse, ready,
+// done) is resolved even when an earlier check failed, so that a refused call still completes.
 void PrepareVerify(const Descriptor& d, const ValidationLimits& limits, RefResolver& refs,
                    Work* work) {
   VerifyHeaderView view;
@@ -193,21 +240,8 @@ void PrepareVerify(const Descriptor& d, const ValidationLimits& limits, RefResol
   // The failure path's targets first, so that any refusal below NaN-fills what the descriptor
   // names as outputs and writes its done flag.
   const uint64_t rows = total_q * static_cast<uint64_t>(limits.heads);
-  absl::StatusOr<ExternalFlag> done = refs.Flag(d.done, "done");
-  if (done.ok()) work->failure.order.done = *done;
-  absl::StatusOr<uint8_t*> out = refs.Tensor(d.out, rows * kVDim * 2, "out");
-  if (out.ok()) {
-    work->failure.out = reinterpret_cast<bf16_bits*>(*out);
-    work->failure.out_elements = static_cast<int64_t>(rows) * kVDim;
-  }
-  std::optional<absl::StatusOr<uint8_t*>> lse;
-  if (d.return_lse) {
-    lse = refs.Tensor(d.lse, rows * 4, "lse");
-    if (lse->ok()) {
-      work->failure.lse = reinterpret_cast<float*>(**lse);
-      work->failure.lse_elements = static_cast<int64_t>(rows);
-    }
-  }
+  FailureTargets targets = ResolveFailure(d.out, d.return_lse ? &d.lse : nullptr, d.ready, d.done,
+                                          rows, /*guessed=*/false, refs, work);
   // The first error in the order of the gRPC request's fields.
   absl::StatusOr<VerifyCall> call = ValidateVerifyHeader(view, limits);
   if (!call.ok()) {
@@ -219,15 +253,14 @@ void PrepareVerify(const Descriptor& d, const ValidationLimits& limits, RefResol
   Keep(&status, q.status());
   absl::StatusOr<uint8_t*> tree_kv = refs.Tensor(d.tree_kv, total_q * kKvDim * 2, "tree_kv");
   Keep(&status, tree_kv.status());
-  Keep(&status, out.status());
+  Keep(&status, targets.out.status());
   if (!d.return_lse && d.lse.region != 0) {
     Keep(&status, absl::InvalidArgumentError(
                       "lse.region is set but return_lse is false; set both or neither"));
   }
-  if (lse.has_value()) Keep(&status, lse->status());
-  absl::StatusOr<ExternalFlag> ready = refs.Flag(d.ready, "ready");
-  Keep(&status, ready.status());
-  Keep(&status, done.status());
+  if (targets.lse.has_value()) Keep(&status, targets.lse->status());
+  Keep(&status, targets.ready.status());
+  Keep(&status, targets.done.status());
   if (status.ok()) status = refs.CheckOutputsDisjoint({"out", "lse"});
   if (!status.ok()) {
     work->refused = status;
@@ -239,8 +272,8 @@ void PrepareVerify(const Descriptor& d, const ValidationLimits& limits, RefResol
   c.tree_kv = reinterpret_cast<const bf16_bits*>(*tree_kv);
   c.out_destination = work->failure.out;
   c.lse_destination = work->failure.lse;
-  work->order.ready = *ready;
-  work->order.done = *done;
+  work->order.ready = *targets.ready;
+  work->order.done = *targets.done;
   work->failure.order = work->order;
 }
 
@@ -266,6 +299,19 @@ void PrepareCommit(const Descriptor& d, const ValidationLimits& limits, Work* wo
     return;
   }
   work->commit.path = *std::move(path);
+}
+
+// ChannelOptions::wait_ready for the call's ready flag, on the channel's thread; a flag that
+// never came makes the call a refusal that waits no more.
+void WaitReady(const decltype(ChannelOptions::wait_ready)& wait_ready,
+               const std::atomic<bool>* cancelled, Work& work) {
+  ExternalFlag& ready = work.refused.ok() ? work.order.ready : work.failure.order.ready;
+  if (ready.word == nullptr) return;
+  const absl::Status waited = wait_ready(ready, cancelled);
+  if (waited.ok()) return;  // the backend's own wait finds the flag up
+  // DEADLINE_EXCEEDED, or ABORTED when the channel closed: the call fails without another wait.
+  if (work.refused.ok()) work.refused = waited;
+  work.failure.order.ready = ExternalFlag{};
 }
 
 }  // namespace
@@ -373,9 +419,14 @@ void ChannelServer::Handle(const uint8_t* copy, uint64_t number, bool closing) {
   absl::StatusOr<Descriptor> d = channel::Decode(copy);
   if (!d.ok()) {
     work->refused = d.status();
-    // The body is unreadable; its done flag may still be reachable.
-    absl::StatusOr<ExternalFlag> done = refs.Flag(header.done, "done");
-    if (done.ok()) work->failure.order.done = *done;
+    // The body is unreadable, but its outputs and flags may still be reachable: NaN into as many
+    // rows as its sequence headers claim (issue 33 N9), after its ready flag, then done.
+    const uint64_t nodes =
+        channel::ClaimedNodes(copy, static_cast<uint64_t>(options_.limits.max_tree_nodes));
+    const bool lse = (header.flags & channel::kFlagReturnLse) != 0 || header.lse.region != 0;
+    (void)ResolveFailure(header.out, lse ? &header.lse : nullptr, header.ready, header.done,
+                         nodes * static_cast<uint64_t>(options_.limits.heads), /*guessed=*/true,
+                         refs, work.get());
   } else {
     work->kind = d->kind;
     if (d->kind == DescriptorKind::kVerify) {
@@ -391,6 +442,7 @@ void ChannelServer::Handle(const uint8_t* copy, uint64_t number, bool closing) {
   }
   work->order.cancelled = &shared_->cancelled;
   work->failure.order.cancelled = &shared_->cancelled;
+  if (options_.wait_ready && !closing) WaitReady(options_.wait_ready, &shared_->cancelled, *work);
 
   auto task = [shared = shared_, counters = counters_, work, number, id = header.id,
                on_completion = options_.on_completion](DeviceOperations& ops) {

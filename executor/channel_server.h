@@ -43,6 +43,13 @@ struct ChannelOptions {
   // At close: releases a backend's device-side wait for a ready flag of a call already handed to
   // it (ComputeBackend::ReleaseExternalWait; a no-op on cpu). May be empty.
   std::function<void(const ExternalFlag& ready)> release_wait;
+  // A backend whose ready wait blocks a host thread (ComputeBackend::waits_for_ready_on_host):
+  // the channel's own thread waits for each call's ready flag before it hands the call to the
+  // executor, so a flag that never comes holds this channel only, not every client's calls
+  // (issue 33 N7). OK once up; DEADLINE_EXCEEDED / ABORTED (*cancelled) as the backend's wait
+  // answers. Empty: the backend waits in its own order (cuda: on the device stream).
+  std::function<absl::Status(const ExternalFlag& ready, const std::atomic<bool>* cancelled)>
+      wait_ready;
 };
 
 struct ChannelCounters {

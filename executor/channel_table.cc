@@ -22,16 +22,31 @@ absl::StatusOr<ChannelInfo> ChannelTable::Open(const std::string& owner, uint32_
                      ", ", channel::kMaxEntries, "]"));
   }
   uint64_t id = 0;
+  const uint64_t bytes = channel::RingFileBytes(entries);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closing_) return absl::UnavailableError("verifyd is shutting down");
-    int mine = 0;
-    for (const auto& [_, c] : channels_) mine += c->owner() == owner;
-    if (mine >= options_.max_channels_per_client) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("this client has ", mine, " open channels, the most allowed (",
-                       options_.max_channels_per_client, "); close one first"));
+    if (held_channels_ >= options_.max_channels) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the daemon has ", held_channels_, " open channels, the most allowed (--max-channels = ",
+          options_.max_channels, "); close one first"));
     }
+    if (held_ring_bytes_ + bytes > options_.max_ring_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "entries = ", entries, " takes a ring of ", bytes,
+          " bytes; the open channels' rings hold ", held_ring_bytes_, " of --max-channel-bytes = ",
+          options_.max_ring_bytes, "; close a channel or ask for fewer entries"));
+    }
+    // The ring's file takes a descriptor for a moment and its lock one for the channel's life.
+    if (options_.descriptors != nullptr && !options_.descriptors->HasRoom(2)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the daemon has about ", options_.descriptors->counted(), " of its ",
+                       options_.descriptors->limit(), " descriptors open and keeps ",
+                       options_.descriptors->reserve(),
+                       " free for new connections; close channels or raise its descriptor limit"));
+    }
+    ++held_channels_;
+    held_ring_bytes_ += bytes;
     id = RandomNonzeroId();
     while (channels_.contains(id)) id = RandomNonzeroId();
   }
@@ -43,19 +58,34 @@ absl::StatusOr<ChannelInfo> ChannelTable::Open(const std::string& owner, uint32_
   channel.spin = options_.spin;
   channel.on_completion = options_.on_completion;
   channel.release_wait = options_.release_wait;
+  channel.wait_ready = options_.wait_ready;
   channel.sleep_slice = std::min(absl::Milliseconds(100), options_.lease / 4);
   // 128 random bits: the ring's name cannot be guessed by another local user (mode 0600 already
   // keeps them out) nor reopened by a stale client after the daemon reused an id.
   const std::string name = absl::StrCat("/", options_.name_prefix, RandomHex());
   absl::StatusOr<std::unique_ptr<ChannelServer>> server =
       ChannelServer::Open(id, name, std::move(channel), device_, regions_);
-  if (!server.ok()) return server.status();
-  ChannelInfo info{id, name, entries, channel::RingFileBytes(entries)};
+  if (!server.ok()) {
+    Unhold(entries);
+    return server.status();
+  }
+  if (options_.descriptors != nullptr) options_.descriptors->Opened(1);
+  ChannelInfo info{id, name, entries, bytes};
   std::lock_guard<std::mutex> lock(mu_);
-  if (closing_) return absl::UnavailableError("verifyd is shutting down");  // closes `server`
+  if (closing_) {
+    --held_channels_;
+    held_ring_bytes_ -= bytes;
+    return absl::UnavailableError("verifyd is shutting down");  // closes `server`
+  }
   channels_[id] = *std::move(server);
   if (options_.events != nullptr) options_.events->OnChannelOpened(id, owner, entries);
   return info;
+}
+
+void ChannelTable::Unhold(uint32_t entries) {
+  std::lock_guard<std::mutex> lock(mu_);
+  --held_channels_;
+  held_ring_bytes_ -= channel::RingFileBytes(entries);
 }
 
 absl::Status ChannelTable::Close(const std::string& owner, uint64_t id) {
@@ -76,6 +106,7 @@ absl::Status ChannelTable::Close(const std::string& owner, uint64_t id) {
   }
   server->Close(absl::StatusCode::kCancelled);  // outside the lock: it joins a thread
   Closed(*server, "closed by its client");
+  Unhold(server->entries());
   return absl::OkStatus();
 }
 
@@ -90,6 +121,7 @@ void ChannelTable::CloseAll(absl::StatusCode reason) {
   if (sweeper_.joinable()) sweeper_.join();
   for (auto& [_, server] : all) {
     server->Close(reason);
+    Unhold(server->entries());
     Closed(*server, "the daemon stops");
   }
 }
@@ -116,6 +148,7 @@ int ChannelTable::ReapFinished() {
   for (auto& server : done) {
     server->Close(absl::StatusCode::kDeadlineExceeded);
     Closed(*server, "its lease expired (no heartbeat or descriptor within the lease)");
+    Unhold(server->entries());
   }
   return static_cast<int>(done.size());
 }

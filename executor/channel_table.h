@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/descriptor_budget.h"
 #include "executor/channel_server.h"
 #include "executor/executor_events.h"
 
@@ -24,12 +25,19 @@ struct ChannelTableOptions {
   ValidationLimits limits;
   absl::Duration lease = absl::Seconds(300);
   absl::Duration spin = absl::Microseconds(50);
-  int max_channels_per_client = 64;
+  // Daemon-wide, whoever asks (a client names itself, so a per-client bound bounds nothing;
+  // issue 33 N6): open channels (a thread and a descriptor each) and the /dev/shm their rings take.
+  int max_channels = 64;
+  uint64_t max_ring_bytes = uint64_t{256} << 20;
+  // The process's descriptors (each channel holds one): refused while opening one would eat into
+  // the reserve kept for new connections. Null: not checked.
+  DescriptorBudget* descriptors = nullptr;
   // Ring names are "/<name_prefix><32 random hex digits>".
   std::string name_prefix = "verifyd-channel-";
   std::function<void(bool ok)> on_completion;  // ChannelOptions::on_completion of every channel
   std::function<void(const ExternalFlag& ready)> release_wait;  // ChannelOptions::release_wait
-  ExecutorEvents* events = nullptr;  // opens and closes (null: none told)
+  ExecutorEvents* events = nullptr;                 // opens and closes (null: none told)
+  decltype(ChannelOptions::wait_ready) wait_ready;  // ChannelOptions::wait_ready
 };
 
 struct ChannelInfo {
@@ -45,7 +53,8 @@ class ChannelTable {
   ~ChannelTable();  // CloseAll(kUnavailable)
 
   // INVALID_ARGUMENT for entries that are not a power of two in [2, 4096]; RESOURCE_EXHAUSTED
-  // past max_channels_per_client.
+  // past max_channels, max_ring_bytes or the descriptor budget (or when the system refuses the
+  // ring's pages or descriptors), naming the bound.
   absl::StatusOr<ChannelInfo> Open(const std::string& owner, uint32_t entries);
   // NOT_FOUND when unknown (closed already, expired), PERMISSION_DENIED when another client's.
   absl::Status Close(const std::string& owner, uint64_t id);
@@ -61,12 +70,17 @@ class ChannelTable {
   // Tells the events that `server` was closed, and why.
   void Closed(const ChannelServer& server, const char* why);
   void Sweep();
+  // Gives back what a closed (or never opened) channel of `entries` held.
+  void Unhold(uint32_t entries);
 
   const ChannelTableOptions options_;
   Device* device_;
   ExternalRegionTable* regions_;
   mutable std::mutex mu_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<ChannelServer>> channels_;
+  // Channels and ring bytes open or being opened (reserved under the lock before the slow part).
+  int held_channels_ = 0;
+  uint64_t held_ring_bytes_ = 0;
   bool closing_ = false;
   std::condition_variable sweeper_cv_;
   std::thread sweeper_;

@@ -58,23 +58,38 @@ Device::Device(const DeviceOptions& options, std::unique_ptr<DeviceOperations> o
   ExternalRegionLimits region_limits;
   region_limits.device = options.device;
   region_limits.lease = options.store.lease;
+  region_limits.max_regions = options.max_external_regions;
+  region_limits.descriptors = options.descriptors;
   external_regions_ =
       std::make_unique<ExternalRegionTable>(&ops_->mutable_backend(), region_limits);
   ChannelTableOptions channel_options;
   channel_options.limits = options.request_limits;
   channel_options.lease = options.store.lease;
+  channel_options.max_channels = options.max_channels;
+  channel_options.max_ring_bytes = options.max_channel_bytes;
+  channel_options.descriptors = options.descriptors;
   // A channel thread polls as long as the executor does after its last piece of work (2 ms on
   // hosts with >= 8 cores, plans/0012), at least 50 µs: a scheduler's next layer usually comes
   // within that, and a futex wake-up costs tens of µs on a VM.
   channel_options.spin =
       absl::Microseconds(std::max<int64_t>(50, ExecutorSpinMicros(options.executor_spin_us)));
-  channel_options.name_prefix = absl::StrCat("verifyd-", options.device, "-channel-");
+  channel_options.name_prefix =
+      absl::StrCat(options.shm_name_prefix.empty() ? absl::StrCat("verifyd-", options.device, "-")
+                                                   : options.shm_name_prefix,
+                   "channel-");
   channel_options.on_completion = [metrics](bool ok) { metrics->RecordChannelDescriptor(ok); };
   channel_options.events = metrics;
   // Off the executor (a channel's close): the backend's own thread-safety covers it (plans/0018).
   channel_options.release_wait = [ops = ops_.get()](const ExternalFlag& ready) {
     (void)ops->mutable_backend().ReleaseExternalWait(ready);
   };
+  if (ops_->backend().waits_for_ready_on_host()) {
+    // On the channel's own thread: a flag that never comes holds that channel, not the executor.
+    channel_options.wait_ready = [ops = ops_.get()](const ExternalFlag& ready,
+                                                    const std::atomic<bool>* cancelled) {
+      return ops->backend().WaitReadyOnHost(ready, cancelled);
+    };
+  }
   channels_ = std::make_unique<ChannelTable>(channel_options, this, external_regions_.get());
   // Started last: its tick reads the tables.
   executor_ = std::make_unique<DeviceExecutor>(std::move(hooks));

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "verify/mla_dims.h"
+#include "verify/value_bound.h"
 
 namespace verifyd {
 namespace {
@@ -129,6 +130,21 @@ void DeviceOperations::SettleValueChecks(absl::Span<const VerifyItem> items) {
 }
 
 absl::StatusOr<VerifyResult> DeviceOperations::Verify(const VerifyCall& call) {
+  const bf16_bits* q = call.q;
+  const bf16_bits* tree_kv = call.tree_kv;
+  if (call.inputs_shared) {
+    // Before anything changes (the riding commits): the call is refused on the values it would
+    // use, copied out of memory its client may rewrite meanwhile (issue 33 N8).
+    const int64_t q_shape[] = {call.total_q, call.num_heads, kKvDim};
+    const int64_t kv_shape[] = {call.total_q, kKvDim};
+    q_copy_.resize(static_cast<size_t>(call.total_q) * call.num_heads * kKvDim);
+    tree_kv_copy_.resize(static_cast<size_t>(call.total_q) * kKvDim);
+    VERIFYD_RETURN_IF_ERROR(CopyCheckingValueBound(q_copy_.data(), q, q_shape, "q"));
+    VERIFYD_RETURN_IF_ERROR(
+        CopyCheckingValueBound(tree_kv_copy_.data(), tree_kv, kv_shape, "tree_kv"));
+    q = q_copy_.data();
+    tree_kv = tree_kv_copy_.data();
+  }
   SettleValueChecks(call.items);
   VERIFYD_RETURN_IF_ERROR(store_->PrepareVerify(call.layer, call.items));
   VerifyResult result;
@@ -136,7 +152,7 @@ absl::StatusOr<VerifyResult> DeviceOperations::Verify(const VerifyCall& call) {
   for (int b = 0; b < batch; ++b) {
     const absl::Status written =
         store_->WriteTreeLayer(call.items[b].sequence, call.layer,
-                               call.tree_kv + static_cast<size_t>(call.qo_indptr[b]) * kKvDim);
+                               tree_kv + static_cast<size_t>(call.qo_indptr[b]) * kKvDim);
     if (!written.ok()) return AfterPrepare(written, absl::StrCat(Item(b), " tree KV"));
   }
   // The views' spans stay valid until the next mutating store call, which comes after the compute.
@@ -156,6 +172,7 @@ absl::StatusOr<VerifyResult> DeviceOperations::Verify(const VerifyCall& call) {
   }
 
   VerifyProblem problem = GatheredProblem(call);
+  problem.q = q;
   problem.out = out_data;
   problem.lse = lse;
   const absl::Time start = absl::Now();

@@ -84,6 +84,8 @@ class DeviceOperations {
   std::vector<VerifySlotList> slot_lists_;
   std::vector<uint64_t> mask_bits_;
   std::vector<int32_t> tree_slots_;
+  // Private copies of a shared-memory Verify's q and tree_kv (VerifyCall::inputs_shared).
+  std::vector<bf16_bits> q_copy_, tree_kv_copy_;
   // Per sequence, the pending tree's layers last written by a data-plane call whose SPEC §1 check
   // the device answers later (ExternalValueCheck), with that answer: until it is in, the layer
   // is not marked written, so no commit takes rows the check may refuse.

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
+#include "base/descriptor_budget.h"
 #include "executor/verify_validation.h"
 #include "kvstore/kv_store.h"
 
@@ -27,6 +29,17 @@ struct DeviceOptions {
   // both answer the same (layers and max_tree_nodes equal the store's).
   int device = 0;
   ValidationLimits request_limits;
+  // Daemon-wide bounds of the data plane (issue 33 N6): open channels and their rings' bytes,
+  // registered external regions.
+  int max_channels = 64;
+  uint64_t max_channel_bytes = uint64_t{256} << 20;
+  int max_external_regions = 256;
+  // What the names of the daemon's /dev/shm files start with ("verifyd-<device>-<instance>-",
+  // service/shm_instance.h); empty: "verifyd-<device>-".
+  std::string shm_name_prefix;
+  // The process's descriptors, shared with the service's acceptor (owned by the caller, outlives
+  // the device); null: not checked.
+  DescriptorBudget* descriptors = nullptr;
 };
 
 }  // namespace verifyd

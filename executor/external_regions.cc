@@ -22,29 +22,45 @@ absl::StatusOr<uint64_t> ExternalRegionTable::Register(const std::string& owner,
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = per_owner_.find(owner);
-    if (it != per_owner_.end() && it->second >= limits_.max_regions_per_client) {
+    const int held = static_cast<int>(entries_.size()) + opening_;
+    if (held >= limits_.max_regions) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("this client has ", it->second, " external regions, the most allowed (",
-                       limits_.max_regions_per_client, "); release one first"));
+          absl::StrCat("the daemon has ", held,
+                       " registered external regions, the most allowed (--max-external-regions = ",
+                       limits_.max_regions, "); release one first"));
     }
+    if (limits_.descriptors != nullptr && !limits_.descriptors->HasRoom(1)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the daemon has about ", limits_.descriptors->counted(), " of its ",
+          limits_.descriptors->limit(), " descriptors open and keeps ",
+          limits_.descriptors->reserve(), " free for new connections; release regions first"));
+    }
+    ++opening_;
   }
   absl::StatusOr<std::unique_ptr<ExternalRegion>> opened = backend_->OpenExternalRegion(handle);
-  if (!opened.ok()) return opened.status();
+  auto opened_done = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    --opening_;
+  };
+  if (!opened.ok()) {
+    opened_done();
+    return opened.status();
+  }
   if (reinterpret_cast<uintptr_t>((*opened)->data()) % kDeviceAlignment != 0) {
+    opened_done();
     return absl::InvalidArgumentError(
         "handle: the memory does not start at a 256-byte boundary; register the allocation's "
         "base");
   }
   const uint64_t bytes = (*opened)->bytes();
   std::lock_guard<std::mutex> lock(mu_);
+  --opening_;
   // Random and never 0 (0 means "no region" in a descriptor): a stale id from another client or
   // an earlier daemon does not name someone else's region by accident.
   uint64_t id = RandomNonzeroId();
   while (entries_.contains(id)) id = RandomNonzeroId();
   entries_[id] =
       Entry{std::make_shared<const OpenExternalRegion>(id, owner, *std::move(opened)), clock_()};
-  ++per_owner_[owner];
   total_bytes_ += bytes;
   return id;
 }
@@ -62,7 +78,6 @@ absl::StatusOr<uint64_t> ExternalRegionTable::Release(const std::string& owner, 
   }
   dropped = std::move(it->second.region);
   entries_.erase(it);
-  if (--per_owner_[owner] == 0) per_owner_.erase(owner);
   total_bytes_ -= dropped->bytes();
   return dropped->bytes();
 }
@@ -116,8 +131,6 @@ int ExternalRegionTable::ExpireIdle() {
     const absl::Time now = clock_();
     for (auto it = entries_.begin(); it != entries_.end();) {
       if (now - it->second.last_used > limits_.lease) {
-        const std::string& owner = it->second.region->owner();
-        if (--per_owner_[owner] == 0) per_owner_.erase(owner);
         total_bytes_ -= it->second.region->bytes();
         dropped.push_back(std::move(it->second.region));
         entries_.erase(it++);
@@ -133,7 +146,6 @@ void ExternalRegionTable::ReleaseAll() {
   absl::flat_hash_map<uint64_t, Entry> dropped;
   std::lock_guard<std::mutex> lock(mu_);
   dropped.swap(entries_);
-  per_owner_.clear();
   total_bytes_ = 0;
 }
 

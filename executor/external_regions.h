@@ -20,12 +20,17 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "backend/compute_backend.h"
+#include "base/descriptor_budget.h"
 
 namespace verifyd {
 
 struct ExternalRegionLimits {
   int device = 0;  // the daemon's device: a registration names it
-  int max_regions_per_client = 256;
+  // Daemon-wide, whoever asks (a client names itself: a per-client bound bounds nothing; issue 33
+  // N6).
+  int max_regions = 256;
+  // The process's descriptors (opening a region takes one for a moment). Null: not checked.
+  DescriptorBudget* descriptors = nullptr;
   uint64_t max_region_bytes = uint64_t{1} << 40;
   absl::Duration lease = absl::Seconds(300);
 };
@@ -56,7 +61,7 @@ class ExternalRegionTable {
 
   // Validates (device, bytes, the handle opens, the memory 256-byte aligned, the client's count)
   // and opens the region. INVALID_ARGUMENT / NOT_FOUND naming the field; UNIMPLEMENTED when the
-  // backend has no external memory; RESOURCE_EXHAUSTED past max_regions_per_client.
+  // backend has no external memory; RESOURCE_EXHAUSTED past max_regions or the descriptor budget.
   absl::StatusOr<uint64_t> Register(const std::string& owner, const ExternalMemoryHandle& handle);
   // NOT_FOUND when unknown, PERMISSION_DENIED when another client's. Returns its bytes.
   absl::StatusOr<uint64_t> Release(const std::string& owner, uint64_t region);
@@ -90,7 +95,7 @@ class ExternalRegionTable {
   const Clock clock_;
   mutable std::mutex mu_;
   absl::flat_hash_map<uint64_t, Entry> entries_;
-  absl::flat_hash_map<std::string, int> per_owner_;
+  int opening_ = 0;  // registrations between their check and their entry
   uint64_t total_bytes_ = 0;
 };
 

@@ -40,6 +40,9 @@ struct VerifyCall {
   // region it mapped and checked); null: into VerifyResult's buffers.
   bf16_bits* out_destination = nullptr;  // [total_q][num_heads][512]
   float* lse_destination = nullptr;      // [total_q][num_heads], only with return_lse
+  // q or tree_kv lies in memory the client may rewrite while the call runs (shared memory): the
+  // executor copies both and checks SPEC §1's bound on the copies it computes from (issue 33 N8).
+  bool inputs_shared = false;
 };
 
 struct CommitCall {

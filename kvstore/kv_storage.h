@@ -12,9 +12,11 @@
 
 namespace verifyd {
 
-// Where rows handed to the storage live: the daemon's host memory, or device memory a scheduler
-// registered (the co-located data plane, plans/0017).
-enum class RowMemory { kHost, kDevice };
+// Where rows handed to the store live: the daemon's host memory (already checked against SPEC §1's
+// bound), host memory another process may rewrite while the call runs (a shared-memory region:
+// the store copies each layer privately and checks the copy, issue 33 N8), or device memory a
+// scheduler registered (the co-located data plane, plans/0017).
+enum class RowMemory { kHost, kShared, kDevice };
 
 class KvStorage {
  public:

@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "kvstore/sequence.h"
 #include "verify/mla_dims.h"
+#include "verify/value_bound.h"
 
 namespace verifyd {
 namespace {
@@ -75,6 +76,26 @@ void KvStore::Renew(Sequence& sequence) const {
   sequence.deadline = options_.now() + options_.lease;
 }
 
+absl::Status KvStore::CheckHostBounds(SequenceId seq, const std::string& field, bool new_sequence,
+                                      int64_t entries) const {
+  const int64_t live = static_cast<int64_t>(sequences_.size());
+  if (new_sequence && options_.max_sequences > 0 && live >= options_.max_sequences) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, " = ", seq, " would be live sequence ", live + 1, ", past ", names().max_sequences,
+        " = ", options_.max_sequences, "; release sequences first; nothing was kept"));
+  }
+  if (options_.max_slot_table_entries > 0 &&
+      table_entries_ + entries > options_.max_slot_table_entries) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, " = ", seq, ": ", entries, " more slot-table entries would make ",
+        table_entries_ + entries, ", past ", names().max_slot_table_entries, " = ",
+        options_.max_slot_table_entries,
+        " (every committed position of every sequence, a fork's shared prefix included); release "
+        "sequences or forks first; nothing was kept"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvStore::CheckExpectation(SequenceId seq, const Sequence* existing, int layer_begin,
                                        int layer_count, AppendExpectation expect) const {
   switch (expect.kind) {
@@ -134,6 +155,7 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
     new_length = std::max(new_length, fill + num_tokens);
   }
   const int64_t need = new_length - length;
+  VERIFYD_RETURN_IF_ERROR(CheckHostBounds(seq, names().sequence, existing == nullptr, need));
   std::vector<SlotRun> runs;
   if (need > 0) {
     // Extending the last run in place keeps the sequence contiguous with no copy.
@@ -155,11 +177,27 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
   for (const SlotRun& run : runs) {
     for (int32_t s = run.begin; s < run.end(); ++s) sequence->slots.push_back(s);
   }
+  const int64_t layer_values = int64_t{num_tokens} * kKvDim;
   for (int l = layer_begin; l < layer_begin + layer_count; ++l) {
     const absl::Span<const int32_t> target(sequence->slots.data() + sequence->fill[l], num_tokens);
-    const bf16_bits* rows = kv + static_cast<size_t>(l - layer_begin) * num_tokens * kKvDim;
-    absl::Status written = memory == RowMemory::kDevice ? storage_->WriteDeviceRows(l, target, rows)
-                                                        : storage_->WriteRows(l, target, rows);
+    const bf16_bits* rows = kv + static_cast<size_t>(l - layer_begin) * layer_values;
+    absl::Status written;
+    if (memory == RowMemory::kShared) {
+      // The values judged are the values written: the copy, not the region, which its client may
+      // rewrite meanwhile.
+      shared_rows_.resize(static_cast<size_t>(layer_values));
+      const int64_t bad = CopyFirstOutOfBound(shared_rows_.data(), rows, layer_values);
+      if (bad >= 0) {
+        const int64_t shape[] = {layer_count, num_tokens, kKvDim};
+        written =
+            OutOfBoundError(shape, (l - layer_begin) * layer_values + bad, shared_rows_[bad], "kv");
+      }
+      rows = shared_rows_.data();
+    }
+    if (written.ok()) {
+      written = memory == RowMemory::kDevice ? storage_->WriteDeviceRows(l, target, rows)
+                                             : storage_->WriteRows(l, target, rows);
+    }
     if (written.code() == absl::StatusCode::kInvalidArgument && memory == RowMemory::kDevice) {
       written =
           absl::InvalidArgumentError(absl::StrCat("kv[", l - layer_begin, "] ", written.message()));
@@ -175,6 +213,7 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
   }
   for (int l = layer_begin; l < layer_begin + layer_count; ++l) sequence->fill[l] += num_tokens;
   for (int64_t p = length; p < new_length; ++p) Hold(sequence->slots[p]);
+  table_entries_ += need;
   if (existing == nullptr) fragmentation_.Add(seq);
   if (need > 0) {
     fragmentation_.Extend(seq, sequence->accounted(), length - sequence->accounted_begin());
@@ -234,6 +273,7 @@ absl::Status KvStore::ApplyCommit(Sequence& sequence, const CommitPath& path) {
     accepted[node] = true;
   }
   fragmentation_.Extend(sequence.id, sequence.accounted(), old_length - sequence.accounted_begin());
+  table_entries_ += static_cast<int64_t>(path.accepted_path.size());
   pending_slots_ -= tree.num_nodes();
   std::vector<int32_t> rejected;
   for (int32_t i = 0; i < tree.num_nodes(); ++i) {
@@ -409,6 +449,7 @@ absl::Status KvStore::Release(SequenceId seq) {
     slots.insert(slots.end(), sequence->pending->slots.begin(), sequence->pending->slots.end());
     pending_slots_ -= sequence->pending->num_nodes();
   }
+  table_entries_ -= static_cast<int64_t>(sequence->slots.size());
   Detach(*sequence);
   sequences_.erase(seq);
   fragmentation_.Remove(seq);

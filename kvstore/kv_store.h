@@ -40,6 +40,9 @@ struct KvFieldNames {
   std::string fork_source = "source";      // Fork's source sequence
   std::string fork_sequence = "fork";      // Fork's new sequence
   std::string fork_length = "length";      // Fork's shared prefix length
+  // The bounds, as the daemon's flags name them.
+  std::string max_sequences = "max_sequences";
+  std::string max_slot_table_entries = "max_slot_table_entries";
 };
 
 struct KvStoreOptions {
@@ -49,6 +52,12 @@ struct KvStoreOptions {
   // Injectable clock for lease tests.
   std::function<absl::Time()> now = [] { return absl::Now(); };
   KvFieldNames field_names;
+  // Host memory a client can make the store hold without holding KV slots (issue 33 N2): live
+  // sequences, and the entries of their slot tables (each committed position of each sequence,
+  // 4 bytes; a fork copies its prefix's). Past either a new sequence or a Fork is
+  // RESOURCE_EXHAUSTED. Without forks the tables hold at most the pool's slots. 0: no bound.
+  int64_t max_sequences = 0;
+  int64_t max_slot_table_entries = 0;
 };
 
 // A commit of the pending tree: accepted_path[0] a root, each next a child of the previous.
@@ -116,6 +125,10 @@ struct StoreStats {
   // fragmentation.tokens + shared_references - shared_slots slots.
   int64_t shared_slots = 0;
   int64_t shared_references = 0;
+  // Live sequences and their slot tables' entries (committed positions over every sequence):
+  // what KvStoreOptions::max_sequences and max_slot_table_entries bound.
+  int64_t sequences = 0;
+  int64_t slot_table_entries = 0;
 };
 
 // One sequence as ListSequences reports it (the "release what leaked" runbook): read-only.
@@ -183,7 +196,9 @@ class KvStore {
   // when `expect` does not hold (naming the expected and the actual fill), RESOURCE_EXHAUSTED;
   // every failure keeps nothing (not even a new sequence). kv in device memory (`memory`
   // kDevice): the storage checks its values (INVALID_ARGUMENT "kv[layer] row r element c = ...")
-  // and reads it there (KvStorage::WriteDeviceRows).
+  // and reads it there (KvStorage::WriteDeviceRows). kv in memory a client may rewrite (kShared):
+  // each layer is copied and the copy checked and written (INVALID_ARGUMENT "kv[l, t, c] = ...",
+  // the gRPC validation's message).
   absl::Status Append(SequenceId seq, int layer_begin, int layer_count, int num_tokens,
                       const bf16_bits* kv, AppendExpectation expect = AppendExpectation::Any(),
                       RowMemory memory = RowMemory::kHost);
@@ -214,7 +229,8 @@ class KvStore {
   // of `source`, sharing their slots (no copy); afterwards both grow on their own. O(length).
   // Checks, in order: length >= 1 (INVALID_ARGUMENT), source live (NOT_FOUND), fork not live
   // (ALREADY_EXISTS), no pending tree on source (FAILED_PRECONDITION), length <= source's
-  // committed length (OUT_OF_RANGE). Renews both leases. Nothing changes on an error.
+  // committed length (OUT_OF_RANGE), max_sequences and max_slot_table_entries
+  // (RESOURCE_EXHAUSTED). Renews both leases. Nothing changes on an error.
   absl::Status Fork(SequenceId source, SequenceId fork, int64_t length);
   // Releases every sequence whose deadline (now + lease, renewed by every successful call that
   // names it; not by read-only calls or compaction) is <= now; returns them in id order.
@@ -277,6 +293,10 @@ class KvStore {
   absl::Status CheckExpectation(SequenceId seq, const Sequence* existing, int layer_begin,
                                 int layer_count, AppendExpectation expect) const;
   void Renew(Sequence& sequence) const;
+  // RESOURCE_EXHAUSTED when a new sequence `seq` (named `field`) or `entries` more slot-table
+  // entries would pass the options' bounds.
+  absl::Status CheckHostBounds(SequenceId seq, const std::string& field, bool new_sequence,
+                               int64_t entries) const;
   // Growth of a slot list by n slots (Append, a new tree): right after its last slot when free;
   // for a fork that has not grown yet, the first free run after its shared prefix; else the
   // allocator's lowest-first choice.
@@ -294,6 +314,7 @@ class KvStore {
   void Retrack(const Sequence& sequence);
   // Compaction moved positions [position, position + length) of `owner` to slots dst...: the
   // same rewrite for every descendant holding them (limit: the shared prefix along the path).
+  // Iterative: O(holders) time and heap, whatever the depth of the sharing tree.
   void RewriteDescendants(Sequence& owner, int64_t position, int32_t dst, int64_t length,
                           int64_t limit);
   const KvFieldNames& names() const { return options_.field_names; }
@@ -308,9 +329,11 @@ class KvStore {
   std::vector<uint32_t> holders_;
   int64_t shared_slots_ = 0;       // slots with holders_ >= 2
   int64_t shared_references_ = 0;  // sum of holders_ over those
+  int64_t table_entries_ = 0;      // sum of Sequence::slots.size() over sequences
   uint64_t next_slot_generation_ = 1;
   // What ExpireLeases dropped, for the NOT_FOUND of a later call naming one.
   ExpiredSequences expired_;
+  std::vector<bf16_bits> shared_rows_;  // Append's private copy of one layer of kShared rows
 };
 
 }  // namespace verifyd

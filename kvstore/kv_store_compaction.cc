@@ -205,6 +205,8 @@ StoreStats KvStore::Stats() const {
   stats.pending_slots = pending_slots_;
   stats.fragmentation = fragmentation_.totals();
   stats.shared_slots = shared_slots_;
+  stats.sequences = static_cast<int64_t>(sequences_.size());
+  stats.slot_table_entries = table_entries_;
   stats.shared_references = shared_references_;
   return stats;
 }

@@ -3,6 +3,7 @@
 // lists a compaction must rewrite with it. Design and the SPEC §2 rule:
 // plans/0019-shared-prefixes.md.
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -33,6 +34,7 @@ absl::Status KvStore::Fork(SequenceId source, SequenceId fork, int64_t length) {
                                               " must be <= the committed length ", committed,
                                               " of ", names().fork_source, " = ", source));
   }
+  VERIFYD_RETURN_IF_ERROR(CheckHostBounds(fork, names().fork_sequence, true, length));
 
   auto created = std::make_unique<Sequence>();
   created->id = fork;
@@ -40,6 +42,7 @@ absl::Status KvStore::Fork(SequenceId source, SequenceId fork, int64_t length) {
   created->fill.assign(options_.num_layers, length);
   created->slots.assign(parent->slots.begin(), parent->slots.begin() + length);
   for (int32_t slot : created->slots) Hold(slot);
+  table_entries_ += length;
   created->parent = parent;
   created->fork_length = length;
   parent->children.push_back(created.get());
@@ -108,16 +111,29 @@ void KvStore::Retrack(const Sequence& sequence) {
 
 void KvStore::RewriteDescendants(Sequence& owner, int64_t position, int32_t dst, int64_t length,
                                  int64_t limit) {
-  for (Sequence* child : owner.children) {
-    const int64_t shared = std::min(limit, child->fork_length);
-    if (shared <= position) continue;
-    const int64_t count = std::min(position + length, shared) - position;
-    int32_t* slots = child->slots.data() + position;
-    for (int64_t i = 0; i < count; ++i) slots[i] = dst + static_cast<int32_t>(i);
-    // The device mirror keys slot lists by generation: a list whose old entries changed needs a
-    // fresh one, whoever accounts the moved slots.
-    child->slot_generation = next_slot_generation_++;
-    RewriteDescendants(*child, position, dst, count, shared);
+  // An explicit stack, not recursion: a chain of forks is as deep as the client makes it (150,000
+  // links overflowed the thread's stack, issue 33 N1). Each entry is a holder whose children may
+  // share the moved positions below `limit`, the prefix shared along the path to it.
+  struct Holder {
+    Sequence* sequence;
+    int64_t limit;
+  };
+  std::vector<Holder> stack{{&owner, limit}};
+  const int64_t end = position + length;
+  while (!stack.empty()) {
+    const Holder holder = stack.back();
+    stack.pop_back();
+    for (Sequence* child : holder.sequence->children) {
+      const int64_t shared = std::min(holder.limit, child->fork_length);
+      if (shared <= position) continue;
+      const int64_t count = std::min(end, shared) - position;
+      int32_t* slots = child->slots.data() + position;
+      for (int64_t i = 0; i < count; ++i) slots[i] = dst + static_cast<int32_t>(i);
+      // The device mirror keys slot lists by generation: a list whose old entries changed needs a
+      // fresh one, whoever accounts the moved slots.
+      child->slot_generation = next_slot_generation_++;
+      stack.push_back({child, shared});
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -47,13 +48,10 @@ absl::StatusOr<std::string> ReadAdminTokenFile(const std::string& path) {
   return token;
 }
 
-bool IsOwnerTransport(std::string_view peer) {
-  return peer.starts_with("fd:") || peer.starts_with("unix:");
-}
-
 absl::Status CallGate::CheckGated(const char* method,
                                   const grpc::ServerContextBase& context) const {
-  if (IsOwnerTransport(context.peer())) return absl::OkStatus();
+  const std::string peer = context.peer();
+  if (is_owner_ ? is_owner_(peer) : peer.starts_with("unix:")) return absl::OkStatus();
   if (admin_token_.empty()) {
     return absl::PermissionDeniedError(
         absl::StrCat(method,

@@ -6,8 +6,8 @@
 // admin token in metadata x-verifyd-admin-token.
 #pragma once
 
+#include <functional>
 #include <string>
-#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -21,20 +21,23 @@ inline constexpr char kAdminTokenMetadata[] = "x-verifyd-admin-token";
 // empty, or may be read by others than its owner and group (the token would not be a secret).
 absl::StatusOr<std::string> ReadAdminTokenFile(const std::string& path);
 
-// True for peers of the owner's transport: connections the daemon's Unix listener accepted and
-// handed to gRPC ("fd:N", service/unix_listener.h) and gRPC's own "unix:" peers.
-bool IsOwnerTransport(std::string_view peer);
+// Whether a call's peer is on the owner's transport (the Unix socket): Acceptor::IsOwner, which
+// knows which transport each connection it handed to gRPC ("fd:N") came on.
+using OwnerCheck = std::function<bool(const std::string& peer)>;
 
 class CallGate {
  public:
-  // `admin_token` "": no token opens a non-owner transport's gated calls.
-  explicit CallGate(std::string admin_token) : admin_token_(std::move(admin_token)) {}
+  // `admin_token` "": no token opens a non-owner transport's gated calls. `is_owner` null: only
+  // gRPC's own "unix:" peers are the owner's.
+  CallGate(std::string admin_token, OwnerCheck is_owner)
+      : admin_token_(std::move(admin_token)), is_owner_(std::move(is_owner)) {}
 
   // OK or PERMISSION_DENIED naming the method, the metadata key and what to do.
   absl::Status CheckGated(const char* method, const grpc::ServerContextBase& context) const;
 
  private:
   const std::string admin_token_;
+  const OwnerCheck is_owner_;
 };
 
 }  // namespace verifyd

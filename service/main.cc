@@ -59,6 +59,12 @@ ABSL_FLAG(double, softmax_scale, 1.0 / std::sqrt(192.0), "default attention scal
 ABSL_FLAG(double, lease_seconds, 300, "a sequence untouched this long is released");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "gRPC receive and send limit");
 ABSL_FLAG(int, compute_threads, 0, "cpu backend threads (0: every core)");
+ABSL_FLAG(int64_t, max_sequences, 65536,
+          "live sequences at most: a new sequence or a Fork past it gets RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_slot_table_entries, 0,
+          "slot-table entries at most (every committed position of every sequence, a fork's "
+          "shared prefix included; 4 bytes each): a Fork or Append past it gets "
+          "RESOURCE_EXHAUSTED (0: 16 x the pool's slots, at least 2^20)");
 ABSL_FLAG(int, max_queued_requests, 1024,
           "requests waiting for the device beyond this get RESOURCE_EXHAUSTED");
 ABSL_FLAG(double, shutdown_delay_seconds, 0,
@@ -66,6 +72,12 @@ ABSL_FLAG(double, shutdown_delay_seconds, 0,
 ABSL_FLAG(double, drain_seconds, 30, "after that, seconds in-flight calls get to finish");
 ABSL_FLAG(int64_t, compaction_chunk_bytes, 0,
           "most bytes one compaction step copies between requests (0: 4 MiB cpu, 256 MiB cuda)");
+ABSL_FLAG(int, max_channels, 64,
+          "data plane: open channels at most, daemon-wide (a thread and a descriptor each)");
+ABSL_FLAG(int64_t, max_channel_bytes, int64_t{256} << 20,
+          "data plane: bytes of /dev/shm the open channels' rings take at most, daemon-wide");
+ABSL_FLAG(int, max_external_regions, 256,
+          "data plane: registered external regions at most, daemon-wide");
 ABSL_FLAG(int64_t, shm_max_bytes, int64_t{1} << 30,
           "shared memory for tensors: most bytes over all regions (0 disables it)");
 ABSL_FLAG(int64_t, shm_max_region_bytes, int64_t{256} << 20,
@@ -132,9 +144,14 @@ absl::StatusOr<verifyd::ServiceOptions> OptionsFromFlags() {
   o.compaction_chunk_bytes = absl::GetFlag(FLAGS_compaction_chunk_bytes);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.compute_threads = absl::GetFlag(FLAGS_compute_threads);
+  o.max_sequences = absl::GetFlag(FLAGS_max_sequences);
+  o.max_slot_table_entries = absl::GetFlag(FLAGS_max_slot_table_entries);
   o.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   o.shutdown_delay_seconds = absl::GetFlag(FLAGS_shutdown_delay_seconds);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
+  o.max_channels = absl::GetFlag(FLAGS_max_channels);
+  o.max_channel_bytes = absl::GetFlag(FLAGS_max_channel_bytes);
+  o.max_external_regions = absl::GetFlag(FLAGS_max_external_regions);
   o.shm_max_bytes = absl::GetFlag(FLAGS_shm_max_bytes);
   o.shm_max_region_bytes = absl::GetFlag(FLAGS_shm_max_region_bytes);
   absl::Status valid = verifyd::ValidateServiceOptions(o);

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/time/clock.h"
-#include "service/unix_listener.h"
+#include "base/descriptor_budget.h"
 
 namespace verifyd {
 namespace {

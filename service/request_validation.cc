@@ -199,6 +199,8 @@ KvFieldNames RequestFieldNames() {
   names.item_commit = "commit_previous";
   names.fork_source = "source_sequence_id";
   names.fork_sequence = "new_sequence_id";
+  names.max_sequences = "--max-sequences";
+  names.max_slot_table_entries = "--max-slot-table-entries";
   return names;
 }
 
@@ -224,6 +226,10 @@ absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
   if (kv.data_case() == Tensor::kExternalMemory && !external->table->host_memory()) {
     // Device memory: the storage checks the values where they are (KvStorage::WriteDeviceRows).
     call.kv_memory = RowMemory::kDevice;
+  } else if (kv.data_case() != Tensor::kInlineData) {
+    // Memory the client can rewrite until the executor is done with it: the store checks the copy
+    // it makes, not these bytes now (issue 33 N8).
+    call.kv_memory = RowMemory::kShared;
   } else {
     VERIFYD_RETURN_IF_ERROR(CheckValues(kv, "kv", call.kv));
   }
@@ -280,7 +286,11 @@ absl::StatusOr<VerifyCall> ValidateVerify(const v1::VerifyRequest& request,
   VERIFYD_RETURN_IF_ERROR(CheckDimEquals(request.q(), "q", 2, kKvDim, "the KV row width"));
   SharedMemoryResolver shm(regions, pins);
   VERIFYD_ASSIGN_OR_RETURN(call.q, CheckPayload(request.q(), "q", shm));
-  VERIFYD_RETURN_IF_ERROR(CheckValues(request.q(), "q", call.q));
+  // Bytes in shared memory are checked on the executor's private copy instead (issue 33 N8).
+  call.inputs_shared = request.q().has_shared_memory() || request.tree_kv().has_shared_memory();
+  if (!request.q().has_shared_memory()) {
+    VERIFYD_RETURN_IF_ERROR(CheckValues(request.q(), "q", call.q));
+  }
 
   if (!request.has_tree_kv()) return Invalid("tree_kv is missing");
   VERIFYD_RETURN_IF_ERROR(CheckTensorForm(request.tree_kv(), "tree_kv", 2, "[sum Q, 576]"));
@@ -288,7 +298,9 @@ absl::StatusOr<VerifyCall> ValidateVerify(const v1::VerifyRequest& request,
   VERIFYD_RETURN_IF_ERROR(
       CheckDimEquals(request.tree_kv(), "tree_kv", 1, kKvDim, "the KV row width"));
   VERIFYD_ASSIGN_OR_RETURN(call.tree_kv, CheckPayload(request.tree_kv(), "tree_kv", shm));
-  VERIFYD_RETURN_IF_ERROR(CheckValues(request.tree_kv(), "tree_kv", call.tree_kv));
+  if (!request.tree_kv().has_shared_memory()) {
+    VERIFYD_RETURN_IF_ERROR(CheckValues(request.tree_kv(), "tree_kv", call.tree_kv));
+  }
 
   const size_t first_output = shm.ranges();
   if (request.has_out_shared_memory()) {

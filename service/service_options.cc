@@ -124,6 +124,9 @@ absl::Status ValidateServiceOptions(const ServiceOptions& o) {
   VERIFYD_RETURN_IF_ERROR(CheckRange("--max-message-bytes", o.max_message_bytes, int64_t{64} << 10,
                                      (int64_t{1} << 31) - 1));
   VERIFYD_RETURN_IF_ERROR(CheckRange("--compute-threads", o.compute_threads, 0, 4096));
+  VERIFYD_RETURN_IF_ERROR(CheckRange("--max-sequences", o.max_sequences, 1, int64_t{1} << 32));
+  VERIFYD_RETURN_IF_ERROR(
+      CheckRange("--max-slot-table-entries", o.max_slot_table_entries, 0, int64_t{1} << 40));
   VERIFYD_RETURN_IF_ERROR(CheckRange("--max-queued-requests", o.max_queued_requests, 1, 1 << 20));
   if (!std::isfinite(o.shutdown_delay_seconds) || o.shutdown_delay_seconds < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -133,6 +136,10 @@ absl::Status ValidateServiceOptions(const ServiceOptions& o) {
   VERIFYD_RETURN_IF_ERROR(
       CheckRange("--compaction-chunk-bytes", o.compaction_chunk_bytes, 0, int64_t{1} << 40));
   VERIFYD_RETURN_IF_ERROR(CheckRange("compaction_history", o.compaction_history, 1, 1 << 20));
+  VERIFYD_RETURN_IF_ERROR(CheckRange("--max-channels", o.max_channels, 0, 4096));
+  VERIFYD_RETURN_IF_ERROR(
+      CheckRange("--max-channel-bytes", o.max_channel_bytes, 0, int64_t{1} << 40));
+  VERIFYD_RETURN_IF_ERROR(CheckRange("--max-external-regions", o.max_external_regions, 0, 65536));
   VERIFYD_RETURN_IF_ERROR(CheckRange("--shm-max-bytes", o.shm_max_bytes, 0, int64_t{1} << 40));
   VERIFYD_RETURN_IF_ERROR(
       CheckRange("--shm-max-region-bytes", o.shm_max_region_bytes, 4096, int64_t{1} << 40));
@@ -174,6 +181,13 @@ absl::StatusOr<int64_t> PoolCapacitySlots(const ServiceOptions& options,
   return std::min<int64_t>(slots, (int64_t{1} << 31) - 1);
 }
 
+int64_t SlotTableEntriesBound(int64_t max_slot_table_entries, int64_t capacity_slots) {
+  if (max_slot_table_entries > 0) return max_slot_table_entries;
+  // Without forks the tables hold at most the pool's slots; 16 holders per slot on average leave
+  // room for heavy prefix sharing at 4 bytes an entry (128 MiB for a 2M-slot pool).
+  return std::max<int64_t>(16 * capacity_slots, int64_t{1} << 20);
+}
+
 absl::StatusOr<DeviceOptions> BuildDeviceOptions(const ServiceOptions& options,
                                                  const ComputeBackend& backend) {
   DeviceOptions device;
@@ -182,12 +196,18 @@ absl::StatusOr<DeviceOptions> BuildDeviceOptions(const ServiceOptions& options,
   device.store.lease = absl::Seconds(options.lease_seconds);
   device.store.field_names = RequestFieldNames();
   VERIFYD_ASSIGN_OR_RETURN(device.capacity_slots, PoolCapacitySlots(options, backend));
+  device.store.max_sequences = options.max_sequences;
+  device.store.max_slot_table_entries =
+      SlotTableEntriesBound(options.max_slot_table_entries, device.capacity_slots);
   device.max_queued_requests = options.max_queued_requests;
   device.executor_spin_us = options.executor_spin_us;
   device.compaction_chunk_bytes = options.compaction_chunk_bytes;
   device.compaction_history = options.compaction_history;
   device.device = options.device;
   device.request_limits = LimitsFromOptions(options);
+  device.max_channels = options.max_channels;
+  device.max_channel_bytes = static_cast<uint64_t>(options.max_channel_bytes);
+  device.max_external_regions = options.max_external_regions;
   return device;
 }
 

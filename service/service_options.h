@@ -57,6 +57,12 @@ struct ServiceOptions {
   // >= 8 CPUs, else 0). Not a flag (plans/0015): the spin won every measurement on the H200, and
   // the auto rule keeps it off small hosts; tests and benchmarks may set it.
   int64_t executor_spin_us = -1;
+  // Live sequences, and entries of their slot tables (every committed position of every
+  // sequence: a fork copies its prefix's), past which a new sequence or a Fork is
+  // RESOURCE_EXHAUSTED (issue 33 N2). Entries cost 4 bytes of host memory each (and 4 of device
+  // memory on cuda); 0 picks 16 x the pool's slots, at least 2^20.
+  int64_t max_sequences = 65536;
+  int64_t max_slot_table_entries = 0;
   // Requests waiting for the device beyond this get RESOURCE_EXHAUSTED (bounds queued memory).
   int max_queued_requests = 1024;
   // After SIGTERM: seconds health reports NOT_SERVING while still serving, so that probes and load
@@ -70,6 +76,11 @@ struct ServiceOptions {
   int64_t compaction_chunk_bytes = 0;
   // Operations GetCompaction remembers.
   int compaction_history = 64;
+  // The data plane's daemon-wide bounds (issue 33 N6): open channels (a thread and a descriptor
+  // each), the bytes of their rings in /dev/shm, registered external regions.
+  int max_channels = 64;
+  int64_t max_channel_bytes = int64_t{256} << 20;
+  int max_external_regions = 256;
   // Shared memory for tensors (plans/0010): bytes over all regions (0 disables it) and per region.
   int64_t shm_max_bytes = int64_t{1} << 30;
   int64_t shm_max_region_bytes = int64_t{256} << 20;
@@ -87,6 +98,10 @@ absl::Status ValidateServiceOptions(const ServiceOptions& options);
 // reports (AvailableMemoryBytes) divided by one slot's bytes over all layers, at most 2^31 - 1.
 absl::StatusOr<int64_t> PoolCapacitySlots(const ServiceOptions& options,
                                           const ComputeBackend& backend);
+
+// --max-slot-table-entries as the store takes it: the flag, or 16 x the pool's slots (at least
+// 2^20) when 0.
+int64_t SlotTableEntriesBound(int64_t max_slot_table_entries, int64_t capacity_slots);
 
 // The device's options from the flags, for `backend` (the pool's size may depend on its memory).
 // The store's messages name the requests' fields (RequestFieldNames).

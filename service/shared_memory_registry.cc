@@ -1,5 +1,7 @@
 #include "service/shared_memory_registry.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -153,14 +155,28 @@ absl::StatusOr<SharedMemoryInfo> SharedMemoryRegistry::Create(uint64_t bytes,
           "--shm-max-bytes = ", limits_.max_total_bytes, "; release regions first"));
     }
     int64_t& mine = client_bytes_[client];
-    if (limits_.max_client_bytes > 0 &&
-        mine + static_cast<int64_t>(bytes) > limits_.max_client_bytes) {
-      const int64_t held = mine;
-      if (held == 0) client_bytes_.erase(client);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "bytes = ", bytes, " with ", held, " bytes already in this client's regions is more ",
-          "than its share of ", limits_.max_client_bytes,
-          " bytes (half of --shm-max-bytes); release regions first"));
+    if (limits_.max_client_bytes > 0) {
+      // Half of what the other clients leave: the next client always finds room.
+      const int64_t others = total_bytes_ - mine;
+      const int64_t share =
+          others == 0 ? limits_.max_client_bytes
+                      : std::min(limits_.max_client_bytes, (limits_.max_total_bytes - others) / 2);
+      if (mine + static_cast<int64_t>(bytes) > share) {
+        const int64_t held = mine;
+        if (held == 0) client_bytes_.erase(client);
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "bytes = ", bytes, " with ", held, " bytes already in this client's regions is more ",
+            "than its share of ", share, " bytes (half of what the other clients' ", others,
+            " bytes leave of --shm-max-bytes = ", limits_.max_total_bytes,
+            "); release regions first"));
+      }
+    }
+    if (limits_.descriptors != nullptr && !limits_.descriptors->HasRoom(1)) {
+      if (mine == 0) client_bytes_.erase(client);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the daemon has about ", limits_.descriptors->counted(), " of its ",
+                       limits_.descriptors->limit(), " descriptors open and keeps ",
+                       limits_.descriptors->reserve(), " free for new connections; retry later"));
     }
     mine += static_cast<int64_t>(bytes);
     total_bytes_ += static_cast<int64_t>(bytes);
@@ -249,8 +265,16 @@ int SharedMemoryRegistry::ExpireIdle() {
   std::lock_guard<std::mutex> lock(mu_);
   const absl::Time now = clock_();
   std::vector<std::string> expired;
+  // Each client asked once per sweep (a process's liveness is a system call).
+  absl::flat_hash_map<std::string, bool> alive;
   for (const auto& [region, entry] : entries_) {
-    if (now - entry.last_used > limits_.lease) expired.push_back(region);
+    bool gone = false;
+    if (limits_.client_alive) {
+      auto [it, inserted] = alive.emplace(entry.client, true);
+      if (inserted) it->second = limits_.client_alive(entry.client);
+      gone = !it->second;
+    }
+    if (gone || now - entry.last_used > limits_.lease) expired.push_back(region);
   }
   for (const std::string& region : expired) RemoveLocked(entries_.find(region), &unmapped);
   return static_cast<int>(expired.size());

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/descriptor_budget.h"
 
 namespace verifyd {
 
@@ -74,11 +75,18 @@ struct SharedMemoryLimits {
   // Over all live regions; 0 disables shared memory (CreateSharedMemory: FAILED_PRECONDITION).
   int64_t max_total_bytes = int64_t{1} << 30;
   int64_t max_region_bytes = int64_t{256} << 20;
-  // Over the live regions of one client (Create's `client`); 0: no bound of its own. One client
-  // must not be able to take the whole budget and lock every other out.
+  // Over the live regions of one client (Create's `client`) while no other client holds any; 0: no
+  // bound of its own. With others holding some, a client may hold at most half of what they leave
+  // of max_total_bytes: however many clients (or dead incarnations of one) hold regions, the next
+  // one finds room (issue 33 N11).
   int64_t max_client_bytes = 0;
   // A region no request named for this long is released.
   absl::Duration lease = absl::Seconds(300);
+  // Whether the client (Create's `client`) still lives: a region whose client is gone is released
+  // at the next sweep instead of at its lease (issue 33 N11). Null: every client lives.
+  std::function<bool(const std::string& client)> client_alive;
+  // The process's descriptors (creating a region takes one for a moment). Null: not checked.
+  DescriptorBudget* descriptors = nullptr;
   // Names are "/<name_prefix><32 random hex digits>".
   std::string name_prefix = "verifyd-";
 };
@@ -99,15 +107,17 @@ class SharedMemoryRegistry {
   SharedMemoryRegistry& operator=(const SharedMemoryRegistry&) = delete;
 
   // FAILED_PRECONDITION when disabled; INVALID_ARGUMENT for 0 bytes; RESOURCE_EXHAUSTED naming the
-  // bound (--shm-max-region-bytes, --shm-max-bytes, the client's share) or when the system refuses
-  // the pages. `client` names who asks (a process: "pid:<n>"), for max_client_bytes.
+  // bound (--shm-max-region-bytes, --shm-max-bytes, the client's share, the descriptors) or when
+  // the system refuses the pages. `client` names who asks (a process: "pid:<n>"), for
+  // max_client_bytes and client_alive.
   absl::StatusOr<SharedMemoryInfo> Create(uint64_t bytes, const std::string& client = "");
   // The region, its lease renewed; NOT_FOUND naming `field` when unknown or expired.
   absl::StatusOr<std::shared_ptr<MappedSharedMemory>> Find(const std::string& region,
                                                            const std::string& field);
   // Unlinks the name at once; the mapping lives on while calls hold it. Returns its bytes.
   absl::StatusOr<uint64_t> Release(const std::string& region);
-  // Releases every region whose lease passed; returns how many.
+  // Releases every region whose lease passed or whose client is gone (client_alive); returns how
+  // many.
   int ExpireIdle();
   // Shutdown: unlinks every region (mappings held by calls stay valid until those finish).
   void UnlinkAll();

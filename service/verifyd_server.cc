@@ -1,6 +1,10 @@
 #include "service/verifyd_server.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -9,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
@@ -18,6 +23,7 @@
 #include "grpcpp/server_builder.h"
 #include "service/backend_factory.h"
 #include "service/event_log.h"
+#include "service/listen_sockets.h"
 #include "service/malformed_request_interceptor.h"
 #include "service/message_size.h"
 
@@ -26,6 +32,21 @@
 #endif
 
 namespace verifyd {
+namespace {
+
+// False once the process named "pid:<n>" (Acceptor::ClientOf) has ended; true for it while it
+// lives (EPERM: it exists, as another user), and for any other client (a TCP address: its end is
+// not known here, the lease decides).
+bool ClientProcessAlive(const std::string& client) {
+  int pid = 0;
+  if (!absl::StartsWith(client, "pid:") || !absl::SimpleAtoi(client.substr(4), &pid) || pid <= 0) {
+    return true;
+  }
+  return kill(pid, 0) == 0 || errno != ESRCH;
+}
+
+}  // namespace
+
 std::string UnixSocketPath(const std::string& address) {
   if (absl::StartsWith(address, "unix://")) return address.substr(7);
   if (absl::StartsWith(address, "unix:")) return address.substr(5);
@@ -62,43 +83,65 @@ absl::Status VerifydServer::Start() {
   if (!options_.admin_token_file.empty()) {
     VERIFYD_ASSIGN_OR_RETURN(admin_token, ReadAdminTokenFile(options_.admin_token_file));
   }
-  const std::string socket_path = UnixSocketPath(options_.listen);
-  if (!socket_path.empty()) {
-    VERIFYD_ASSIGN_OR_RETURN(unix_listener_, UnixListener::Bind(socket_path));
+  descriptors_ = std::make_unique<DescriptorBudget>();
+  acceptor_ = std::make_unique<Acceptor>(descriptors_.get());
+  // Bound before anything else starts, so that a refusal (another daemon on the socket, a port
+  // taken) leaves nothing running. The acceptor owns each socket from here on.
+  const std::string path = UnixSocketPath(options_.listen);
+  if (!path.empty()) {
+    VERIFYD_ASSIGN_OR_RETURN(const int fd, BindUnixSocket(path, "--listen"));
+    acceptor_->Add(fd, Acceptor::Transport::kUnix, Acceptor::Target::kMain);
+    socket_path_ = path;
   }
-
+  if (!options_.tcp.empty()) {
+    VERIFYD_ASSIGN_OR_RETURN(const TcpSockets tcp, BindTcp(options_.tcp, "--tcp"));
+    for (int fd : tcp.fds) acceptor_->Add(fd, Acceptor::Transport::kTcp, Acceptor::Target::kMain);
+    tcp_port_ = tcp.port;
+  }
+  if (!options_.health_listen.empty()) {
+    VERIFYD_ASSIGN_OR_RETURN(const TcpSockets health,
+                             BindTcp(options_.health_listen, "--health-listen"));
+    for (int fd : health.fds) {
+      acceptor_->Add(fd, Acceptor::Transport::kTcp, Acceptor::Target::kHealth);
+    }
+    health_port_ = health.port;
+  }
+  VERIFYD_ASSIGN_OR_RETURN(shm_instance_, ShmInstance::Create(options_.device));
+  if (shm_instance_->swept_files() > 0) {
+    std::cerr << "verifyd: removed " << shm_instance_->swept_files() << " files ("
+              << shm_instance_->swept_bytes() << " bytes) that dead daemons of device "
+              << options_.device << " left in /dev/shm\n";
+  }
   SharedMemoryLimits shm_limits;
   shm_limits.max_total_bytes = options_.shm_max_bytes;
   shm_limits.max_region_bytes = options_.shm_max_region_bytes;
-  // Each client (process) may hold half the budget, and at least one region of the largest size:
-  // one scheduler cannot lock the others out (plans/0015).
+  // A lone client (process) may hold half the budget, and at least one region of the largest
+  // size; with others holding some, half of what they leave: one scheduler, or two dead
+  // incarnations of one, cannot lock the others out (plans/0015, issue 33 N11).
   shm_limits.max_client_bytes = std::max(
       options_.shm_max_bytes / 2, std::min(options_.shm_max_region_bytes, options_.shm_max_bytes));
+  // A client's regions go at the next sweep once its process has ended, not at the lease.
+  shm_limits.client_alive = [](const std::string& client) { return ClientProcessAlive(client); };
+  shm_limits.descriptors = descriptors_.get();
   shm_limits.lease = absl::Seconds(options_.lease_seconds);
-  shm_limits.name_prefix = absl::StrCat("verifyd-", options_.device, "-");
+  shm_limits.name_prefix = shm_instance_->prefix();
   regions_ = std::make_unique<SharedMemoryRegistry>(shm_limits);
   // Expiry lags a lease by at most a quarter of it, as for sequences.
   regions_->StartLeaseSweeper(std::clamp(absl::Seconds(options_.lease_seconds) / 4,
                                          absl::Milliseconds(20), absl::Milliseconds(250)));
-  UnixListener* listener = unix_listener_.get();
+  Acceptor* acceptor = acceptor_.get();
   service_ = std::make_unique<VerifydService>(
       options_, std::move(admin_token), metrics_.get(), regions_.get(),
-      [listener](const std::string& peer) {
-        return listener != nullptr ? listener->ClientOf(peer) : peer;
-      });
+      [acceptor](const std::string& peer) { return acceptor->ClientOf(peer); },
+      [acceptor](const std::string& peer) { return acceptor->IsOwner(peer); });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // Above --max-message-bytes: the handlers refuse and count what lies between (message_size.h).
   builder.SetMaxReceiveMessageSize(ReceiveCeiling(options_.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
-  // A Unix socket is ours to accept on (UnixListener); any other --listen URI is gRPC's.
-  if (unix_listener_ == nullptr) {
-    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials());
-  }
-  if (!options_.tcp.empty()) {
-    builder.AddListeningPort(options_.tcp, grpc::InsecureServerCredentials(), &tcp_port_);
-  }
+  // The Unix socket and TCP are ours to accept on (Acceptor); any other --listen URI is gRPC's.
+  if (path.empty()) builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials());
   builder.RegisterService(service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<MalformedRequestInterceptorFactory>(metrics_.get()));
@@ -110,26 +153,20 @@ absl::Status VerifydServer::Start() {
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     verify_poller_->Stop();
-    return absl::UnavailableError(absl::StrCat("could not listen on --listen = '", options_.listen,
-                                               "'", options_.tcp.empty() ? "" : " or --tcp = '",
-                                               options_.tcp, options_.tcp.empty() ? "" : "'"));
+    return absl::UnavailableError(
+        absl::StrCat("could not listen on --listen = '", options_.listen, "'"));
   }
   verify_poller_->Start();
-  if (!options_.tcp.empty() && tcp_port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("could not listen on --tcp = '", options_.tcp, "'"));
-  }
   if (!options_.health_listen.empty()) {
     // Health only, for probes from outside the host (the kubelet): nothing else is registered.
     grpc::ServerBuilder health_builder;
-    health_builder.AddListeningPort(options_.health_listen, grpc::InsecureServerCredentials(),
-                                    &health_port_);
     health_server_ = health_builder.BuildAndStart();
-    if (health_server_ == nullptr || health_port_ == 0) {
+    if (health_server_ == nullptr) {
       return absl::UnavailableError(
-          absl::StrCat("could not listen on --health-listen = '", options_.health_listen, "'"));
+          absl::StrCat("could not serve --health-listen = '", options_.health_listen, "'"));
     }
   }
-  if (unix_listener_ != nullptr) unix_listener_->Start(server_.get());
+  acceptor_->Start(server_.get(), health_server_.get());
   SetServing(false);
   return absl::OkStatus();
 }
@@ -145,8 +182,9 @@ absl::Status VerifydServer::BecomeReady() {
   // The device owns the backend from here on; the hooks below stop using it (Shutdown clears
   // them) before the device is destroyed.
   ComputeBackend* compute = backend.get();
-  VERIFYD_ASSIGN_OR_RETURN(const DeviceOptions device_options,
-                           BuildDeviceOptions(options_, *backend));
+  VERIFYD_ASSIGN_OR_RETURN(DeviceOptions device_options, BuildDeviceOptions(options_, *backend));
+  device_options.descriptors = descriptors_.get();
+  device_options.shm_name_prefix = shm_instance_->prefix();
   VERIFYD_ASSIGN_OR_RETURN(device_,
                            Device::Create(device_options, std::move(backend), metrics_.get()));
   if (compute->can_register_host_memory()) {
@@ -201,9 +239,9 @@ void VerifydServer::SetServing(bool serving) {
 
 void VerifydServer::Shutdown() {
   if (shut_down_) return;
-  if (server_ == nullptr) {  // Start failed before gRPC ran: only the socket file may be left
-    if (unix_listener_ != nullptr) unix_listener_->Unlink();
-    unix_listener_.reset();
+  if (server_ == nullptr) {  // Start failed before gRPC ran: only the sockets may be left
+    if (acceptor_ != nullptr) acceptor_->Stop();
+    if (!socket_path_.empty()) unlink(socket_path_.c_str());
     shut_down_ = true;
     return;
   }
@@ -220,7 +258,7 @@ void VerifydServer::Shutdown() {
     std::this_thread::sleep_for(std::chrono::duration<double>(options_.shutdown_delay_seconds));
   }
   // No new connections from here on (gRPC's Shutdown below closes its own listeners).
-  if (unix_listener_ != nullptr) unix_listener_->Stop();
+  acceptor_->Stop();
   // Stops accepting, lets in-flight calls finish (the executor keeps running them), and cancels
   // what is left at the deadline; it returns once every reactor has finished.
   server_->Shutdown(std::chrono::system_clock::now() +
@@ -236,7 +274,7 @@ void VerifydServer::Shutdown() {
   // device, which owns it, is destroyed with this server).
   regions_->UnlinkAll();
   regions_->ClearMappingHooks();
-  if (unix_listener_ != nullptr) unix_listener_->Unlink();
+  if (!socket_path_.empty()) unlink(socket_path_.c_str());
 }
 
 std::string VerifydServer::tcp_address() const {

@@ -8,14 +8,16 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "base/descriptor_budget.h"
 #include "executor/device.h"
 #include "grpcpp/server.h"
 #include "prometheus/exposer.h"
+#include "service/acceptor.h"
 #include "service/process_metrics.h"
 #include "service/service_metrics.h"
 #include "service/service_options.h"
 #include "service/shared_memory_registry.h"
-#include "service/unix_listener.h"
+#include "service/shm_instance.h"
 #include "service/verify_poller.h"
 #include "service/verifyd_service.h"
 
@@ -46,6 +48,8 @@ class VerifydServer {
   ServiceMetrics& metrics() { return *metrics_; }
   // After Start: the shared-memory regions (tests look at their count and bytes).
   SharedMemoryRegistry& shared_memory() { return *regions_; }
+  // After BecomeReady: the device (tests hold its executor to order calls around it).
+  Device* device() const { return device_.get(); }
 
  private:
   void SetServing(bool serving);
@@ -57,10 +61,16 @@ class VerifydServer {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::shared_ptr<ProcessMetrics> process_metrics_;
   std::atomic<Device*> device_for_metrics_{nullptr};  // read by scrapes on the exposer's thread
+  // This run's share of /dev/shm: the names, the lock, the sweep of dead daemons' files.
+  std::unique_ptr<ShmInstance> shm_instance_;
   std::unique_ptr<SharedMemoryRegistry> regions_;
   std::unique_ptr<VerifydService> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<UnixListener> unix_listener_;  // when --listen is a unix: address
+  // The process's descriptors, for the acceptor's and the data plane's bound (issue 33 N6).
+  std::unique_ptr<DescriptorBudget> descriptors_;
+  // Every listening socket of ours (--listen's unix:, --tcp, --health-listen).
+  std::unique_ptr<Acceptor> acceptor_;
+  std::string socket_path_;  // --listen's Unix socket, removed at shutdown
   std::unique_ptr<VerifyPoller> verify_poller_;
   std::unique_ptr<grpc::Server> health_server_;  // --health-listen
   std::unique_ptr<Device> device_;

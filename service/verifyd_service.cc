@@ -6,6 +6,8 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "executor/channel_table.h"
@@ -36,6 +38,13 @@ absl::StatusOr<std::string> ClientOf(const grpc::ServerContextBase& context) {
   return std::string(it->second.data(), it->second.size());
 }
 
+// The process behind a client name "pid:<n>" (Acceptor::ClientOf); 0 for any other.
+int64_t ClientPid(const std::string& client) {
+  int64_t pid = 0;
+  if (!absl::StartsWith(client, "pid:") || !absl::SimpleAtoi(client.substr(4), &pid)) return 0;
+  return pid;
+}
+
 // Verify's work on the device.
 absl::Status RunVerify(DeviceOperations& ops, const VerifyCall& call,
                        const v1::VerifyRequest& request, v1::VerifyResponse* response) {
@@ -56,9 +65,10 @@ absl::Status Prepared(const absl::Status& gate, const absl::StatusOr<Validated>&
 
 VerifydService::VerifydService(const ServiceOptions& options, std::string admin_token,
                                ServiceMetrics* metrics, SharedMemoryRegistry* regions,
-                               std::function<std::string(const std::string&)> client_of)
+                               std::function<std::string(const std::string&)> client_of,
+                               OwnerCheck is_owner)
     : limits_(LimitsFromOptions(options)),
-      gate_(std::move(admin_token)),
+      gate_(std::move(admin_token), std::move(is_owner)),
       metrics_(metrics),
       regions_(regions),
       client_of_(std::move(client_of)) {}
@@ -299,8 +309,10 @@ grpc::ServerUnaryReactor* VerifydService::RegisterExternalMemory(
       return absl::InvalidArgumentError(
           absl::StrCat("device = ", request->device(), " must be this daemon's device"));
     }
-    const ExternalMemoryHandle handle{request->handle(), request->bytes(),
-                                      static_cast<int>(request->device())};
+    ExternalMemoryHandle handle{request->handle(), request->bytes(),
+                                static_cast<int>(request->device())};
+    // Host memory is opened as a descriptor of the calling process (the cpu backend).
+    handle.client_pid = ClientPid(client_of_ ? client_of_(context->peer()) : "");
     VERIFYD_ASSIGN_OR_RETURN(uint64_t region, device->external_regions().Register(owner, handle));
     response->set_region(region);
     response->set_bytes(request->bytes());

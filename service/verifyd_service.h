@@ -46,11 +46,13 @@ using VerifydServiceBase = v1::Verifyd::WithCallbackMethod_Append<
 class VerifydService final : public VerifydServiceBase {
  public:
   // `regions` holds the shared-memory regions for tensors; it must outlive the server's calls.
-  // `client_of` names the client behind a peer (its process; UnixListener::ClientOf), for each
-  // client's share of the shared memory; null: the peer itself.
+  // `client_of` names the client behind a peer (its process; Acceptor::ClientOf), for each
+  // client's share of the shared memory; null: the peer itself. `is_owner` tells the owner's
+  // transport (Acceptor::IsOwner) for the gate.
   VerifydService(const ServiceOptions& options, std::string admin_token, ServiceMetrics* metrics,
                  SharedMemoryRegistry* regions,
-                 std::function<std::string(const std::string&)> client_of = nullptr);
+                 std::function<std::string(const std::string&)> client_of = nullptr,
+                 OwnerCheck is_owner = nullptr);
 
   // Until a device is attached, every RPC answers UNAVAILABLE ("starting"). The device must
   // outlive the server's calls.

@@ -1,6 +1,8 @@
 #include "verify/value_bound.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +37,26 @@ int64_t FirstOutOfBound(const bf16_bits* data, int64_t n) {
     if (OutOfBound(data[i])) return i;
   }
   return -1;
+}
+
+int64_t CopyFirstOutOfBound(bf16_bits* dst, const bf16_bits* src, int64_t n) {
+  constexpr int64_t kCopyBlock = 8192;  // 16 KiB: copied, then checked while still in cache
+  for (int64_t i = 0; i < n; i += kCopyBlock) {
+    const int64_t count = std::min(kCopyBlock, n - i);
+    std::memcpy(dst + i, src + i, static_cast<size_t>(count) * sizeof(bf16_bits));
+    const int64_t bad = FirstOutOfBound(dst + i, count);
+    if (bad >= 0) return i + bad;
+  }
+  return -1;
+}
+
+absl::Status CopyCheckingValueBound(bf16_bits* dst, const bf16_bits* src,
+                                    absl::Span<const int64_t> shape, const std::string& field) {
+  int64_t elements = 1;
+  for (int64_t d : shape) elements *= d;
+  const int64_t bad = CopyFirstOutOfBound(dst, src, elements);
+  if (bad < 0) return absl::OkStatus();
+  return OutOfBoundError(shape, bad, dst[bad], field);
 }
 
 absl::Status CheckValueBound(const bf16_bits* data, absl::Span<const int64_t> shape,

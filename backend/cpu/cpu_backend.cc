@@ -55,17 +55,22 @@ absl::Status CpuBackend::ComputeVerifyExternal(const ExternalVerify& call,
                                                      " slots, must equal total_q = ", p.total_q));
   }
   // SPEC §1 on the scheduler's tensors, once they are ready and before any of them is kept: the
-  // gRPC path's check and message (verify/value_bound.h).
+  // gRPC path's check and message (verify/value_bound.h), on private copies that are then all
+  // the call reads, since the scheduler may rewrite its region meanwhile (issue 33 N8).
+  VerifyProblem computed = p;
   if (status.ok()) {
     const int64_t q_shape[] = {p.total_q, p.num_heads, kKvDim};
-    status = CheckValueBound(p.q, q_shape, "q");
+    q_copy_.resize(static_cast<size_t>(p.total_q) * p.num_heads * kKvDim);
+    status = CopyCheckingValueBound(q_copy_.data(), p.q, q_shape, "q");
+    computed.q = q_copy_.data();
   }
   if (status.ok()) {
     const int64_t kv_shape[] = {p.total_q, kKvDim};
-    status = CheckValueBound(call.tree_kv, kv_shape, "tree_kv");
+    tree_kv_copy_.resize(static_cast<size_t>(p.total_q) * kKvDim);
+    status = CopyCheckingValueBound(tree_kv_copy_.data(), call.tree_kv, kv_shape, "tree_kv");
   }
-  if (status.ok()) status = storage_->WriteRows(call.layer, call.tree_slots, call.tree_kv);
-  if (status.ok()) status = ComputeVerify(call.layer, p, slot_lists);
+  if (status.ok()) status = storage_->WriteRows(call.layer, call.tree_slots, tree_kv_copy_.data());
+  if (status.ok()) status = ComputeVerify(call.layer, computed, slot_lists);
   if (!status.ok()) FillOutputsWithNan(failure);
   WriteDoneFlag(call.order.done);
   return status;
@@ -80,6 +85,11 @@ absl::Status CpuBackend::FailVerifyExternal(const ExternalFailure& failure) {
   FillOutputsWithNan(failure);
   WriteDoneFlag(failure.order.done);
   return waited;
+}
+
+absl::Status CpuBackend::WaitReadyOnHost(const ExternalFlag& ready,
+                                         const std::atomic<bool>* cancelled) const {
+  return WaitReadyFlag(ready, ready_timeout_, cancelled);
 }
 
 absl::StatusOr<int64_t> CpuBackend::AvailableMemoryBytes() const {

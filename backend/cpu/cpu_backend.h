@@ -1,6 +1,8 @@
 // The CPU backend: the reference arithmetic (fp32 accumulation) directly on host KV rows.
 #pragma once
 
+#include <vector>
+
 #include "absl/time/time.h"
 #include "backend/compute_backend.h"
 
@@ -11,7 +13,7 @@ class HostKvStorage;
 class CpuBackend : public ComputeBackend {
  public:
   // num_threads <= 0: every core. ready_timeout bounds the wait for an external call's ready flag
-  // (cpu_external.h): the wait holds the executor, so it must end.
+  // (cpu_external.h): the wait holds a thread (the channel's, WaitReadyOnHost), so it must end.
   explicit CpuBackend(int num_threads, absl::Duration ready_timeout = absl::Seconds(10))
       : num_threads_(num_threads), ready_timeout_(ready_timeout) {}
   const char* name() const override { return "cpu"; }
@@ -32,12 +34,17 @@ class CpuBackend : public ComputeBackend {
                                      absl::Span<const VerifySlotList> slot_lists) override;
   absl::Status FailVerifyExternal(const ExternalFailure& failure) override;
   bool external_memory_is_host() const override { return true; }
+  bool waits_for_ready_on_host() const override { return true; }
+  absl::Status WaitReadyOnHost(const ExternalFlag& ready,
+                               const std::atomic<bool>* cancelled) const override;
 
  private:
   int num_threads_;
   absl::Duration ready_timeout_;
   // Owned by the KvStore, which outlives the executor's use of this backend.
   HostKvStorage* storage_ = nullptr;
+  // An external call's q and tree_kv, copied out of the scheduler's region (executor thread).
+  std::vector<bf16_bits> q_copy_, tree_kv_copy_;
 };
 
 }  // namespace verifyd

@@ -13,7 +13,10 @@
 #include <limits>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/sealed_memfd.h"
 
 namespace verifyd {
 namespace {
@@ -38,31 +41,52 @@ std::atomic_ref<uint32_t> FlagWord(const ExternalFlag& flag) {
 
 absl::StatusOr<std::unique_ptr<ExternalRegion>> OpenCpuExternalRegion(
     const ExternalMemoryHandle& handle) {
-  if (handle.handle.empty()) {
+  const std::string& path = handle.handle;
+  if (path.empty()) {
     return absl::InvalidArgumentError(
-        "handle is empty; the cpu backend takes the path of a shared-memory file");
+        "handle is empty; the cpu backend takes /proc/<pid>/fd/<n>, a sealed memfd of the calling "
+        "process");
+  }
+  if (const size_t nul = path.find('\0'); nul != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handle has a NUL byte at offset ", nul, "; it must be a path"));
   }
   if (handle.bytes == 0) return absl::InvalidArgumentError("bytes = 0 must be > 0");
-  const int fd = open(handle.handle.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("handle: cannot open '", handle.handle, "': ", std::strerror(errno)));
+  if (handle.client_pid <= 0) {
+    return absl::FailedPreconditionError(
+        "the cpu backend maps memory of the calling process only, which it knows on the Unix "
+        "socket; register over the Unix socket");
   }
-  struct stat st {};
-  absl::Status status;
+  const std::string prefix = absl::StrCat("/proc/", handle.client_pid, "/fd/");
+  int descriptor = -1;
+  if (!absl::StartsWith(path, prefix) ||
+      !absl::SimpleAtoi(absl::string_view(path).substr(prefix.size()), &descriptor) ||
+      descriptor < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "handle = '", path, "' must be ", prefix, "<n>: a descriptor of the calling process (pid ",
+        handle.client_pid, ") that is a sealed memfd; the cpu backend maps no other file"));
+  }
+  // O_NONBLOCK and O_NOCTTY: opening what turns out not to be a memfd (a FIFO, a terminal) must
+  // neither block nor change anything.
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string why = absl::StrCat("handle: cannot open '", path, "': ", std::strerror(err));
+    if (err == ENOENT) return absl::NotFoundError(why);
+    if (err == EACCES || err == EPERM) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(why, " (the scheduler must run as the daemon's user)"));
+    }
+    return absl::InvalidArgumentError(why);
+  }
+  absl::Status status = CheckSealedMemfd(fd, path, handle.bytes);
   void* data = MAP_FAILED;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    status = absl::InvalidArgumentError(
-        absl::StrCat("handle: '", handle.handle, "' is not a regular file"));
-  } else if (static_cast<uint64_t>(st.st_size) < handle.bytes) {
-    status =
-        absl::InvalidArgumentError(absl::StrCat("bytes = ", handle.bytes, " must be <= the ",
-                                                st.st_size, " bytes of '", handle.handle, "'"));
-  } else {
+  if (status.ok()) {
     data = mmap(nullptr, handle.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (data == MAP_FAILED) {
-      status = absl::ResourceExhaustedError(
-          absl::StrCat("mmap of ", handle.bytes, " bytes: ", std::strerror(errno)));
+      status =
+          absl::InvalidArgumentError(absl::StrCat("handle: mmap of ", handle.bytes, " bytes of '",
+                                                  path, "' read-write: ", std::strerror(errno)));
     }
   }
   close(fd);

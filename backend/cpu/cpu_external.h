@@ -14,9 +14,13 @@
 
 namespace verifyd {
 
-// Maps the first handle.bytes bytes of the file at path handle.handle. INVALID_ARGUMENT naming
-// the field when the path is empty, the file is not a regular file or is shorter than `bytes`;
-// NOT_FOUND when it cannot be opened.
+// Maps the first handle.bytes bytes of a sealed memfd of the registering process, named
+// /proc/<handle.client_pid>/fd/<n> (base/sealed_memfd.h: it cannot shrink under the mapping, and
+// no file of the daemon's user can be named). INVALID_ARGUMENT naming the field for any other
+// handle (a NUL byte, another process's descriptor, a directory, a file that is no sealed memfd,
+// one shorter than `bytes` or with pages not allocated); FAILED_PRECONDITION when the caller's
+// process is unknown (not on the Unix socket); NOT_FOUND when the descriptor does not exist;
+// PERMISSION_DENIED when the daemon's user may not open it.
 absl::StatusOr<std::unique_ptr<ExternalRegion>> OpenCpuExternalRegion(
     const ExternalMemoryHandle& handle);
 

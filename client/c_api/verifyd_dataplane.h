@@ -16,10 +16,10 @@
  * Threads: a vd_client may be shared by threads (as verifyd::Client); a vd_channel belongs to one
  * thread at a time (as verifyd::Channel). A channel must be closed before its client.
  *
- * Sketch (cpu backend: a /dev/shm file stands in for device memory; cuda: vd_register_cuda):
+ * Sketch (cpu backend: a sealed memfd stands in for device memory; cuda: vd_register_cuda):
  *
  *   vd_client* c;  vd_connect("unix:///run/verifyd/verifyd-0.sock", "", "", 30.0, &c);
- *   uint64_t region;  vd_register_file(c, "/dev/shm/mine", bytes, 0, &region);
+ *   uint64_t region;  vd_register_file(c, "/proc/<pid>/fd/<memfd>", bytes, 0, &region);
  *   vd_channel* ch;  vd_channel_open(c, 64, &ch);
  *   vd_verify_desc d = {0};  ... d.q = (vd_tensor_ref){region, q_offset}; ...
  *   vd_enqueue_verify(ch, &d);          // the daemon waits for d.ready, writes d.done
@@ -110,7 +110,9 @@ void vd_disconnect(vd_client* client);
 /* The client id sent (the random one when none was given); valid while the client lives. */
 const char* vd_client_id(const vd_client* client);
 
-/* cpu backend: registers the file at `path` (in /dev/shm), `bytes` long, as a region. */
+/* cpu backend: registers `path` = /proc/<this pid>/fd/<n>, a memfd of this process with its pages
+ * allocated and sealed against shrinking (memfd_create MFD_ALLOW_SEALING, posix_fallocate,
+ * F_ADD_SEALS F_SEAL_SHRINK), `bytes` long, as a region; the daemon maps nothing else. */
 int vd_register_file(vd_client* client, const char* path, uint64_t bytes, uint32_t device,
                      uint64_t* region);
 /* cuda backend: registers the device memory [device_pointer, device_pointer + bytes). The library

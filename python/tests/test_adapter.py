@@ -84,7 +84,7 @@ def test_forward_verify_needs_a_step(client):
 
 def test_device_transport_on_host_buffers(daemon, seq_ids, rng):
     """transport="device" on the cpu backend: the engine's tensors are views of a registered
-    /dev/shm buffer; commits ride on the next step's first descriptor; errors raise with the
+    host buffer (a sealed memfd); commits ride on the next step's first descriptor; errors raise with the
     gRPC path's code and message and leave NaN in out."""
     with daemon.client() as c:
         commits = CountingStub(c, "Commit")

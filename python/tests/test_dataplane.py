@@ -1,7 +1,8 @@
 """The co-located data plane from Python (verifyd.dataplane, libverifyd_dataplane.so) against the
-CPU daemon: /dev/shm buffers registered as regions, a channel, Verify and Commit descriptors,
+CPU daemon: sealed memfd buffers registered as regions, a channel, Verify and Commit descriptors,
 every output element checked against the float64 reference, and the error paths (same code and
 message as the gRPC path; NaN outputs and the done flag on failure)."""
+import fcntl
 import os
 import subprocess
 import sys
@@ -382,19 +383,35 @@ def test_bad_references_are_named(client, plane, daemon, seq_ids, rng):
 
 def test_registration_errors_and_ownership(client, plane, daemon):
     with pytest.raises(verifyd.NotFound, match="cannot open"):
-        plane.register_file("/dev/shm/verifyd-py-missing-file", 4096)
+        plane.register_file(f"/proc/{os.getpid()}/fd/99999", 4096)
     buf = plane.host_buffer(1 << 16)
-    assert not os.path.exists(buf.path)  # unlinked once the daemon mapped it
+    assert not os.path.exists(buf.path)  # the descriptor was closed once the daemon mapped it
+    # The daemon maps a sealed memfd of this process and nothing else (issue 33 N3, N5).
     path = f"/dev/shm/verifyd-py-test-{os.getpid()}"
     with open(path, "wb") as f:
         f.truncate(1 << 16)
     try:
-        with pytest.raises(verifyd.InvalidArgument, match="bytes"):
-            plane.register_file(path, 1 << 20)  # longer than the file
-        with pytest.raises(verifyd.InvalidArgument, match="device"):
-            plane.register_file(path, 4096, device=7)
+        with pytest.raises(verifyd.InvalidArgument, match="must be /proc/"):
+            plane.register_file(path, 4096)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            with pytest.raises(verifyd.InvalidArgument, match="not a memfd sealed"):
+                plane.register_file(f"/proc/{os.getpid()}/fd/{fd}", 4096)
+        finally:
+            os.close(fd)
     finally:
         os.unlink(path)
+    fd = os.memfd_create("t", os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, 1 << 16)
+        os.posix_fallocate(fd, 0, 1 << 16)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        with pytest.raises(verifyd.InvalidArgument, match="bytes"):
+            plane.register_file(f"/proc/{os.getpid()}/fd/{fd}", 1 << 20)  # longer than the memfd
+        with pytest.raises(verifyd.InvalidArgument, match="device"):
+            plane.register_file(f"/proc/{os.getpid()}/fd/{fd}", 4096, device=7)
+    finally:
+        os.close(fd)
     with pytest.raises(verifyd.InvalidArgument, match="host_buffer"):
         plane.register(np.zeros(16, np.uint16))
     other = daemon.client(client_id="third-scheduler")

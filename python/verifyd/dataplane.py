@@ -11,7 +11,7 @@ computes. Missing or of another ABI: `DataPlaneUnavailable` saying which and why
     plane = client.data_plane()                    # one per Client (its client_id owns regions)
     # cuda backend: any torch CUDA tensor / __cuda_array_interface__ / DLPack kDLCUDA object
     mem = plane.register(pool)                     # CUDA IPC handle made inside the library
-    # cpu backend: memory the daemon can map = a file in /dev/shm
+    # cpu backend: memory the daemon can map = a sealed memfd of this process
     buf = plane.host_buffer(8 << 20)               # created, mapped, registered
     q = buf.take((n, H, 576), "bfloat16")          # numpy uint16 bits (torch=True: torch bf16)
     flags = buf.take((2,), "uint32")
@@ -75,7 +75,8 @@ class DataPlane:
     # -- registration ----------------------------------------------------------------------------
     def register_file(self, path: str, nbytes: int, address: int = 0, *, device: int = 0,
                       keep: Any = None) -> RegisteredMemory:
-        """Registers a file (cpu backend) mapped at `address` in this process."""
+        """Registers host memory (cpu backend) mapped at `address` in this process: `path` is
+        /proc/<this pid>/fd/<n>, a memfd sealed against shrinking with its pages allocated."""
         region = U64()
         check(self._lib.vd_register_file(self._handle, path.encode(), int(nbytes), int(device),
                                           ctypes.byref(region)), "RegisterExternalMemory")
@@ -112,7 +113,7 @@ class DataPlane:
         return m
 
     def host_buffer(self, nbytes: int, *, torch: bool = False) -> HostBuffer:
-        """A registered /dev/shm buffer (cpu backend's "device memory")."""
+        """A registered sealed memfd (the cpu backend's "device memory")."""
         return HostBuffer(self, nbytes, torch=torch)
 
     def _forget(self, m: RegisteredMemory) -> None:

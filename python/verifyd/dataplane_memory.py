@@ -2,9 +2,9 @@
 buffers (`HostBuffer`, a /dev/shm file mapped on both sides)."""
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
-import secrets
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
@@ -57,26 +57,28 @@ def _buffer_address(buffer) -> int:
 
 
 class HostBuffer:
-    """Host memory the cpu backend's daemon can map: a file in /dev/shm (0600, this process's
-    user), mapped here, registered as one region, then unlinked (both mappings stay; nothing is
-    left in /dev/shm). `take(shape, dtype)` hands out 64-byte-aligned numpy views (torch CPU
+    """Host memory the cpu backend's daemon can map: a memfd of this process with its pages
+    allocated and sealed so that it can never shrink (the daemon maps nothing else: a file that
+    shrinks under its mapping would kill it), mapped here and registered as one region through
+    /proc/<pid>/fd/<n>. `take(shape, dtype)` hands out 64-byte-aligned numpy views (torch CPU
     tensors with torch=True), one after another; `view(offset, ...)` any range. release()
-    releases the region and unmaps."""
+    releases the region and unmaps; nothing is left in /dev/shm."""
 
     def __init__(self, plane: "DataPlane", nbytes: int, *, torch: bool = False):
         if nbytes < 1:
             raise invalid_argument(f"bytes = {nbytes} must be >= 1")
-        self.path = f"/dev/shm/verifyd-py-{os.getpid()}-{secrets.token_hex(8)}"
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.memfd_create("verifyd-host-buffer", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, nbytes)
+            os.posix_fallocate(fd, 0, nbytes)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self._mm: Optional[mmap.mmap] = mmap.mmap(fd, nbytes, mmap.MAP_SHARED,
                                                       mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
-            os.unlink(self.path)
             raise
-        os.close(fd)
+        self.path = f"/proc/{os.getpid()}/fd/{fd}"
         self.memory: Optional[RegisteredMemory] = None
         self.bytes = nbytes
         self.torch = torch
@@ -87,9 +89,9 @@ class HostBuffer:
         except BaseException:
             self._close()
             raise
-        # The daemon mapped the file while registering it: the name is no longer needed, so it
-        # goes now and nothing is left in /dev/shm whatever happens to this process.
-        self._unlink()
+        finally:
+            # The daemon mapped the pages while registering; the mapping here keeps them too.
+            os.close(fd)
 
     @property
     def region(self) -> int:
@@ -138,14 +140,7 @@ class HostBuffer:
             self.memory = None
             self._close()
 
-    def _unlink(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-
     def _close(self) -> None:
-        self._unlink()
         mm, self._mm = self._mm, None
         if mm is not None:
             try:

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/sealed_memfd.h"
 #include "client/c_api/verifyd_dataplane.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -31,23 +32,20 @@ constexpr int kHeads = 2;
 
 std::string LastError() { return vd_last_error(); }
 
-// A /dev/shm file mapped here: the cpu backend's "device memory".
+// A sealed memfd mapped here (base/sealed_memfd.h): the cpu backend's "device memory".
 class ShmFile {
  public:
   explicit ShmFile(size_t bytes) : bytes_(bytes) {
-    static std::atomic<int> n{0};
-    path_ = absl::StrCat("/dev/shm/verifyd-c-api-test-", getpid(), "-", n++);
-    const int fd = open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    EXPECT_GE(fd, 0);
-    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
-    data_ = static_cast<char*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    close(fd);
+    absl::StatusOr<int> fd = verifyd::CreateSealedMemfd("c-api-test", bytes);
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    fd_ = fd.value_or(-1);
+    data_ = static_cast<char*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
   }
   ~ShmFile() {
     munmap(data_, bytes_);
-    unlink(path_.c_str());
+    close(fd_);
   }
-  const std::string& path() const { return path_; }
+  std::string path() const { return verifyd::MemfdHandle(fd_); }
   size_t bytes() const { return bytes_; }
   char* data() const { return data_; }
   std::atomic<uint32_t>& word(uint64_t offset) {
@@ -55,7 +53,7 @@ class ShmFile {
   }
 
  private:
-  std::string path_;
+  int fd_ = -1;
   size_t bytes_;
   char* data_;
 };

@@ -9,7 +9,7 @@ VERIFYD=$1 SCHEDULER=$2 VERIFYCTL=$3
 
 work=$(mktemp -d /tmp/verifyd-channel-it.XXXXXX)
 target="unix://$work/verifyd.sock"
-# A device number of its own: ring names are /dev/shm/verifyd-<device>-channel-<hex>.
+# A device number of its own: ring names are /dev/shm/verifyd-<device>-<instance>-channel-<hex>.
 device=$((800 + $$ % 100))
 daemon_pid=""
 cleanup() {
@@ -46,6 +46,6 @@ grep -q "MISMATCH" "$work/corrupt.log" || fail "no MISMATCH line for the corrupt
 kill -TERM "$daemon_pid"
 wait "$daemon_pid" || fail "verifyd exited $? after SIGTERM"
 daemon_pid=""
-left=$(find /dev/shm -maxdepth 1 -name "verifyd-$device-channel-*" | wc -l)
+left=$(find /dev/shm -maxdepth 1 -name "verifyd-$device-*" | wc -l)
 [[ "$left" == 0 ]] || fail "$left channel rings left after shutdown"
 echo "OK: channel integration"

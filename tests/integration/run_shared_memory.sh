@@ -9,7 +9,7 @@ source "$(dirname "$0")/../lib/daemon.sh"
 
 work=$(mktemp -d /tmp/verifyd-shm-it.XXXXXX)
 target="unix://$work/verifyd.sock"
-# A device number of its own: region names are /dev/shm/verifyd-<device>-<hex>.
+# A device number of its own: region names are /dev/shm/verifyd-<device>-<instance>-<hex>.
 device=$((900 + $$ % 100))
 trap 'daemon_kill_all; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; echo "--- daemon log"; cat "$work/daemon.log" || true; exit 1; }

@@ -68,13 +68,10 @@ double VerifyCount(const std::string& metrics, const char* code) {
       .value_or(0);
 }
 
-// Starts `binary args` under /bin/sh with `prelude` run first (ulimit, umask).
 std::unique_ptr<DaemonProcess> StartUnderShell(const std::string& prelude,
                                                const std::vector<std::string>& args,
                                                std::string* error) {
-  std::vector<std::string> sh_args = {"-c", prelude + " && exec \"$0\" \"$@\"", kBinary};
-  sh_args.insert(sh_args.end(), args.begin(), args.end());
-  return DaemonProcess::Start("/bin/sh", sh_args, error);
+  return testing::StartUnderShell(kBinary, prelude, args, error);
 }
 
 // Reads the dying client's "sent" line (its first reply came back).

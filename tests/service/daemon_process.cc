@@ -176,4 +176,13 @@ std::string DaemonBinary(const char* built) {
   return std::string(env != nullptr && *env != '\0' ? env : built);
 }
 
+std::unique_ptr<DaemonProcess> StartUnderShell(const std::string& binary,
+                                               const std::string& prelude,
+                                               const std::vector<std::string>& args,
+                                               std::string* error) {
+  std::vector<std::string> sh_args = {"-c", prelude + " && exec \"$0\" \"$@\"", binary};
+  sh_args.insert(sh_args.end(), args.begin(), args.end());
+  return DaemonProcess::Start("/bin/sh", sh_args, error);
+}
+
 }  // namespace verifyd::testing

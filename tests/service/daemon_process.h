@@ -39,6 +39,12 @@ class DaemonProcess {
   std::string startup_line_;
 };
 
+// DaemonProcess::Start of `binary args` under /bin/sh with `prelude` run first (ulimit, umask).
+std::unique_ptr<DaemonProcess> StartUnderShell(const std::string& binary,
+                                               const std::string& prelude,
+                                               const std::vector<std::string>& args,
+                                               std::string* error);
+
 // The daemon the tests start: $VERIFYD_BINARY when set (the GPU bundle's), else `built` (the
 // build's, which each test target passes as its VERIFYD_BINARY definition).
 std::string DaemonBinary(const char* built);

@@ -1,13 +1,17 @@
 // A client that the edge tests kill: appends one sequence of --tokens tokens, sends --calls
 // asynchronous Verify calls of --nodes tree nodes (the same tree each time: the first makes it
 // pending, the others verify it again, all computed), prints "sent" once the first reply is back
-// (by then the rest wait in the daemon's queue), and sleeps until it is killed.
+// (by then the rest wait in the daemon's queue), and sleeps until it is killed. The shm form
+// creates <count> shared-memory regions of <bytes> instead, prints "sent ok" (or why not), and
+// sleeps the same way.
 // Usage: dying_client <address> <tokens> <nodes> <calls>
+//        dying_client <address> shm <bytes> <count>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "grpcpp/grpcpp.h"
@@ -20,10 +24,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: dying_client <address> <tokens> <nodes> <calls>\n");
     return 2;
   }
+  auto stub = verifyd::v1::Verifyd::NewStub(verifyd::testing::MakeChannel(argv[1]));
+  if (std::string(argv[2]) == "shm") {
+    for (int i = 0; i < std::atoi(argv[4]); ++i) {
+      grpc::ClientContext context;
+      verifyd::v1::CreateSharedMemoryRequest request;
+      request.set_bytes(std::strtoull(argv[3], nullptr, 10));
+      verifyd::v1::SharedMemoryRegion region;
+      const grpc::Status s = stub->CreateSharedMemory(&context, request, &region);
+      if (!s.ok()) {
+        std::printf("sent failed: %s\n", s.error_message().c_str());
+        std::fflush(stdout);
+        for (;;) pause();
+      }
+    }
+    std::printf("sent ok\n");
+    std::fflush(stdout);
+    for (;;) pause();
+  }
   const int tokens = std::atoi(argv[2]);
   const int nodes = std::atoi(argv[3]);
   const int calls = std::atoi(argv[4]);
-  auto stub = verifyd::v1::Verifyd::NewStub(verifyd::testing::MakeChannel(argv[1]));
   verifyd::testing::ShadowModel model(1, 16, 0.0625f, 7);
   {
     grpc::ClientContext context;

@@ -253,5 +253,43 @@ TEST_F(ForkServerTest, SixtyFourForksOfOnePrefixTakeOnePrefixPlusTheSuffixes) {
   ASSERT_EQ(StepAll({100, 100 + kForks / 2, 100 + kForks - 1}, true), "");
 }
 
+// Issue 33 N2 through the daemon: its flags bound the live sequences and the slot tables' entries;
+// a Fork past either is RESOURCE_EXHAUSTED naming the flag, and changes nothing.
+TEST(ForkBoundsTest, ForksPastTheDaemonsBoundsAreRefusedNamingTheFlag) {
+  ServiceOptions options = testing::SmallOptions("fork-bounds");
+  options.max_sequences = 4;
+  options.max_slot_table_entries = 100;
+  testing::TestServer server(options);
+  ASSERT_TRUE(server.status().ok()) << server.status();
+  ShadowModel model(options.layers, options.heads, options.softmax_scale,
+                    static_cast<uint32_t>(test::TestSeed()));
+  RpcDriver rpc(server.stub(), model);
+  ASSERT_TRUE(rpc.Append(model.MakeAppend(1, 30)).ok());
+  ASSERT_TRUE(rpc.Fork(1, 2, 30).ok());
+  ASSERT_TRUE(rpc.Fork(1, 3, 30).ok());
+  {
+    const std::string stats_before = rpc.Stats().SerializeAsString();
+    const grpc::Status status = rpc.Fork(1, 4, 30);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+    EXPECT_NE(status.error_message().find("new_sequence_id = 4: 30 more slot-table entries would "
+                                          "make 120, past --max-slot-table-entries = 100"),
+              std::string::npos)
+        << status.error_message();
+    EXPECT_EQ(rpc.Stats().SerializeAsString(), stats_before);
+  }
+  ASSERT_TRUE(rpc.Fork(1, 4, 10).ok());
+  const std::string stats_before = rpc.Stats().SerializeAsString();
+  const grpc::Status fifth = rpc.Fork(1, 5, 1);
+  EXPECT_EQ(fifth.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << fifth.error_message();
+  EXPECT_NE(fifth.error_message().find(
+                "new_sequence_id = 5 would be live sequence 5, past --max-sequences = 4"),
+            std::string::npos)
+      << fifth.error_message();
+  EXPECT_EQ(rpc.Stats().SerializeAsString(), stats_before);
+  // Released forks give their room back.
+  ASSERT_TRUE(rpc.Release(2).ok());
+  EXPECT_TRUE(rpc.Fork(1, 5, 30).ok());
+}
+
 }  // namespace
 }  // namespace verifyd

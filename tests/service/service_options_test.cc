@@ -3,6 +3,7 @@
 // its flag.
 #include "service/service_options.h"
 
+#include <algorithm>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -94,6 +95,9 @@ TEST(DeviceOptionsFromFlags, EveryFieldFromItsFlag) {
     options.heads = 1 + static_cast<int>(rng() % 1024);
     options.softmax_scale = 0.01f + static_cast<float>(rng() % 1000) / 1000.f;
     options.max_message_bytes = (int64_t{64} << 10) + static_cast<int64_t>(rng() % (1 << 30));
+    options.max_sequences = 1 + static_cast<int64_t>(rng() % 100000);
+    options.max_slot_table_entries =
+        round % 2 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % (int64_t{1} << 30));
     const absl::StatusOr<DeviceOptions> device = BuildDeviceOptions(options, CpuBackend(1));
     ASSERT_TRUE(device.ok()) << device.status();
     EXPECT_EQ(device->store.num_layers, options.layers);
@@ -101,6 +105,14 @@ TEST(DeviceOptionsFromFlags, EveryFieldFromItsFlag) {
     EXPECT_EQ(device->store.lease, absl::Seconds(options.lease_seconds));
     EXPECT_EQ(device->capacity_slots, options.kv_capacity_tokens);
     EXPECT_EQ(device->max_queued_requests, options.max_queued_requests);
+    EXPECT_EQ(device->store.max_sequences, options.max_sequences);
+    // 0: 16 holders per pool slot on average, at least 2^20 entries.
+    EXPECT_EQ(device->store.max_slot_table_entries,
+              options.max_slot_table_entries > 0
+                  ? options.max_slot_table_entries
+                  : std::max<int64_t>(16 * options.kv_capacity_tokens, int64_t{1} << 20));
+    EXPECT_EQ(device->store.field_names.max_sequences, "--max-sequences");
+    EXPECT_EQ(device->store.field_names.max_slot_table_entries, "--max-slot-table-entries");
     EXPECT_EQ(device->executor_spin_us, options.executor_spin_us);
     EXPECT_EQ(device->compaction_chunk_bytes, options.compaction_chunk_bytes);
     EXPECT_EQ(device->compaction_history, options.compaction_history);

@@ -6,15 +6,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -69,10 +72,12 @@ TEST_F(RegistryTest, EachClientHoldsAtMostItsShare) {
     held.push_back(*region);
   }
   EXPECT_EQ(registry.total_bytes(), a_bytes) << "a refused Create holds nothing";
-  // Another client still gets the rest of the budget (its own share).
-  auto other = registry.Create(limits.max_client_bytes, "pid:2");
+  // Another client still gets half of what a leaves (its share while a holds regions).
+  const int64_t b_share = (limits.max_total_bytes - a_bytes) / 2;
+  auto other = registry.Create(b_share, "pid:2");
   ASSERT_TRUE(other.ok()) << other.status();
-  // A release gives a's bytes back to a.
+  // b's release gives a its whole share again, and a release of a's own gives a's bytes back.
+  ASSERT_TRUE(registry.Release(other->region).ok());
   ASSERT_TRUE(registry.Release(held.back().region).ok());
   auto again = registry.Create(held.back().bytes, "pid:1");
   EXPECT_TRUE(again.ok()) << again.status();
@@ -81,6 +86,54 @@ TEST_F(RegistryTest, EachClientHoldsAtMostItsShare) {
   registry.ExpireIdle();
   EXPECT_EQ(registry.total_bytes(), 0);
   EXPECT_TRUE(registry.Create(limits.max_client_bytes, "pid:1").ok());
+}
+
+// Issue 33 N11: with a client's share at half the budget, two clients (or two dead incarnations
+// of one scheduler, each a new process) held it all and locked everyone else out until the lease.
+// Now each holds at most half of what the others leave: however many hold regions, the next one
+// gets some, and shares grow back as regions go.
+TEST_F(RegistryTest, EveryNewClientFindsRoomHoweverManyHoldRegions) {
+  SharedMemoryLimits limits = Limits();
+  limits.max_client_bytes = limits.max_total_bytes / 2;
+  limits.max_region_bytes = limits.max_total_bytes;
+  SharedMemoryRegistry registry(limits, clock_);
+  int64_t left = limits.max_total_bytes;
+  for (int client = 1; client <= 6; ++client) {
+    SCOPED_TRACE(absl::StrCat("client ", client));
+    const std::string name = absl::StrCat("pid:", client);
+    const int64_t share = std::min(limits.max_client_bytes, left / 2);
+    const auto past = registry.Create(static_cast<uint64_t>(share) + 4096, name);
+    EXPECT_EQ(past.status().code(), absl::StatusCode::kResourceExhausted) << past.status();
+    EXPECT_THAT(std::string(past.status().message()),
+                HasSubstr(absl::StrCat("its share of ", share, " bytes")));
+    ASSERT_TRUE(registry.Create(static_cast<uint64_t>(share), name).ok());
+    left -= share;
+  }
+  EXPECT_GT(limits.max_total_bytes - registry.total_bytes(), 0) << "the budget was taken whole";
+}
+
+// Issue 33 N11: a region whose client's process has ended goes at the next sweep, long before its
+// lease; the living client's stay.
+TEST_F(RegistryTest, ADeadClientsRegionsGoAtTheNextSweep) {
+  SharedMemoryLimits limits = Limits();
+  limits.max_client_bytes = limits.max_total_bytes / 2;
+  std::set<std::string> dead;
+  limits.client_alive = [&dead](const std::string& client) { return !dead.contains(client); };
+  SharedMemoryRegistry registry(limits, clock_);
+  std::vector<SharedMemoryInfo> first, second;
+  for (int i = 0; i < 3; ++i) first.push_back(*registry.Create(64 << 10, "pid:101"));
+  for (int i = 0; i < 2; ++i) second.push_back(*registry.Create(32 << 10, "pid:102"));
+  EXPECT_EQ(registry.ExpireIdle(), 0);
+  dead.insert("pid:101");
+  EXPECT_EQ(registry.ExpireIdle(), 3);
+  for (const SharedMemoryInfo& r : first) {
+    EXPECT_FALSE(NameExists(r.path));
+    EXPECT_EQ(registry.Find(r.region, "q.region").status().code(), absl::StatusCode::kNotFound);
+  }
+  for (const SharedMemoryInfo& r : second) EXPECT_TRUE(registry.Find(r.region, "q.region").ok());
+  EXPECT_EQ(registry.total_bytes(), 2 * (32 << 10));
+  // The next incarnation gets its share of what is left.
+  EXPECT_TRUE(registry.Create(limits.max_client_bytes - (64 << 10), "pid:103").ok());
 }
 
 TEST_F(RegistryTest, CreateMapsAFreshPrivateNameThatAClientSeesAndWrites) {

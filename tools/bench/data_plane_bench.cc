@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/host_memory.h"
 #include "client/shared_tensor.h"
 #include "client/tensor.h"
 #include "service/service_options.h"
@@ -122,15 +123,12 @@ int RunBench(const std::string& target, int calls) {
     {
       const SharedVerifyLayout layout = SharedVerifyLayoutAt(0, shape.nodes, kHeads, false);
       const uint64_t bytes = layout.end + 128;
-      const std::string path = absl::StrCat("/dev/shm/verifyd-data-plane-bench-", getpid());
-      const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-      if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) return 1;
-      auto* data =
-          static_cast<uint8_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-      close(fd);
+      absl::StatusOr<HostMemory> memory = HostMemory::Create(bytes);
+      if (!memory.ok()) return 1;
+      uint8_t* data = memory->data();
       std::memcpy(data + layout.q, q.data(), q.size() * 2);
       std::memcpy(data + layout.tree_kv, tree_kv.data(), tree_kv.size() * 2);
-      auto registered = (*client)->RegisterExternalMemory(path, bytes);
+      auto registered = (*client)->RegisterExternalMemory(memory->handle(), bytes);
       auto channel = (*client)->OpenChannel(8);
       if (!registered.ok() || !channel.ok()) return 1;
       const uint64_t region = registered->region();
@@ -159,8 +157,6 @@ int RunBench(const std::string& target, int calls) {
       Print(shape.name, "channel (CPU waits)", us);
       (void)(*channel)->Close();
       (void)(*client)->ReleaseExternalMemory(region);
-      munmap(data, bytes);
-      unlink(path.c_str());
     }
     ++sequence;
   }

@@ -1,12 +1,7 @@
 #include "tools/fake_scheduler/channel_lane.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cstring>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "verify/mla_dims.h"
@@ -23,21 +18,12 @@ absl::StatusOr<std::unique_ptr<ChannelLane>> ChannelLane::Open(Client& client, u
   std::unique_ptr<ChannelLane> lane(new ChannelLane());
   lane->client_ = &client;
   lane->bytes_ = Align64(bytes) + 128;  // the two flags on a line of their own
-  lane->path_ =
-      absl::StrCat("/dev/shm/verifyd-fake-scheduler-", getpid(), "-", std::random_device{}());
-  const int fd = open(lane->path_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", lane->path_));
-  const bool sized = ftruncate(fd, static_cast<off_t>(lane->bytes_)) == 0;
-  void* data =
-      sized ? mmap(nullptr, lane->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-  close(fd);
-  if (data == MAP_FAILED) {
-    unlink(lane->path_.c_str());
-    return absl::ResourceExhaustedError(absl::StrCat("cannot map ", lane->bytes_, " bytes"));
-  }
-  lane->data_ = static_cast<uint8_t*>(data);
+  absl::StatusOr<HostMemory> memory = HostMemory::Create(lane->bytes_);
+  if (!memory.ok()) return memory.status();
+  lane->memory_ = *std::move(memory);
+  lane->data_ = lane->memory_.data();
   absl::StatusOr<v1::RegisterExternalMemoryResponse> registered =
-      client.RegisterExternalMemory(lane->path_, lane->bytes_, device);
+      client.RegisterExternalMemory(lane->memory_.handle(), lane->bytes_, device);
   if (!registered.ok()) return registered.status();
   lane->region_ = registered->region();
   absl::StatusOr<std::unique_ptr<Channel>> channel = client.OpenChannel(4);
@@ -49,8 +35,6 @@ absl::StatusOr<std::unique_ptr<ChannelLane>> ChannelLane::Open(Client& client, u
 ChannelLane::~ChannelLane() {
   if (channel_ != nullptr) (void)channel_->Close();
   if (region_ != 0) (void)client_->ReleaseExternalMemory(region_);
-  if (data_ != nullptr) munmap(data_, bytes_);
-  if (!path_.empty()) unlink(path_.c_str());
 }
 
 absl::StatusOr<v1::VerifyResponse> ChannelLane::Verify(const v1::VerifyRequest& request,

@@ -1,9 +1,9 @@
-// ChannelLane: one worker thread's data plane on one daemon (--channel, plans/0017). A file in
-// /dev/shm stands in for the scheduler's device memory on the cpu backend: it is registered with
-// the daemon (RegisterExternalMemory) and a channel is opened; each Verify writes q and tree_kv
-// into the file, raises the ready flag, enqueues the descriptor, waits for the completion (and
-// checks the done flag), and reads out / lse back as an inline VerifyResponse so that the
-// scheduler's reference check is the same for every mode.
+// ChannelLane: one worker thread's data plane on one daemon (--channel, plans/0017). A sealed
+// memfd (client/host_memory.h) stands in for the scheduler's device memory on the cpu backend: it
+// is registered with the daemon (RegisterExternalMemory) and a channel is opened; each Verify
+// writes q and tree_kv into it, raises the ready flag, enqueues the descriptor, waits for the
+// completion (and checks the done flag), and reads out / lse back as an inline VerifyResponse so
+// that the scheduler's reference check is the same for every mode.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "client/client.h"
+#include "client/host_memory.h"
 #include "verify/bf16.h"
 #include "verifyd/v1/verifyd.pb.h"
 
@@ -36,7 +37,7 @@ class ChannelLane {
  private:
   ChannelLane() = default;
   Client* client_ = nullptr;
-  std::string path_;
+  HostMemory memory_;  // the sealed memfd the daemon maps (cpu backend)
   uint8_t* data_ = nullptr;
   uint64_t bytes_ = 0;
   uint64_t region_ = 0;

@@ -12,7 +12,7 @@ BUILD=${BUILD:-build-fuzz}
 command -v clang++-14 >/dev/null || { echo "run_long.sh: clang++-14 is missing (deploy/install_deps.sh)"; exit 1; }
 CC=clang-14 CXX=clang++-14 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DVERIFYD_CUDA=OFF \
   -DVERIFYD_SANITIZE=address,undefined -DVERIFYD_FUZZ=ON ${VERIFYD_CMAKE_ARGS:-} >/dev/null
-targets=(request_fuzz tree_mask_fuzz kv_store_fuzz)
+targets=(request_fuzz tree_mask_fuzz kv_store_fuzz descriptor_fuzz)
 cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}"
 status=0
 for t in "${targets[@]}"; do

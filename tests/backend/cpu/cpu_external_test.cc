@@ -9,17 +9,20 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_external.h"
+#include "base/sealed_memfd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_storage.h"
 #include "tests/testing/problem_builder.h"
 #include "verify/mla_dims.h"
+#include "verify/value_bound.h"
 
 namespace verifyd {
 namespace {
@@ -28,38 +31,44 @@ using ::testing::HasSubstr;
 
 constexpr double kBf16HalfUlp = 1.0 / 256;
 
-// A file in /dev/shm of `bytes`, removed at the end.
-class ShmFile {
+// A sealed memfd of `bytes` (base/sealed_memfd.h), what the cpu backend maps; closed at the end.
+class Memfd {
  public:
-  explicit ShmFile(uint64_t bytes) {
-    static std::atomic<int> n{0};
-    path_ = absl::StrCat("/dev/shm/verifyd-cpu-external-test-", getpid(), "-", n++);
-    const int fd = open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    EXPECT_GE(fd, 0);
-    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
-    close(fd);
+  explicit Memfd(uint64_t bytes) {
+    absl::StatusOr<int> fd = CreateSealedMemfd("cpu-external-test", bytes);
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    fd_ = fd.value_or(-1);
   }
-  ~ShmFile() { unlink(path_.c_str()); }
-  const std::string& path() const { return path_; }
+  ~Memfd() { close(fd_); }
+  int fd() const { return fd_; }
+  std::string path() const { return MemfdHandle(fd_); }
+  ExternalMemoryHandle Handle(uint64_t bytes) const { return {path(), bytes, 0, getpid()}; }
 
  private:
-  std::string path_;
+  int fd_ = -1;
 };
 
 TEST(CpuExternalRegionTest, OpenRefusesWhatItCannotMap) {
-  ShmFile file(4096);
+  Memfd file(4096);
+  const std::string mine = absl::StrCat("/proc/", getpid(), "/fd/");
   struct Case {
     ExternalMemoryHandle handle;
     absl::StatusCode code;
     const char* expect;
   };
   const std::vector<Case> cases = {
-      {{"", 4096, 0}, absl::StatusCode::kInvalidArgument, "handle is empty"},
-      {{file.path(), 0, 0}, absl::StatusCode::kInvalidArgument, "bytes = 0 must be > 0"},
-      {{"/dev/shm/verifyd-no-such-file", 64, 0}, absl::StatusCode::kNotFound, "cannot open"},
-      {{"/dev/shm", 64, 0}, absl::StatusCode::kNotFound, "cannot open"},
-      {{file.path(), 8192, 0},
+      {{"", 4096, 0, getpid()}, absl::StatusCode::kInvalidArgument, "handle is empty"},
+      {file.Handle(0), absl::StatusCode::kInvalidArgument, "bytes = 0 must be > 0"},
+      {{file.path(), 64, 0, 0}, absl::StatusCode::kFailedPrecondition, "the Unix socket"},
+      {{mine + "99999", 64, 0, getpid()}, absl::StatusCode::kNotFound, "cannot open"},
+      {{"/dev/shm", 64, 0, getpid()}, absl::StatusCode::kInvalidArgument, "must be /proc/"},
+      {{file.path(), 64, 0, getpid() + 1},
        absl::StatusCode::kInvalidArgument,
+       "a descriptor of the calling process"},
+      {{file.path() + std::string(1, '\0') + "x", 64, 0, getpid()},
+       absl::StatusCode::kInvalidArgument,
+       "NUL byte"},
+      {file.Handle(8192), absl::StatusCode::kInvalidArgument,
        "bytes = 8192 must be <= the 4096 bytes of"},
   };
   for (const Case& c : cases) {
@@ -69,15 +78,13 @@ TEST(CpuExternalRegionTest, OpenRefusesWhatItCannotMap) {
   }
 }
 
-TEST(CpuExternalRegionTest, TheMappingIsTheFile) {
-  ShmFile file(8192);
-  absl::StatusOr<std::unique_ptr<ExternalRegion>> r = OpenCpuExternalRegion({file.path(), 8192, 0});
+TEST(CpuExternalRegionTest, TheMappingIsTheMemfd) {
+  Memfd file(8192);
+  absl::StatusOr<std::unique_ptr<ExternalRegion>> r = OpenCpuExternalRegion(file.Handle(8192));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ((*r)->bytes(), 8192u);
-  const int fd = open(file.path().c_str(), O_RDWR);
   auto* mine =
-      static_cast<uint8_t*>(mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-  close(fd);
+      static_cast<uint8_t*>(mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, file.fd(), 0));
   std::mt19937 rng(test::TestSeed());
   for (int i = 0; i < 8192; ++i) mine[i] = static_cast<uint8_t>(rng());
   EXPECT_EQ(std::memcmp(mine, (*r)->data(), 8192), 0);
@@ -92,7 +99,7 @@ TEST(CpuExternalRegionTest, TheMappingIsTheFile) {
 struct ExternalCase {
   test::HostProblem hp;
   std::vector<int32_t> tree_slots;
-  std::unique_ptr<ShmFile> file;
+  std::unique_ptr<Memfd> file;
   std::unique_ptr<ExternalRegion> region;
   CpuBackend backend{2, absl::Milliseconds(300)};
   std::unique_ptr<KvStorage> storage;
@@ -121,8 +128,8 @@ std::unique_ptr<ExternalCase> MakeCase(uint64_t seed) {
   const uint64_t q_at = 0, kv_at = q_at + rows * kKvDim * 2, out_at = kv_at + tq * kKvDim * 2,
                  lse_at = out_at + rows * kVDim * 2, flags_at = lse_at + rows * 4,
                  bytes = flags_at + 64;
-  c->file = std::make_unique<ShmFile>(bytes);
-  c->region = *OpenCpuExternalRegion({c->file->path(), bytes, 0});
+  c->file = std::make_unique<Memfd>(bytes);
+  c->region = *OpenCpuExternalRegion(c->file->Handle(bytes));
   auto* base = static_cast<uint8_t*>(c->region->data());
   std::memcpy(base + q_at, hp.q.data(), hp.q.size() * 2);
   for (int64_t r = 0; r < tq; ++r) {
@@ -251,6 +258,65 @@ TEST(CpuExternalVerifyTest, FailVerifyExternalWaitsForReadyThenNansAndWritesDone
   EXPECT_TRUE(AllNan(c->call.problem.out, rows * kVDim));
   EXPECT_TRUE(std::isnan(c->call.problem.lse[0]));
   EXPECT_EQ(std::atomic_ref<uint32_t>(*c->done).load(), 9u);
+}
+
+// Issue 33 N8, the channel's part: the scheduler keeps rewriting an element of its q and of its
+// tree_kv between a good value and NaN while the calls run. Whatever it catches, a call that
+// answers OK kept only finite rows in the pool and produced finite outputs, and a refused one
+// NaN-filled its outputs: the check and the compute read the same private copy. (Checking the
+// region and then reading it again let a NaN through between the two.)
+TEST(CpuExternalVerifyTest, TensorsRewrittenDuringTheCallNeverReachThePoolOrTheOutputs) {
+  std::unique_ptr<ExternalCase> c = MakeCase(test::TestSeed());
+  std::atomic_ref<uint32_t>(*c->ready).store(7, std::memory_order_release);
+  const int64_t tq = c->hp.total_q(), rows = tq * c->hp.num_heads;
+  std::mt19937_64 rng(test::TestSeed());
+  auto* q_word = const_cast<bf16_bits*>(c->call.problem.q) + rng() % (rows * kKvDim);
+  auto* kv_word = const_cast<bf16_bits*>(c->call.tree_kv) + rng() % (tq * kKvDim);
+  const bf16_bits q_good = *q_word, kv_good = *kv_word;
+  // Good and NaN in turns of tens of microseconds (longer than a check, shorter than a compute):
+  // many calls pass the check, and a later read of the region by the same call would meet a NaN.
+  std::atomic<bool> stop{false};
+  std::thread scheduler([&] {
+    const auto start = std::chrono::steady_clock::now();
+    while (!stop.load(std::memory_order_relaxed)) {
+      const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+      const bool bad = (us / 25) % 4 == 3;
+      std::atomic_ref<bf16_bits>(*q_word).store(bad ? 0x7fc0 : q_good, std::memory_order_relaxed);
+      std::atomic_ref<bf16_bits>(*kv_word).store(bad ? 0x7fc0 : kv_good, std::memory_order_relaxed);
+    }
+  });
+  // Stops the scheduler however the test ends.
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::thread& thread;
+    ~Joiner() {
+      stop.store(true);
+      thread.join();
+    }
+  } joiner{stop, scheduler};
+  int refused = 0, answered = 0;
+  std::vector<bf16_bits> pool_rows(static_cast<size_t>(tq) * kKvDim);
+  for (int call = 0; call < 400; ++call) {
+    const absl::Status s = c->backend.ComputeVerifyExternal(c->call, {});
+    if (s.ok()) {
+      ++answered;
+      ASSERT_TRUE(c->storage->ReadRows(0, c->tree_slots, pool_rows.data()).ok());
+      ASSERT_EQ(FirstOutOfBound(pool_rows.data(), tq * kKvDim), -1)
+          << "call " << call << " answered OK with a NaN in the pool";
+      for (int64_t i = 0; i < rows * kVDim; ++i) {
+        ASSERT_TRUE(std::isfinite(Bf16ToFloat(c->call.problem.out[i])))
+            << "call " << call << " answered OK with out[" << i << "] not finite";
+      }
+    } else {
+      ++refused;
+      ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      ASSERT_TRUE(AllNan(c->call.problem.out, rows * kVDim));
+    }
+  }
+  std::cout << answered << " calls answered, " << refused << " refused\n";
+  EXPECT_GT(answered, 0) << "the scheduler's rewrites left no call to answer";
 }
 
 }  // namespace
