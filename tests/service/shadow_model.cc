@@ -224,14 +224,26 @@ std::string ShadowModel::CheckVerify(const v1::VerifyRequest& request,
         for (size_t t = 0; t < keys.size(); ++t) {
           for (int d = 0; d < kVDim; ++d) o[d] += scores[t] / sum * Bf16ToFloat(keys[t][d]);
         }
-        double row_max = 0;
+        // SPEC §1's bound, per output row: ||o - ref|| / ||ref|| <= 1e-2; and no element off by
+        // more than 2 % of the row's largest (a single wrong element hides in a row norm). The
+        // element bound was 0.4 % of the row's largest + 0.8 % of the element, stricter than the
+        // contract: one seed on the H200 put a small element 1.2e-3 off with the row well inside
+        // SPEC's bound (plans/0026, session 19).
+        double row_max = 0, ref_norm = 0, err_norm = 0;
         for (double v : o) row_max = std::max(row_max, std::abs(v));
         for (int d = 0; d < kVDim; ++d) {
           const double g = Bf16ToFloat(got[r * kVDim + d]);
-          if (!std::isfinite(g) || std::abs(g - o[d]) > 4e-3 * row_max + 8e-3 * std::abs(o[d])) {
+          if (!std::isfinite(g) || std::abs(g - o[d]) > 2e-2 * row_max) {
             return absl::StrCat("out[", row0 + i, ",", h, ",", d, "] = ", g, ", reference ", o[d],
                                 " (sequence ", request.sequences(b).sequence_id(), ")");
           }
+          ref_norm += o[d] * o[d];
+          err_norm += (g - o[d]) * (g - o[d]);
+        }
+        if (std::sqrt(err_norm) > 1e-2 * std::sqrt(ref_norm)) {
+          return absl::StrCat("out[", row0 + i, ",", h, ",:] relative error ",
+                              std::sqrt(err_norm / ref_norm), " > 1e-2 (sequence ",
+                              request.sequences(b).sequence_id(), ")");
         }
         if (got_lse != nullptr) {
           const double lse = max_s + std::log(sum);

@@ -331,7 +331,7 @@ def check_cost(target: str, rng, bursts: int = 20, per_burst: int = 32) -> str:
     blocked stream would show as host time otherwise)."""
     import torch
     import verifyd
-    from verifyd import dataplane
+    from verifyd import dataplane_abi as abi
     from verifyd.tensors import random_bf16
 
     def p50(xs):
@@ -363,14 +363,14 @@ def check_cost(target: str, rng, bursts: int = 20, per_burst: int = 32) -> str:
             refs = {k: plane.ref(v, k)[0] for k, v in (("q", q), ("tree_kv", tkv), ("out", out))}
             rr, dr = plane.ref(ready_view, "r")[0], plane.ref(done_view, "d")[0]
             par = (ctypes.c_int32 * 1)(-1)
-            seq = dataplane._Sequence(s, ctypes.cast(par, ctypes.POINTER(ctypes.c_int32)), 1, 0,
-                                      None, 0, 0)
-            d = dataplane._VerifyDesc()
+            seq = abi.SequenceDesc(s, ctypes.cast(par, ctypes.POINTER(ctypes.c_int32)), 1, 0,
+                                   None, 0, 0)
+            d = abi.VerifyDesc()
             d.layer, d.num_sequences = 0, 1
             d.sequences = ctypes.pointer(seq)
-            d.q = dataplane._TensorRef(refs["q"].region, refs["q"].offset)
-            d.tree_kv = dataplane._TensorRef(refs["tree_kv"].region, refs["tree_kv"].offset)
-            d.out = dataplane._TensorRef(refs["out"].region, refs["out"].offset)
+            d.q = abi.TensorRef(refs["q"].region, refs["q"].offset)
+            d.tree_kv = abi.TensorRef(refs["tree_kv"].region, refs["tree_kv"].offset)
+            d.out = abi.TensorRef(refs["out"].region, refs["out"].offset)
             settle()
             wall = {"py": 0.0, "c": 0.0}
             for burst in range(bursts):
@@ -388,8 +388,8 @@ def check_cost(target: str, rng, bursts: int = 20, per_burst: int = 32) -> str:
                     n += 1
                     t0 = time.perf_counter_ns()
                     d.id = 100000 + n
-                    d.ready = dataplane._Flag(rr.region, rr.offset, n, 0)
-                    d.done = dataplane._Flag(dr.region, dr.offset, n, 0)
+                    d.ready = abi.FlagRef(rr.region, rr.offset, n, 0)
+                    d.done = abi.FlagRef(dr.region, dr.offset, n, 0)
                     if lib.vd_enqueue_verify(ch._handle, ctypes.byref(d)) != 0:
                         raise AssertionError(lib.vd_last_error())
                     lib.vd_stream_write_value32(stream, ready_addr, n)
