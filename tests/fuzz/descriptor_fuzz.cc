@@ -123,7 +123,9 @@ struct AlignedFree {
 void RunRing(verifyd::fuzz::FuzzInput& in) {
   const uint32_t entries = 2u << in.Below(4);  // 2 .. 16
   const uint64_t bytes = RingFileBytes(entries);
-  std::unique_ptr<void, AlignedFree> memory(std::aligned_alloc(4096, bytes));
+  // aligned_alloc wants a size that is a multiple of the alignment; ASan enforces it.
+  const uint64_t rounded = (bytes + 4095) / 4096 * 4096;
+  std::unique_ptr<void, AlignedFree> memory(std::aligned_alloc(4096, rounded));
   std::memset(memory.get(), 0, bytes);
   const RingView view(memory.get(), entries);
   view.Initialize();
@@ -147,8 +149,9 @@ void RunRing(verifyd::fuzz::FuzzInput& in) {
         break;
       case 3: {  // raw bytes into a slot
         uint8_t* slot = view.descriptor_slot(in.Below(entries));
+        const uint32_t at = in.Below(kDescriptorBytes - 256);
         const size_t n = in.remaining() < 256 ? in.remaining() : 256;
-        std::memcpy(slot + in.Below(kDescriptorBytes - 256), in.rest(), n);
+        std::memcpy(slot + at, in.rest(), n);
         for (size_t i = 0; i < n; ++i) in.Take<uint8_t>();
         break;
       }
