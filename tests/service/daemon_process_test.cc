@@ -120,10 +120,13 @@ TEST(DaemonProcessTest, SigtermFinishesQueuedCallsAndExitsZero) {
   std::string error;
   auto daemon = DaemonProcess::Start(
       kBinary,
-      {"--listen=" + address, "--metrics=", "--backend=auto", "--layers=1", "--heads=16",
-       "--compute-threads=1", "--kv-capacity-tokens=20000", "--shutdown-delay-seconds=0"},
+      {"--listen=" + address, "--metrics=127.0.0.1:0", "--backend=cpu", "--layers=1",
+       "--heads=16", "--compute-threads=1", "--kv-capacity-tokens=20000",
+       "--shutdown-delay-seconds=0"},
       &error);
   ASSERT_NE(daemon, nullptr) << error;
+  const std::string metrics = daemon->MetricsAddress();
+  ASSERT_FALSE(metrics.empty()) << daemon->startup_line();
   auto channel = testing::MakeChannel(address);
   auto stub = v1::Verifyd::NewStub(channel);
   ShadowModel model(1, 16, 1.0f / std::sqrt(192.0f), 5);
@@ -135,8 +138,11 @@ TEST(DaemonProcessTest, SigtermFinishesQueuedCallsAndExitsZero) {
     requests.push_back(model.MakeVerify(
         0, {VerifyPart{uint64_t(s) + 1, model.RandomParents(16), std::nullopt}}, true));
   }
-  // The executor runs the calls one after another: once the first is answered, the others are
-  // in the daemon, queued or computing, when SIGTERM arrives.
+  // The executor runs the calls one after another (the cpu backend: milliseconds each, so the
+  // queue is still there when the signal comes). SIGTERM goes once the first is answered and the
+  // daemon's queue holds every other call but the one computing: a caller thread that had not
+  // yet sent its request on a loaded machine would otherwise meet a closed socket, which is not
+  // what the drain promises.
   std::vector<v1::VerifyResponse> responses(kSequences);
   std::vector<grpc::Status> statuses(kSequences);
   std::atomic<int> finished{0};
@@ -149,7 +155,20 @@ TEST(DaemonProcessTest, SigtermFinishesQueuedCallsAndExitsZero) {
       ++finished;
     });
   }
-  while (finished.load() == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  const auto queued_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    const int before = finished.load();
+    const double queued =
+        testing::PrometheusSample(testing::HttpGet(metrics, "/metrics"), "verifyd_queue_depth")
+            .value_or(0.0);
+    const int after = finished.load();
+    if (before == after && after >= 1 && queued + after + 1 >= kSequences) break;
+    ASSERT_LT(after, kSequences) << "every call ended before the queue was seen: nothing to drain";
+    ASSERT_LT(std::chrono::steady_clock::now(), queued_deadline)
+        << "the calls never all reached the daemon's queue (" << queued << " queued, " << after
+        << " answered)";
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
   daemon->Signal(SIGTERM);
   EXPECT_LT(finished.load(), kSequences) << "every call ended before SIGTERM: nothing to drain";
   for (auto& t : callers) t.join();
