@@ -120,9 +120,8 @@ TEST(DaemonProcessTest, SigtermFinishesQueuedCallsAndExitsZero) {
   std::string error;
   auto daemon = DaemonProcess::Start(
       kBinary,
-      {"--listen=" + address, "--metrics=127.0.0.1:0", "--backend=cpu", "--layers=1",
-       "--heads=16", "--compute-threads=1", "--kv-capacity-tokens=20000",
-       "--shutdown-delay-seconds=0"},
+      {"--listen=" + address, "--metrics=127.0.0.1:0", "--backend=cpu", "--layers=1", "--heads=16",
+       "--compute-threads=1", "--kv-capacity-tokens=20000", "--shutdown-delay-seconds=0"},
       &error);
   ASSERT_NE(daemon, nullptr) << error;
   const std::string metrics = daemon->MetricsAddress();
