@@ -41,6 +41,12 @@ __device__ __forceinline__ void CpAsync16(uint32_t smem_addr, const void* gmem, 
                "r"(src_bytes));
 }
 
+// 16-byte global -> shared copy that bypasses L1, always the whole 16 bytes (no source-size
+// operand: the address offsets stay immediates).
+__device__ __forceinline__ void CpAsync16Full(uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+}
+
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 __device__ __forceinline__ void CpAsyncWaitAll() {

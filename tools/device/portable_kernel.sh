@@ -4,6 +4,7 @@
 # the SASS counts of its sm_90 build (and of an sm_120 cubin in bundle/, if make_bundle put one
 # there), the kernel bench (both paths, ceilings in the same run), and, with
 # PROFILE=1, ncu's tensor-pipe share and stall reasons for the portable kernel on S1 and S3.
+# plans/0027.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/verifyd-gpu-out}
@@ -56,6 +57,16 @@ if [ "${PROFILE:-0}" = 1 ]; then
     echo "== ncu $shape rc=$?"
     grep -E "Duration|Throughput|stalled|hmma|inst_executed" "$OUT/ncu-$shape.txt" | sed 's/smsp__average_warps_issue_stalled_//' | awk '{$1=$1};1' | head -30
   done
+fi
+# SOURCE=1: ncu's per-instruction stall samples (the source page, SASS) of the portable kernel on
+# S3, as CSV in $OUT, for reading where the warps wait (plans/0027 read them this way).
+if [ "${SOURCE:-0}" = 1 ]; then
+  timeout 200 ncu --clock-control none -k regex:MlaVerifyFlashKernel -c 1 --section SourceCounters \
+    --section WarpStateStats -o "$OUT/source-S3" "$B/bin/mla_verify_bench" --shapes S3 --iters 1 \
+    --no-naive >/dev/null 2>&1
+  ncu -i "$OUT/source-S3.ncu-rep" --page source --csv --print-source sass >"$OUT/source-S3.csv" 2>&1
+  echo "== source S3 rc=$? $(wc -l <"$OUT/source-S3.csv") lines"
+  rm -f "$OUT/source-S3.ncu-rep"
 fi
 echo "== status $status"
 exit $status
