@@ -55,8 +55,8 @@ ABSL_FLAG(int, heads, 8, "H");
 ABSL_FLAG(int, accept, 4, "tree nodes accepted per step (join the prefix at the commit)");
 ABSL_FLAG(int, steps, 40, "timed decode steps per way");
 ABSL_FLAG(std::string, flash_kernel, "auto",
-          "auto|portable: the in-process and two-process ways' flash kernel (portable: the one "
-          "sm_120 runs; the daemon ways take the daemon's own --flash_kernel)");
+          "auto|portable: every way's flash kernel (portable: the one sm_120 runs; the daemon "
+          "ways pass it as the daemon's --flash-kernel)");
 ABSL_FLAG(int, warmup, 5, "untimed steps first (graph warm-up and capture)");
 ABSL_FLAG(int, gemm_n, 1024, "the model GEMM is 4096 x gemm_n x 4096 bf16 (1024: ~50 us)");
 ABSL_FLAG(std::string, ways, "model,inproc,flags,twoproc,grpc,shm,channel,stream",
@@ -366,7 +366,9 @@ int Model(const char* self) {
       {"channel", DaemonWay::kChannelCpuWaits},
       {"stream", DaemonWay::kChannelStreamOrder}};
   for (const auto& [flag, way] : daemon_ways) {
-    if (wants(flag)) run(DaemonWayName(way), RunThroughDaemon(d, way, true, verifyd));
+    if (wants(flag))
+      run(DaemonWayName(way),
+          RunThroughDaemon(d, way, true, verifyd, absl::GetFlag(FLAGS_flash_kernel)));
   }
   // Ratios against the in-process way with graphs of this run.
   const Row* base = nullptr;

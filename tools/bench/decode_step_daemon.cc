@@ -32,7 +32,8 @@ constexpr int kPrefillChunk = 8192;  // tokens per Append (x layers x 1152 bytes
 class Daemon {
  public:
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const std::string& path, const Dims& d,
-                                                       bool graphs) {
+                                                       bool graphs,
+                                                       const std::string& flash_kernel) {
     auto daemon = std::unique_ptr<Daemon>(new Daemon());
     daemon->socket_ = absl::StrCat("/tmp/verifyd-decode-step-", getpid(), ".sock");
     std::vector<std::string> args = {path,
@@ -44,6 +45,7 @@ class Daemon {
                                      absl::StrCat("--max-tree-nodes=", std::max(d.nodes, 64)),
                                      absl::StrCat("--kv-capacity-tokens=", d.capacity()),
                                      absl::StrCat("--cuda-graphs=", graphs ? "on" : "off"),
+                                     absl::StrCat("--flash-kernel=", flash_kernel),
                                      "--drain-seconds=1"};
     daemon->pid_ = fork();
     if (daemon->pid_ < 0) return absl::InternalError("fork failed");
@@ -302,10 +304,11 @@ const char* DaemonWayName(DaemonWay way) {
 }
 
 absl::StatusOr<Timing> RunThroughDaemon(const Dims& d, DaemonWay way, bool graphs,
-                                        const std::string& verifyd_path) {
+                                        const std::string& verifyd_path,
+                                        const std::string& flash_kernel) {
   cudaStream_t model;
   VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&model, cudaStreamNonBlocking));
-  VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<Daemon> daemon, Daemon::Start(verifyd_path, d, graphs));
+  VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<Daemon> daemon, Daemon::Start(verifyd_path, d, graphs, flash_kernel));
   Client& client = daemon->client();
   VERIFYD_RETURN_IF_ERROR(Prefill(client, d, model));
   const Region r = LayOut(d);

@@ -25,8 +25,10 @@ enum class DaemonWay { kGrpcInline, kGrpcSharedMemory, kChannelCpuWaits, kChanne
 
 const char* DaemonWayName(DaemonWay way);
 
-// Starts the daemon at `verifyd_path` sized for `d` (graphs on or off), runs `way`, stops it.
+// Starts the daemon at `verifyd_path` sized for `d` (graphs on or off, its --flash-kernel =
+// `flash_kernel`: auto or portable), runs `way`, stops it.
 absl::StatusOr<Timing> RunThroughDaemon(const Dims& d, DaemonWay way, bool graphs,
-                                        const std::string& verifyd_path);
+                                        const std::string& verifyd_path,
+                                        const std::string& flash_kernel);
 
 }  // namespace verifyd::decode_step
