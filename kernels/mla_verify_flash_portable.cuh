@@ -132,8 +132,8 @@ __device__ __forceinline__ void MbarrierWait(uint32_t addr, uint32_t parity) {
 // into P = 0: no copy needs zero-fill, and a row's three chunks are one pointer plus constant
 // offsets (the first loader's per-chunk selects and zero-fill sizes were ~190 instructions a tile
 // per warp, plans/0027).
-__device__ __forceinline__ void LoadKvRow(const bf16_bits* kv, int my_slot, bf16_bits* dst,
-                                              int r, int lane) {
+__device__ __forceinline__ void LoadKvRow(const bf16_bits* kv, int my_slot, bf16_bits* dst, int r,
+                                          int lane) {
   const int slot = __shfl_sync(kFullMask, my_slot, r);
   const bf16_bits* src = kv + static_cast<int64_t>(slot) * kKvDim + lane * 8;
   const uint32_t to = SmemAddr(dst + r * kStride + lane * 8);
@@ -154,8 +154,7 @@ __device__ __forceinline__ void LoadKvTile(const bf16_bits* kv, int my_slot, bf1
 }
 
 // The slot of column tile_col + lane, or of the last column (col_end - 1) past it.
-__device__ __forceinline__ int TileSlot(const int32_t* slots, int tile_col, int col_end,
-                                        int lane) {
+__device__ __forceinline__ int TileSlot(const int32_t* slots, int tile_col, int col_end, int lane) {
   return slots[min(tile_col + lane, col_end - 1)];
 }
 
@@ -221,7 +220,8 @@ __device__ __forceinline__ void SPartial(const bf16_bits* kv_tile, const SharedP
   uint32_t rope_frag[kRopeKSteps][4];
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) {
-    if (step + kDepth < kSteps) LdMatrixX4(b[(step + kDepth) % (kDepth + 1)], b_addr(step + kDepth));
+    if (step + kDepth < kSteps)
+      LdMatrixX4(b[(step + kDepth) % (kDepth + 1)], b_addr(step + kDepth));
     if (step == kNopeKSteps * kPairs - 2 * kPairs) {
 #pragma unroll
       for (int r = 0; r < kRopeKSteps; ++r)
@@ -462,8 +462,8 @@ __device__ __forceinline__ void PortableFlash(const MlaVerifyParams& params) {
     PairSwap(sm, warp, lane, rg, kg, tile & 1, scale_log2, s);
     float alpha[2];
     uint32_t pa[kCols / 16][4];
-    const bool rescale = Softmax(s, st, tile_col, item.col_end, rows.prefix_len,
-                                           rows.mask_rows, rows.words_per_row, c, alpha, pa);
+    const bool rescale = Softmax(s, st, tile_col, item.col_end, rows.prefix_len, rows.mask_rows,
+                                 rows.words_per_row, c, alpha, pa);
     AccumulatePv(kv_tile, pa, rescale, alpha, lane, kg, o);
   }
   Epilogue(params, item, rows.first_row, rows.rows_here, sm, st, o, tid, lane, rg, kg);

@@ -308,7 +308,8 @@ absl::StatusOr<Timing> RunThroughDaemon(const Dims& d, DaemonWay way, bool graph
                                         const std::string& flash_kernel) {
   cudaStream_t model;
   VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&model, cudaStreamNonBlocking));
-  VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<Daemon> daemon, Daemon::Start(verifyd_path, d, graphs, flash_kernel));
+  VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<Daemon> daemon,
+                           Daemon::Start(verifyd_path, d, graphs, flash_kernel));
   Client& client = daemon->client();
   VERIFYD_RETURN_IF_ERROR(Prefill(client, d, model));
   const Region r = LayOut(d);
