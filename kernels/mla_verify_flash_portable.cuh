@@ -153,7 +153,9 @@ __device__ __forceinline__ void LoadKvTile(const bf16_bits* kv, int my_slot, bf1
   CpAsyncCommit();
 }
 
-// The slot of column tile_col + lane, or of the last column (col_end - 1) past it.
+// The slot of column tile_col + lane, or of the last column (col_end - 1) past it. Every work item
+// has at least one column (the split planner cuts at most one split per tile), so col_end - 1 is
+// always one of the item's own columns.
 __device__ __forceinline__ int TileSlot(const int32_t* slots, int tile_col, int col_end, int lane) {
   return slots[min(tile_col + lane, col_end - 1)];
 }
