@@ -64,17 +64,6 @@ bool HopperImageRunsHere() {
   });
 }
 
-// Programmatic dependent launch needs compute capability 9.0 or later (programmatic_launch.cuh).
-bool ProgrammaticLaunchRunsHere() {
-  static std::atomic<int8_t> known[64] = {};
-  return OncePerDevice(known, [](int device) {
-    int major = 0;
-    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
-               cudaSuccess &&
-           major >= 9;
-  });
-}
-
 bool UsesHopper(FlashPath path) {
   switch (path) {
     case FlashPath::kPortable:
@@ -88,6 +77,17 @@ bool UsesHopper(FlashPath path) {
 }
 
 }  // namespace
+
+// Programmatic dependent launch needs compute capability 9.0 or later (programmatic_launch.cuh).
+bool ProgrammaticLaunchRunsHere() {
+  static std::atomic<int8_t> known[64] = {};
+  return OncePerDevice(known, [](int device) {
+    int major = 0;
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+               cudaSuccess &&
+           major >= 9;
+  });
+}
 
 bool HopperFlashAvailable() { return HopperImageRunsHere(); }
 

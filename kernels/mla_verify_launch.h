@@ -60,6 +60,10 @@ std::vector<FlashPath> AvailableFlashPaths();
 // resolved; kHopper where it cannot run still says "sm90a-wgmma").
 const char* FlashKernelName(FlashPath path = FlashPath::kAuto);
 
+// Whether the current device runs programmatic dependent launch (compute capability 9.0 or later;
+// kernels/programmatic_launch.cuh): the verify kernels' launchers ask, once per device.
+bool ProgrammaticLaunchRunsHere();
+
 // The naive on-GPU oracle (same problem layout; no plan, no workspace).
 absl::Status LaunchMlaVerifyNaive(const VerifyProblem& problem, cudaStream_t stream);
 

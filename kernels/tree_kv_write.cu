@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/cuda_check.h"
+#include "kernels/mla_verify_launch.h"
+#include "kernels/programmatic_launch.cuh"
 #include "verify/mla_dims.h"
 
 namespace verifyd {
@@ -16,6 +18,8 @@ __global__ void __launch_bounds__(kThreads)
     TreeKvWriteKernel(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows, int total_q,
                       int batch, const int32_t* qo_indptr, const int32_t* prefix_len,
                       const int32_t* slot_indptr, const int32_t* slots) {
+  pdl::WaitForPriorGrid();
+  pdl::AllowDependentLaunch();
   const int64_t chunk = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (chunk >= static_cast<int64_t>(total_q) * kChunksPerRow) return;
   const int r = static_cast<int>(chunk / kChunksPerRow);
@@ -48,9 +52,11 @@ absl::Status LaunchTreeKvWrite(bf16_bits* kv, int64_t num_slots, const bf16_bits
   }
   const int64_t chunks = static_cast<int64_t>(total_q) * kChunksPerRow;
   const unsigned blocks = static_cast<unsigned>((chunks + kThreads - 1) / kThreads);
-  TreeKvWriteKernel<<<blocks, kThreads, 0, stream>>>(kv, num_slots, rows, total_q, batch, qo_indptr,
-                                                     prefix_len, slot_indptr, slots);
-  VERIFYD_CUDA_CHECK(cudaGetLastError());
+  // Programmatic where the device has it: its launch overlaps the value check's tail
+  // (programmatic_launch.cuh; the kernel waits for that grid before it reads).
+  VERIFYD_CUDA_CHECK(pdl::LaunchMaybeProgrammatic(
+      TreeKvWriteKernel, dim3(blocks), dim3(kThreads), 0, stream, ProgrammaticLaunchRunsHere(), kv,
+      num_slots, rows, total_q, batch, qo_indptr, prefix_len, slot_indptr, slots));
   return absl::OkStatus();
 }
 

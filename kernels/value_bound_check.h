@@ -29,10 +29,18 @@ inline bf16_bits OutOfBoundBits(unsigned long long packed) {
 // never synchronizes.
 absl::Status LaunchFirstOutOfBound(const bf16_bits* data, int64_t n, unsigned long long* first,
                                    cudaStream_t stream);
+// The same for two tensors in one launch (a verify call's q and tree_kv: one graph node, not two):
+// firsts[0] for a[0, na), firsts[1] for b[0, nb). Either n may be 0.
+absl::Status LaunchFirstOutOfBoundOfTwo(const bf16_bits* a, int64_t na, const bf16_bits* b,
+                                        int64_t nb, unsigned long long* firsts,
+                                        cudaStream_t stream);
 
 // A refused call's outputs: when any of firsts[0, count) (device, set by LaunchFirstOutOfBound)
 // found a bad value, out[0, out_n) (bf16) and lse[0, lse_n) (fp32, may be null) become NaN;
 // otherwise nothing is written. For calls whose inputs the host cannot see before they run.
+// Both launchers use programmatic dependent launch where the device has it
+// (programmatic_launch.cuh): each kernel waits for the grid before it, so its launch, not its
+// reads, overlaps that grid's tail.
 absl::Status LaunchNanIfOutOfBound(const unsigned long long* firsts, int count, bf16_bits* out,
                                    int64_t out_n, float* lse, int64_t lse_n, cudaStream_t stream);
 

@@ -195,9 +195,8 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
     // beyond 2^16 (or NaN/Inf) before anything reads them; a refused call's outputs become NaN
     // below and its answer reaches the host through the pinned copy (CudaValueCheck).
     VERIFYD_CUDA_CHECK(cudaMemsetAsync(value_words, 0xff, 2 * sizeof(unsigned long long), stream));
-    VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBound(problem.q, rows * kKvDim, value_words, stream));
-    VERIFYD_RETURN_IF_ERROR(
-        LaunchFirstOutOfBound(tree_kv, int64_t{problem.total_q} * kKvDim, value_words + 1, stream));
+    VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBoundOfTwo(
+        problem.q, rows * kKvDim, tree_kv, int64_t{problem.total_q} * kKvDim, value_words, stream));
     // The tree KV goes into the pool before the attention reads it (stream order).
     VERIFYD_RETURN_IF_ERROR(LaunchTreeKvWrite(
         const_cast<bf16_bits*>(problem.kv), problem.num_slots, tree_kv, problem.total_q,

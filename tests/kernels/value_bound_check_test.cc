@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -63,6 +64,52 @@ TEST(ValueBoundCheck, FindsTheFirstBadElementAndItsValueAsTheHostDoes) {
   // 2^16 itself is inside; the next value up is not.
   EXPECT_EQ(RunFirst({kMaxInputMagnitudeBits, 0xC780}), kNoneOutOfBound);
   EXPECT_EQ(OutOfBoundIndex(RunFirst({kMaxInputMagnitudeBits, 0x4781})), 1);
+}
+
+// Two tensors in one launch (a verify call's q and tree_kv) answer exactly as two launches would:
+// each its own first bad element and value, a clean one none, whichever is longer.
+TEST(ValueBoundCheck, TwoTensorsInOneLaunchAnswerEachAsAlone) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const bf16_bits bad[] = {0x7F80, 0xFF80, 0x7FC1, 0x4781, 0xC900};
+  for (auto [na, nb] : {std::pair<int64_t, int64_t>{16 * 8 * 576, 16 * 576},
+                        {16 * 576 + 3, 33 * 64 * 576},
+                        {577, 0}}) {
+    for (int dirty = 0; dirty < 4; ++dirty) {  // bit 0: a has bad values, bit 1: b has
+      std::vector<bf16_bits> a = InsideBound(rng, na), b = InsideBound(rng, nb);
+      std::uniform_int_distribution<int64_t> at_a(0, na - 1), at_b(0, nb > 0 ? nb - 1 : 0);
+      for (int k = 0; k < 3 && (dirty & 1); ++k) a[static_cast<size_t>(at_a(rng))] = bad[rng() % 5];
+      for (int k = 0; k < 3 && (dirty & 2) && nb > 0; ++k)
+        b[static_cast<size_t>(at_b(rng))] = bad[rng() % 5];
+      DeviceBuffer d_a, d_b, d_firsts;
+      ASSERT_TRUE(d_a.Allocate(a.size() * 2 + 16).ok() && d_a.Upload(a.data(), a.size() * 2).ok());
+      ASSERT_TRUE(d_b.Allocate(b.size() * 2 + 16).ok());
+      if (nb > 0) ASSERT_TRUE(d_b.Upload(b.data(), b.size() * 2).ok());
+      ASSERT_TRUE(d_firsts.Allocate(16).ok());
+      ASSERT_EQ(cudaMemset(d_firsts.get(), 0xff, 16), cudaSuccess);
+      auto* firsts = static_cast<unsigned long long*>(d_firsts.get());
+      ASSERT_TRUE(LaunchFirstOutOfBoundOfTwo(static_cast<const bf16_bits*>(d_a.get()), na,
+                                             static_cast<const bf16_bits*>(d_b.get()), nb, firsts,
+                                             nullptr)
+                      .ok());
+      unsigned long long found[2] = {0, 0};
+      ASSERT_EQ(cudaMemcpy(found, firsts, 16, cudaMemcpyDeviceToHost), cudaSuccess);
+      const std::vector<bf16_bits>* tensors[2] = {&a, &b};
+      for (int t = 0; t < 2; ++t) {
+        const std::vector<bf16_bits>& v = *tensors[t];
+        const int64_t want =
+            v.empty() ? -1 : FirstOutOfBound(v.data(), static_cast<int64_t>(v.size()));
+        if (want < 0) {
+          EXPECT_EQ(found[t], kNoneOutOfBound) << "tensor " << t << " is clean";
+        } else {
+          EXPECT_EQ(OutOfBoundIndex(found[t]), want) << "tensor " << t;
+          EXPECT_EQ(OutOfBoundBits(found[t]), v[static_cast<size_t>(want)]) << "tensor " << t;
+        }
+      }
+    }
+  }
 }
 
 TEST(ValueBoundCheck, NanFillOnlyWhenACheckFoundSomething) {
