@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -60,12 +61,29 @@ TEST(ForkRssTest, ThreeThousandForksOfASixtyThousandTokenSequenceStayWithinTheDe
   constexpr int kFit = static_cast<int>((kBound - kLength) / kLength);  // 16
   const std::string address = testing::TempSocketAddress("fork-rss");
   std::string error;
+  // Under ASan the daemon keeps freed blocks in its quarantine (256 MiB by default), so 3,000
+  // calls' freed buffers would read as growth: the daemon gets a small one (its environment only
+  // matters at its start, so this process's own ASan is unchanged).
+  const char* asan = getenv("ASAN_OPTIONS");
+  const std::string asan_before = asan != nullptr ? asan : "";
+  if (kSanitized) {
+    setenv("ASAN_OPTIONS",
+           (asan_before.empty() ? "" : asan_before + ":").append("quarantine_size_mb=8").c_str(),
+           1);
+  }
   auto daemon = DaemonProcess::Start(
       kBinary,
       {"--listen=" + address, "--metrics=", "--backend=cpu", "--layers=1", "--heads=2",
        absl::StrCat("--kv-capacity-tokens=", kCapacity), "--softmax-scale=0.0625",
        "--compute-threads=1", "--log-level=warning"},  // 2,984 refusals: not a line each
       &error);
+  if (kSanitized) {
+    if (asan != nullptr) {
+      setenv("ASAN_OPTIONS", asan_before.c_str(), 1);
+    } else {
+      unsetenv("ASAN_OPTIONS");
+    }
+  }
   ASSERT_NE(daemon, nullptr) << error;
   auto stub = v1::Verifyd::NewStub(testing::MakeChannel(address));
   ShadowModel model(1, 2, 0.0625f, static_cast<uint32_t>(test::TestSeed()));
@@ -108,10 +126,9 @@ TEST(ForkRssTest, ThreeThousandForksOfASixtyThousandTokenSequenceStayWithinTheDe
   const int64_t grown = RssOf(daemon->pid()) - rss_before;
   EXPECT_EQ(forked, kFit);
   // 4 bytes an entry (4 MiB at the bound) and each fork's bookkeeping, with 16 MiB for gRPC's
-  // buffers and the allocator; unbounded, 3,000 forks took ~690 MB. Under ASan the daemon keeps
-  // freed blocks in its quarantine (up to 256 MiB): 3,000 calls' buffers need more slack, and
-  // 128 MiB still tells the bound from its absence.
-  EXPECT_LE(grown, kBound * 4 + (kSanitized ? int64_t{128} << 20 : int64_t{16} << 20))
+  // buffers and the allocator (under ASan 48 MiB: its 8 MiB quarantine and redzones); unbounded,
+  // 3,000 forks took ~690 MB.
+  EXPECT_LE(grown, kBound * 4 + (kSanitized ? int64_t{48} << 20 : int64_t{16} << 20))
       << "RSS grew " << grown << " bytes over " << forked << " forks";
   std::printf("forks %d of %d admitted, daemon RSS %lld -> %lld bytes (%+lld)\n", forked, kForks,
               static_cast<long long>(rss_before), static_cast<long long>(rss_before + grown),

@@ -284,6 +284,7 @@ int Main(int argc, char** argv) {
   const absl::Duration warmup = std::max(absl::Seconds(flags.seconds / 5), absl::Seconds(2));
   int64_t rss_warm = -1, rss_max = 0;
   ShmUse shm_max;
+  int64_t samples = 0;
   const int64_t max_files = int64_t{4} * flags.clients;
   const int64_t max_shm_bytes =
       int64_t{2} * flags.clients *
@@ -302,6 +303,14 @@ int Main(int argc, char** argv) {
                        " bytes), more than ", max_files, " files or ", max_shm_bytes,
                        " bytes (two regions and two rings a client): ", "a region or ring leaked");
       stop = true;
+    }
+    // A long run's trajectory, once a minute: growth that a plateau would hide in the maximum.
+    if (++samples % 60 == 0) {
+      std::printf("soak: %4lld s: RSS %.1f MiB, /dev/shm %lld files %.2f MiB, %lld steps\n",
+                  static_cast<long long>(samples), rss / (1024.0 * 1024.0),
+                  static_cast<long long>(shm.files), shm.bytes / (1024.0 * 1024.0),
+                  static_cast<long long>(counts.steps.load()));
+      std::fflush(stdout);
     }
     shm_max.files = std::max(shm_max.files, shm.files);
     shm_max.bytes = std::max(shm_max.bytes, shm.bytes);
