@@ -48,6 +48,9 @@ class VerifydServer {
   ServiceMetrics& metrics() { return *metrics_; }
   // After Start: the shared-memory regions (tests look at their count and bytes).
   SharedMemoryRegistry& shared_memory() { return *regions_; }
+  // After Start: what the names of this run's /dev/shm files start with (ShmInstance::prefix;
+  // the soak bounds their count and bytes).
+  const std::string& shm_prefix() const { return shm_instance_->prefix(); }
   // After BecomeReady: the device (tests hold its executor to order calls around it).
   Device* device() const { return device_.get(); }
 

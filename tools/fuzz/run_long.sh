@@ -2,8 +2,11 @@
 # The long fuzz run (issue 17): builds the libFuzzer targets with clang under ASan+UBSan (CPU only)
 # and runs each for SECONDS from its seed corpus, then prints executions, coverage (libFuzzer's
 # edge "cov" and feature "ft" counts) and crashes per target. New inputs go to build-fuzz/corpus
-# (merge interesting ones into tests/fuzz/corpus/ by hand); a crash leaves its input there too.
-#   tools/fuzz/run_long.sh [seconds per target, default 3600] [jobs per target, default 1]
+# (MERGE=1 merges the ones that add coverage into tests/fuzz/corpus/, libFuzzer's -merge=1, so the
+# seed corpus keeps growing run after run; commit what it added); a crash leaves its input in
+# build-fuzz/artifacts.
+#   [TARGETS="kv_store_fuzz ..."] [MERGE=1] tools/fuzz/run_long.sh [seconds per target, default
+#   3600] [jobs per target, default 1]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SECS=${1:-3600}
@@ -12,7 +15,7 @@ BUILD=${BUILD:-build-fuzz}
 command -v clang++-14 >/dev/null || { echo "run_long.sh: clang++-14 is missing (deploy/install_deps.sh)"; exit 1; }
 CC=clang-14 CXX=clang++-14 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DVERIFYD_CUDA=OFF \
   -DVERIFYD_SANITIZE=address,undefined -DVERIFYD_FUZZ=ON ${VERIFYD_CMAKE_ARGS:-} >/dev/null
-targets=(request_fuzz tree_mask_fuzz kv_store_fuzz descriptor_fuzz)
+read -r -a targets <<<"${TARGETS:-request_fuzz tree_mask_fuzz kv_store_fuzz descriptor_fuzz}"
 cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}"
 status=0
 for t in "${targets[@]}"; do
@@ -35,5 +38,11 @@ for t in "${targets[@]}"; do
   printf '%-16s %14s executions  %-22s crashes %s  (exit %s, log %s)\n' "$t" "$execs" "$cov" \
     "$crashes" "$rc" "$log"
   if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then status=1; fi
+  if [ "${MERGE:-0}" = 1 ]; then
+    before=$(find "tests/fuzz/corpus/$t" -type f | wc -l)
+    "$BUILD/tests/fuzz/$t" -merge=1 "tests/fuzz/corpus/$t" "$corpus" >"$BUILD/$t.merge.log" 2>&1
+    after=$(find "tests/fuzz/corpus/$t" -type f | wc -l)
+    echo "$t: merged $((after - before)) inputs that add coverage into tests/fuzz/corpus/$t"
+  fi
 done
 exit $status
