@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
 #include "verify/simd_clones.h"
 #include "verify/tree_mask.h"
@@ -110,8 +111,14 @@ class BlockComputer {
     const int columns = prefix + last_node + 1;
     for (int c0 = 0; c0 < columns; c0 += kTileColumns) {
       const int width = std::min(kTileColumns, columns - c0);
-      for (int t = 0; t < width; ++t)
-        ToFloat(p_.kv + static_cast<int64_t>(slots[c0 + t]) * kKvDim, kKvDim, &tile_[t * kKvDim]);
+      for (int t = 0; t < width; ++t) {
+        if (p_.kv_fp8 != nullptr) {
+          DequantizeFp8Row(p_.kv_fp8 + static_cast<int64_t>(slots[c0 + t]) * kFp8RowBytes,
+                           &tile_[t * kKvDim]);
+        } else {
+          ToFloat(p_.kv + static_cast<int64_t>(slots[c0 + t]) * kKvDim, kKvDim, &tile_[t * kKvDim]);
+        }
+      }
       for (int r = 0; r < rows; ++r) {
         const int node = (blk.row_begin + r) / H;
         AccumulateTile(r, c0, width, prefix, mask + static_cast<size_t>(node) * words);
@@ -275,9 +282,10 @@ absl::Status ValidateVerifyProblem(const VerifyProblem& p) {
                    " must equal total_q = ", p.total_q);
   }
   if (p.batch == 0) return absl::OkStatus();
-  if (p.kv == nullptr || p.q == nullptr || p.prefix_len == nullptr || p.slots == nullptr ||
-      p.mask_bits == nullptr) {
-    return Invalid("kv, q, prefix_len, slots and mask_bits must be set for batch = ", p.batch);
+  if ((p.kv == nullptr && p.kv_fp8 == nullptr) || p.q == nullptr || p.prefix_len == nullptr ||
+      p.slots == nullptr || p.mask_bits == nullptr) {
+    return Invalid("kv (or kv_fp8), q, prefix_len, slots and mask_bits must be set for batch = ",
+                   p.batch);
   }
   // Sequences are checked in order, so each indptr difference is taken from checked starts.
   for (int b = 0; b < p.batch; ++b) VERIFYD_RETURN_IF_ERROR(ValidateSequence(p, b));

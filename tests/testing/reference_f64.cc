@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/testing/fp8_f64.h"
 #include "tests/testing/problem_builder.h"
 #include "verify/mla_dims.h"
 
@@ -85,6 +86,11 @@ void ComputeUnit(const VerifyProblem& p, const Unit& u, Scratch& s, double* out,
       s.q[h * kKvDim + d] = Bf16ToFloat(p.q[(first + h) * kKvDim + d]);
   s.kv.resize(kKvDim);
   auto load_kv = [&](int t) {
+    if (p.kv_fp8 !=
+        nullptr) {  // an fp8 pool: the exact dequantized values (tests/testing/fp8_f64.h)
+      DequantizeFp8RowF64(p.kv_fp8 + int64_t{seq_slots[t]} * 656, s.kv.data());
+      return;
+    }
     const bf16_bits* row = p.kv + static_cast<int64_t>(seq_slots[t]) * kKvDim;
     for (int d = 0; d < kKvDim; ++d) s.kv[d] = Bf16ToFloat(row[d]);
   };
