@@ -196,6 +196,28 @@ absl::StatusOr<v1::AppendResponse> Client::AppendKv(uint64_t sequence_id, uint32
   return Append(request, call);
 }
 
+absl::StatusOr<v1::AppendResponse> Client::AppendKvFp8(uint64_t sequence_id, uint32_t layer_begin,
+                                                       int64_t layer_count, int64_t tokens,
+                                                       absl::Span<const uint8_t> rows,
+                                                       AppendPosition at, const CallOptions& call) {
+  constexpr int64_t kRowBytes = 656;
+  if (layer_count < 1 || tokens < 1 ||
+      static_cast<int64_t>(rows.size()) != layer_count * tokens * kRowBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AppendKvFp8: rows has ", rows.size(), " bytes, must be layer_count x tokens x 656 = ",
+        layer_count, " x ", tokens, " x 656 (layer_count, tokens >= 1)"));
+  }
+  v1::AppendRequest request;
+  request.set_sequence_id(sequence_id);
+  request.set_layer_begin(layer_begin);
+  SetExpectedPosition(at, &request);
+  v1::Tensor* kv = request.mutable_kv();
+  kv->set_dtype(v1::DTYPE_FP8_MLA);
+  for (int64_t d : {layer_count, tokens, kRowBytes}) kv->add_shape(d);
+  kv->set_inline_data(rows.data(), rows.size());
+  return Append(request, call);
+}
+
 absl::StatusOr<v1::VerifyResponse> Client::Verify(const v1::VerifyRequest& request,
                                                   const CallOptions& call) {
   v1::VerifyResponse response;

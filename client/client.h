@@ -102,6 +102,13 @@ class Client {
                                               int64_t layer_count, int64_t tokens,
                                               absl::Span<const uint16_t> kv, AppendPosition at,
                                               const CallOptions& call = {});
+  // AppendKv with rows already in the fp8 layout (DTYPE_FP8_MLA [layer_count, tokens, 656] bytes,
+  // client/fp8_rows.h makes them from bf16), for a daemon started with --kv_dtype=fp8; chunked
+  // like AppendKv. A bf16 daemon refuses them (INVALID_ARGUMENT).
+  absl::StatusOr<v1::AppendResponse> AppendKvFp8(uint64_t sequence_id, uint32_t layer_begin,
+                                                 int64_t layer_count, int64_t tokens,
+                                                 absl::Span<const uint8_t> rows, AppendPosition at,
+                                                 const CallOptions& call = {});
   absl::StatusOr<v1::VerifyResponse> Verify(const v1::VerifyRequest& request,
                                             const CallOptions& call = {});
   // accepted_path: a root, then each node a child of the previous; empty rejects the whole tree.

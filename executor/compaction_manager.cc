@@ -77,7 +77,7 @@ void CompactionManager::FinishLocked(CompactionOperation& op, KvStore& store, St
 
 std::string CompactionManager::StopNote(const CompactionOperation& op, const KvStore& store,
                                         Stop why) {
-  const int64_t move_bytes = int64_t{kKvRowBytes} * store.storage().num_layers();
+  const int64_t move_bytes = int64_t{store.storage().row_bytes()} * store.storage().num_layers();
   if (why == Stop::kBudget && op.budget_requested == 0) {
     return absl::StrCat("stopped at twice the first plan (", op.budget_bytes,
                         " bytes: budget_bytes = 0 runs until converged, bounded so that traffic "
@@ -167,7 +167,7 @@ bool CompactionManager::Step(KvStore& store) {
   CompactionOperation* op = OldestUnfinishedLocked();
   if (op == nullptr) return false;
   // One slot moved copies a row on every layer.
-  const int64_t move_bytes = int64_t{kKvRowBytes} * store.storage().num_layers();
+  const int64_t move_bytes = int64_t{store.storage().row_bytes()} * store.storage().num_layers();
   // Only a plan made in this Step is known to be current: between Steps the executor runs traffic.
   bool planned_now = false;
   if (op->state == CompactionOperation::State::kPending) {

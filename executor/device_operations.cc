@@ -36,9 +36,9 @@ absl::StatusOr<std::unique_ptr<DeviceOperations>> DeviceOperations::Create(
         break;
     }
   });
-  VERIFYD_ASSIGN_OR_RETURN(
-      std::unique_ptr<KvStorage> storage,
-      ops->backend_->CreateStorage(options.store.num_layers, options.capacity_slots));
+  VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<KvStorage> storage,
+                           ops->backend_->CreateStorage(options.store.num_layers,
+                                                        options.capacity_slots, options.kv_dtype));
   ops->store_ = std::make_unique<KvStore>(options.store, std::move(storage));
   ops->RefreshGauges();
   return ops;
@@ -51,7 +51,8 @@ std::string DeviceOperations::Item(int b) const {
 absl::StatusOr<AppendResult> DeviceOperations::Append(const AppendCall& call) {
   const absl::Time start = absl::Now();
   VERIFYD_RETURN_IF_ERROR(store_->Append(call.sequence, call.layer_begin, call.layer_count,
-                                         call.num_tokens, call.kv, call.expect, call.kv_memory));
+                                         call.num_tokens, call.kv, call.expect, call.kv_memory,
+                                         call.kv_dtype));
   metrics_->RecordKernel(KernelKind::kAppend, absl::Now() - start);
   AppendResult result;
   VERIFYD_ASSIGN_OR_RETURN(result.committed_length, store_->CommittedLength(call.sequence));

@@ -8,6 +8,7 @@
 #include "base/descriptor_budget.h"
 #include "executor/verify_validation.h"
 #include "kvstore/kv_store.h"
+#include "verify/kv_dtype.h"
 
 namespace verifyd {
 
@@ -16,6 +17,9 @@ struct DeviceOptions {
   KvStoreOptions store;
   // The pool's slots, resolved by the caller (at most 2^31 - 1: slots are int32 in slot tables).
   int64_t capacity_slots = 65536;
+  // The pool's rows (SPEC §1 "KV storage dtype"): the backend's CreateStorage refuses what it
+  // cannot store.
+  KvDtype kv_dtype = KvDtype::kBf16;
   // Tasks waiting beyond this are refused (RESOURCE_EXHAUSTED).
   int max_queued_requests = 1024;
   // How long the executor thread polls for the next task before it sleeps; see ExecutorSpinMicros.

@@ -13,6 +13,7 @@
 #include "backend/external_tensors.h"
 #include "kvstore/kv_store.h"
 #include "verify/bf16.h"
+#include "verify/kv_dtype.h"
 
 namespace verifyd {
 
@@ -21,7 +22,10 @@ struct AppendCall {
   int layer_begin = 0;
   int layer_count = 0;
   int num_tokens = 0;
-  const bf16_bits* kv = nullptr;           // [layer_count][num_tokens][576]
+  // [layer_count][num_tokens][576] bf16, or [layer_count][num_tokens][656 bytes] in the fp8
+  // layout (kv_dtype kFp8: an fp8 store only, checked by the store).
+  const void* kv = nullptr;
+  KvDtype kv_dtype = KvDtype::kBf16;
   AppendExpectation expect;                // expected_position (SPEC §2); kAny when unset
   RowMemory kv_memory = RowMemory::kHost;  // kDevice: kv lies in a registered device region
 };

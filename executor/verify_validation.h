@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "executor/request_types.h"
+#include "verify/kv_dtype.h"
 
 namespace verifyd {
 
@@ -21,6 +22,8 @@ struct ValidationLimits {
   int max_tree_nodes = 0;
   float default_scale = 0.f;
   int64_t max_message_bytes = 0;  // bounds the gRPC response too
+  // The store's rows: Append takes rows in the fp8 layout only where they are fp8.
+  KvDtype kv_dtype = KvDtype::kBf16;
 };
 
 struct CommitSpecView {

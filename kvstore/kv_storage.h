@@ -1,5 +1,6 @@
-// KvStorage: where the bytes of the KV pool live ([layer][slot][576] bf16). The bookkeeping
-// (KvStore) is shared; a storage only moves rows. Host memory now, device memory later.
+// KvStorage: where the bytes of the KV pool live ([layer][slot][row], a row 576 bf16 or the fp8
+// layout's 656 bytes: verify/kv_dtype.h). The bookkeeping (KvStore) is shared; a storage only
+// moves rows, of its own byte size, whatever the dtype.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "verify/bf16.h"
+#include "verify/kv_dtype.h"
 #include "verify/slot_copy_check.h"
 
 namespace verifyd {
@@ -23,8 +25,12 @@ class KvStorage {
   virtual ~KvStorage() = default;
   virtual int num_layers() const = 0;
   virtual int64_t capacity_slots() const = 0;
+  // What a row of the pool is (a storage that does not say stores bf16).
+  virtual KvDtype dtype() const { return KvDtype::kBf16; }
+  int row_bytes() const { return KvRowBytes(dtype()); }
 
-  // rows: host [slots.size()][576]; row k goes to slot slots[k] of `layer`.
+  // rows: host [slots.size()][576] bf16; row k goes to slot slots[k] of `layer`. An fp8 storage
+  // quantizes each row (verify/kv_fp8_layout.h).
   virtual absl::Status WriteRows(int layer, absl::Span<const int32_t> slots,
                                  const bf16_bits* rows) = 0;
   // rows: [slots.size()][576] in device memory the storage's device can read (a scheduler's
@@ -38,9 +44,16 @@ class KvStorage {
     (void)rows;
     return absl::UnimplementedError("this KV storage has no device memory to read rows from");
   }
-  // out: host [slots.size()][576].
+  // out: host [slots.size()][576]. An fp8 storage cannot (its dequantized values are not bf16):
+  // FAILED_PRECONDITION; ReadEncodedRows reads any storage.
   virtual absl::Status ReadRows(int layer, absl::Span<const int32_t> slots,
                                 bf16_bits* out) const = 0;
+  // Rows as the pool holds them: host [slots.size()][row_bytes()], already checked (for fp8,
+  // verify/kv_fp8_check.h). The defaults serve a bf16 storage through WriteRows / ReadRows.
+  virtual absl::Status WriteEncodedRows(int layer, absl::Span<const int32_t> slots,
+                                        const uint8_t* rows);
+  virtual absl::Status ReadEncodedRows(int layer, absl::Span<const int32_t> slots,
+                                       uint8_t* out) const;
   // For every layer: row of slot src[k] is copied to slot dst[k]. src and dst are disjoint.
   virtual absl::Status CopySlots(absl::Span<const int32_t> src, absl::Span<const int32_t> dst) = 0;
   // Compaction's copy: for every layer and run, rows [src_begin, +length) go to
@@ -57,27 +70,36 @@ class KvStorage {
 // zeroed (a slot's row is defined once written), so a large pool costs no page touching up front.
 class HostKvStorage : public KvStorage {
  public:
-  HostKvStorage(int num_layers, int64_t capacity_slots);
+  HostKvStorage(int num_layers, int64_t capacity_slots, KvDtype dtype = KvDtype::kBf16);
   int num_layers() const override { return num_layers_; }
   int64_t capacity_slots() const override { return capacity_; }
+  KvDtype dtype() const override { return dtype_; }
   absl::Status WriteRows(int layer, absl::Span<const int32_t> slots,
                          const bf16_bits* rows) override;
   absl::Status ReadRows(int layer, absl::Span<const int32_t> slots, bf16_bits* out) const override;
+  absl::Status WriteEncodedRows(int layer, absl::Span<const int32_t> slots,
+                                const uint8_t* rows) override;
+  absl::Status ReadEncodedRows(int layer, absl::Span<const int32_t> slots,
+                               uint8_t* out) const override;
   absl::Status CopySlots(absl::Span<const int32_t> src, absl::Span<const int32_t> dst) override;
   // One memcpy per run and layer (a run's rows are contiguous in each layer).
   absl::Status CopyRuns(absl::Span<const SlotRunCopy> runs) override;
 
-  // [capacity][576] rows of one layer.
+  // [capacity][576] rows of one layer of a bf16 pool (null for fp8).
   const bf16_bits* layer_data(int layer) const;
+  // [capacity][row_bytes()] bytes of one layer, either dtype.
+  const uint8_t* layer_bytes(int layer) const;
 
  private:
-  bf16_bits* row(int layer, int32_t slot) const;
+  uint8_t* row(int layer, int32_t slot) const;
   absl::Status CheckLayer(int layer) const;
   absl::Status CheckSlots(absl::Span<const int32_t> slots, const char* field) const;
 
   int num_layers_;
   int64_t capacity_;
-  std::unique_ptr<bf16_bits[]> data_;
+  KvDtype dtype_;
+  int64_t row_bytes_;
+  std::unique_ptr<uint8_t[]> data_;
   SlotCopyCheck copy_check_;
 };
 

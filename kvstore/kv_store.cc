@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kvstore/sequence.h"
+#include "verify/kv_fp8_check.h"
+#include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
 #include "verify/value_bound.h"
 
@@ -126,7 +128,8 @@ absl::Status KvStore::CheckExpectation(SequenceId seq, const Sequence* existing,
 }
 
 absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, int num_tokens,
-                             const bf16_bits* kv, AppendExpectation expect, RowMemory memory) {
+                             const void* kv, AppendExpectation expect, RowMemory memory,
+                             KvDtype kv_dtype) {
   const int layers = options_.num_layers;
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer_begin, "layer_begin"));
   if (layer_count < 1 || layer_count > layers - layer_begin) {
@@ -139,6 +142,26 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
         absl::StrCat(names().num_tokens, " = ", num_tokens, " must be >= 1"));
   }
   if (kv == nullptr) return absl::InvalidArgumentError("kv must not be null");
+  const bool encoded = kv_dtype == KvDtype::kFp8;
+  if (encoded && storage_->dtype() != KvDtype::kFp8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv.dtype = fp8 (the 656-byte layout) but the store holds ", KvDtypeName(storage_->dtype()),
+        " rows (--kv_dtype); send bf16 rows: fp8 values x their scales are not bf16 values, so "
+        "they would not be stored exactly; nothing was kept"));
+  }
+  if (encoded && memory == RowMemory::kDevice) {
+    return absl::UnimplementedError(
+        "kv: fp8 rows from device memory are not read yet (issue 34: the cuda backend's fp8 "
+        "storage); send them inline or from shared memory; nothing was kept");
+  }
+  const int64_t row_bytes = encoded ? kFp8RowBytes : kKvRowBytes;
+  const int64_t layer_bytes = int64_t{num_tokens} * row_bytes;
+  const int64_t check_shape[] = {layer_count, num_tokens};
+  if (encoded && memory == RowMemory::kHost) {
+    // Every layer before any state changes: the call keeps nothing of a bad row.
+    VERIFYD_RETURN_IF_ERROR(CheckFp8Rows(static_cast<const uint8_t*>(kv),
+                                         int64_t{layer_count} * num_tokens, 0, check_shape, "kv"));
+  }
 
   auto it = sequences_.find(seq);
   Sequence* existing = it == sequences_.end() ? nullptr : it->second.get();
@@ -180,9 +203,20 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
   const int64_t layer_values = int64_t{num_tokens} * kKvDim;
   for (int l = layer_begin; l < layer_begin + layer_count; ++l) {
     const absl::Span<const int32_t> target(sequence->slots.data() + sequence->fill[l], num_tokens);
-    const bf16_bits* rows = kv + static_cast<size_t>(l - layer_begin) * layer_values;
+    const uint8_t* layer_rows =
+        static_cast<const uint8_t*>(kv) + static_cast<size_t>(l - layer_begin) * layer_bytes;
+    const bf16_bits* rows = reinterpret_cast<const bf16_bits*>(layer_rows);
     absl::Status written;
-    if (memory == RowMemory::kShared) {
+    if (encoded) {
+      if (memory == RowMemory::kShared) {
+        // As for bf16 below: the bytes judged are the bytes written.
+        shared_bytes_.assign(layer_rows, layer_rows + layer_bytes);
+        layer_rows = shared_bytes_.data();
+        written = CheckFp8Rows(layer_rows, num_tokens, int64_t{l - layer_begin} * num_tokens,
+                               check_shape, "kv");
+      }
+      if (written.ok()) written = storage_->WriteEncodedRows(l, target, layer_rows);
+    } else if (memory == RowMemory::kShared) {
       // The values judged are the values written: the copy, not the region, which its client may
       // rewrite meanwhile.
       shared_rows_.resize(static_cast<size_t>(layer_values));
@@ -194,7 +228,7 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
       }
       rows = shared_rows_.data();
     }
-    if (written.ok()) {
+    if (!encoded && written.ok()) {
       written = memory == RowMemory::kDevice ? storage_->WriteDeviceRows(l, target, rows)
                                              : storage_->WriteRows(l, target, rows);
     }
@@ -489,6 +523,13 @@ absl::Status KvStore::ReadCommitted(SequenceId seq, int layer, bf16_bits* out) c
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer, "layer"));
   VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, names().sequence));
   return storage_->ReadRows(
+      layer, absl::MakeConstSpan(sequence->slots.data(), sequence->fill[layer]), out);
+}
+
+absl::Status KvStore::ReadCommittedEncoded(SequenceId seq, int layer, uint8_t* out) const {
+  VERIFYD_RETURN_IF_ERROR(CheckLayer(layer, "layer"));
+  VERIFYD_ASSIGN_OR_RETURN(const Sequence* sequence, Find(seq, names().sequence));
+  return storage_->ReadEncodedRows(
       layer, absl::MakeConstSpan(sequence->slots.data(), sequence->fill[layer]), out);
 }
 

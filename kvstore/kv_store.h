@@ -22,6 +22,7 @@
 #include "kvstore/kv_storage.h"
 #include "kvstore/slot_allocator.h"
 #include "verify/bf16.h"
+#include "verify/kv_dtype.h"
 #include "verify/tree_mask.h"
 
 namespace verifyd {
@@ -112,6 +113,11 @@ struct VerifyView {
 // FragmentationStats: kvstore/fragmentation_tracker.h.
 
 struct StoreStats {
+  // The pool: its rows' dtype, bytes per token and layer (1152 bf16, 656 fp8), and its bytes
+  // (capacity_slots x layers x row_bytes).
+  KvDtype kv_dtype = KvDtype::kBf16;
+  int64_t row_bytes = 0;
+  int64_t pool_bytes = 0;
   int64_t capacity_slots = 0;
   int64_t used_slots = 0;  // committed + pending
   int64_t free_slots = 0;
@@ -168,7 +174,7 @@ struct CompactionRun {
 // rewrites slot tables and frees the sources; its cost is per run, apart from the slot tables.
 struct CompactionPlan {
   std::vector<CompactionRun> runs;
-  int64_t bytes_per_slot = 0;  // layers * 1152, set by the planner
+  int64_t bytes_per_slot = 0;  // layers * the row's bytes (1152 bf16, 656 fp8), set by the planner
   // Slots (tokens) moved: the sum of the run lengths.
   int64_t slots() const {
     int64_t n = 0;
@@ -199,9 +205,14 @@ class KvStore {
   // and reads it there (KvStorage::WriteDeviceRows). kv in memory a client may rewrite (kShared):
   // each layer is copied and the copy checked and written (INVALID_ARGUMENT "kv[l, t, c] = ...",
   // the gRPC validation's message).
+  // kv_dtype says what kv holds: bf16 rows [layer_count][num_tokens][576] (an fp8 store quantizes
+  // them), or rows already in the fp8 layout [layer_count][num_tokens][656 bytes]
+  // (verify/kv_fp8_layout.h), taken by an fp8 store only and checked here in any memory
+  // (verify/kv_fp8_check.h: INVALID_ARGUMENT "kv[l, t] ...", nothing kept). A bf16 store refuses
+  // fp8 rows (INVALID_ARGUMENT): their values are not bf16 values (plans/0030-fp8-store.md).
   absl::Status Append(SequenceId seq, int layer_begin, int layer_count, int num_tokens,
-                      const bf16_bits* kv, AppendExpectation expect = AppendExpectation::Any(),
-                      RowMemory memory = RowMemory::kHost);
+                      const void* kv, AppendExpectation expect = AppendExpectation::Any(),
+                      RowMemory memory = RowMemory::kHost, KvDtype kv_dtype = KvDtype::kBf16);
 
   // For a batch of sequences on one layer, atomically: applies each item's commit, begins a pending
   // tree where none is pending (allocating Q slots, preferably right after the prefix), or checks
@@ -242,7 +253,10 @@ class KvStore {
   // The slot list in position order (a copy): max fill entries, so every position some layer holds.
   absl::StatusOr<std::vector<int32_t>> CommittedSlots(SequenceId seq) const;
   // Reads the committed KV of one layer back: out host [LayerFill(seq)[layer]][576].
+  // A bf16 store only (KvStorage::ReadRows).
   absl::Status ReadCommitted(SequenceId seq, int layer, bf16_bits* out) const;
+  // The rows as the store holds them: out host [LayerFill(seq)[layer]][storage().row_bytes()].
+  absl::Status ReadCommittedEncoded(SequenceId seq, int layer, uint8_t* out) const;
   std::vector<SequenceId> Sequences() const;
   // The live sequences with id > `after` (every one when unset), ascending, at most `limit` (>= 0)
   // of them. Renews nothing. O(sequences log limit + the listed sequences' committed lengths).
@@ -334,6 +348,7 @@ class KvStore {
   // What ExpireLeases dropped, for the NOT_FOUND of a later call naming one.
   ExpiredSequences expired_;
   std::vector<bf16_bits> shared_rows_;  // Append's private copy of one layer of kShared rows
+  std::vector<uint8_t> shared_bytes_;   // the same for rows in the fp8 layout
 };
 
 }  // namespace verifyd

@@ -198,7 +198,10 @@ std::vector<uint64_t> ChangeableBoundaries(const std::vector<CompactionRun>& run
 
 StoreStats KvStore::Stats() const {
   StoreStats stats;
+  stats.kv_dtype = storage_->dtype();
+  stats.row_bytes = storage_->row_bytes();
   stats.capacity_slots = allocator_.capacity();
+  stats.pool_bytes = stats.capacity_slots * options_.num_layers * stats.row_bytes;
   stats.free_slots = allocator_.free_slots();
   stats.used_slots = stats.capacity_slots - stats.free_slots;
   stats.largest_free_run = allocator_.largest_free_run();
@@ -213,7 +216,7 @@ StoreStats KvStore::Stats() const {
 
 CompactionPlan KvStore::PlanCompaction(int64_t budget_bytes) const {
   CompactionPlan plan;
-  plan.bytes_per_slot = static_cast<int64_t>(options_.num_layers) * kKvRowBytes;
+  plan.bytes_per_slot = static_cast<int64_t>(options_.num_layers) * storage_->row_bytes();
   int64_t moves_left = budget_bytes > 0 ? budget_bytes / plan.bytes_per_slot : 0;
   if (moves_left == 0) return plan;
 

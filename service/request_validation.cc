@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
 #include "verify/value_bound.h"
 
@@ -133,11 +134,11 @@ class SharedMemoryResolver {
   std::vector<UsedRange> ranges_;
 };
 
-// The bf16 payload, inline or in shared memory. Dimensions are already bounded, so the product
-// cannot overflow.
-absl::StatusOr<const bf16_bits*> CheckPayload(const Tensor& t, const std::string& field,
-                                              SharedMemoryResolver& shm,
-                                              const ExternalAccess* external = nullptr) {
+// The payload (bf16, or the fp8 layout's bytes: `element_bytes` 1, `dtype` "fp8 bytes"), inline
+// or in shared memory. Dimensions are already bounded, so the product cannot overflow.
+absl::StatusOr<const uint8_t*> CheckBytes(const Tensor& t, const std::string& field,
+                                          SharedMemoryResolver& shm, const ExternalAccess* external,
+                                          int64_t element_bytes, const char* dtype) {
   if (t.data_case() == Tensor::kExternalMemory) {
     if (external == nullptr) {
       return absl::FailedPreconditionError(
@@ -145,31 +146,38 @@ absl::StatusOr<const bf16_bits*> CheckPayload(const Tensor& t, const std::string
                        ".external_memory: external memory reaches Verify through a channel "
                        "(OpenChannel); send inline_data or shared_memory"));
     }
-    int64_t bytes = 2;
+    int64_t bytes = element_bytes;
     for (int64_t d : t.shape()) bytes *= d;  // dimensions are bounded: no overflow
     VERIFYD_ASSIGN_OR_RETURN(
         uint8_t * data,
         external->table->Resolve(external->owner, t.external_memory().region(),
                                  t.external_memory().offset(), static_cast<uint64_t>(bytes), 64,
                                  absl::StrCat(field, ".external_memory"), external->pins));
-    return reinterpret_cast<const bf16_bits*>(data);
+    return data;
   }
   if (t.data_case() == Tensor::kSharedMemory) {
     VERIFYD_ASSIGN_OR_RETURN(
-        uint8_t * data,
-        shm.Resolve(t.shared_memory(), absl::StrCat(field, ".shared_memory"),
-                    std::vector<int64_t>(t.shape().begin(), t.shape().end()), "bf16", 2));
-    return reinterpret_cast<const bf16_bits*>(data);
+        uint8_t * data, shm.Resolve(t.shared_memory(), absl::StrCat(field, ".shared_memory"),
+                                    std::vector<int64_t>(t.shape().begin(), t.shape().end()), dtype,
+                                    element_bytes));
+    return data;
   }
   int64_t elements = 1;
   for (int64_t d : t.shape()) elements *= d;
-  const int64_t expected = elements * 2;
+  const int64_t expected = elements * element_bytes;
   const int64_t got = static_cast<int64_t>(t.inline_data().size());
   if (got != expected) {
     return Invalid(absl::StrCat(field, ".inline_data has ", got, " bytes, must be ", expected,
-                                " (shape product x 2 bytes of bf16)"));
+                                " (shape product x ", element_bytes, " bytes of ", dtype, ")"));
   }
-  return reinterpret_cast<const bf16_bits*>(t.inline_data().data());
+  return reinterpret_cast<const uint8_t*>(t.inline_data().data());
+}
+
+absl::StatusOr<const bf16_bits*> CheckPayload(const Tensor& t, const std::string& field,
+                                              SharedMemoryResolver& shm,
+                                              const ExternalAccess* external = nullptr) {
+  VERIFYD_ASSIGN_OR_RETURN(const uint8_t* data, CheckBytes(t, field, shm, external, 2, "bf16"));
+  return reinterpret_cast<const bf16_bits*>(data);
 }
 
 // SPEC §1: no value outside [-2^16, 2^16] (so no NaN, no Inf) enters the store or a computation.
@@ -186,8 +194,12 @@ CommitSpecView CommitView(const v1::CommitSpec& spec) {
 }  // namespace
 
 ValidationLimits LimitsFromOptions(const ServiceOptions& options) {
-  return ValidationLimits{options.layers, options.heads, options.max_tree_nodes,
-                          options.softmax_scale, options.max_message_bytes};
+  return ValidationLimits{options.layers,
+                          options.heads,
+                          options.max_tree_nodes,
+                          options.softmax_scale,
+                          options.max_message_bytes,
+                          options.kv_dtype};
 }
 
 KvFieldNames RequestFieldNames() {
@@ -214,16 +226,49 @@ absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
   }
   if (!request.has_kv()) return Invalid("kv is missing");
   const Tensor& kv = request.kv();
-  VERIFYD_RETURN_IF_ERROR(CheckTensorForm(kv, "kv", 3, "[layer_count, T, 576]"));
+  const bool fp8 = kv.dtype() == v1::DTYPE_FP8_MLA;
+  if (fp8 && limits.kv_dtype != KvDtype::kFp8) {
+    // Not dequantized into bf16: e4m3 x a float32 scale is not a bf16 value in general, so the
+    // rows would not be stored as sent (plans/0030-fp8-store.md).
+    return Invalid(absl::StrCat(
+        "kv.dtype = DTYPE_FP8_MLA (rows in the 656-byte fp8 layout) but this daemon stores ",
+        KvDtypeName(limits.kv_dtype), " rows (--kv_dtype=", KvDtypeName(limits.kv_dtype),
+        "): send DTYPE_BF16 [layer_count, T, 576]; fp8 values times their scales are not bf16 "
+        "values, so they would not be stored as sent"));
+  }
+  if (fp8) {
+    if (kv.shape_size() != 3) {
+      return Invalid(absl::StrCat("kv.shape has ", kv.shape_size(),
+                                  " dims, must have 3 [layer_count, T, 656 bytes]"));
+    }
+  } else {
+    VERIFYD_RETURN_IF_ERROR(CheckTensorForm(kv, "kv", 3, "[layer_count, T, 576]"));
+  }
   const int64_t max_count = limits.layers - static_cast<int64_t>(request.layer_begin());
   VERIFYD_RETURN_IF_ERROR(CheckDimRange(kv, "kv", 0, 1, max_count, "--layers - layer_begin"));
   VERIFYD_RETURN_IF_ERROR(
       CheckDimRange(kv, "kv", 1, 1, std::numeric_limits<int32_t>::max(), "int32 max"));
-  VERIFYD_RETURN_IF_ERROR(CheckDimEquals(kv, "kv", 2, kKvDim, "the KV row width"));
   AppendCall call;
   SharedMemoryResolver shm(regions, pins);
-  VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckPayload(kv, "kv", shm, external));
-  if (kv.data_case() == Tensor::kExternalMemory && !external->table->host_memory()) {
+  if (fp8) {
+    VERIFYD_RETURN_IF_ERROR(
+        CheckDimEquals(kv, "kv", 2, kFp8RowBytes, "the fp8 row's bytes (DTYPE_FP8_MLA)"));
+    VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckBytes(kv, "kv", shm, external, 1, "fp8 bytes"));
+    if (kv.data_case() == Tensor::kExternalMemory && !external->table->host_memory()) {
+      return absl::UnimplementedError(
+          "kv.external_memory: fp8 rows from device memory are not read yet (the cuda backend's "
+          "fp8 storage, issue 34); send them inline or from shared memory");
+    }
+    call.kv_dtype = KvDtype::kFp8;
+    // The store checks every row (verify/kv_fp8_check.h) in any memory, before it keeps any.
+    call.kv_memory = kv.data_case() == Tensor::kInlineData ? RowMemory::kHost : RowMemory::kShared;
+  } else {
+    VERIFYD_RETURN_IF_ERROR(CheckDimEquals(kv, "kv", 2, kKvDim, "the KV row width"));
+    VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckPayload(kv, "kv", shm, external));
+  }
+  if (fp8) {
+    // Kind and memory set above.
+  } else if (kv.data_case() == Tensor::kExternalMemory && !external->table->host_memory()) {
     // Device memory: the storage checks the values where they are (KvStorage::WriteDeviceRows).
     call.kv_memory = RowMemory::kDevice;
   } else if (kv.data_case() != Tensor::kInlineData) {
@@ -231,7 +276,7 @@ absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
     // it makes, not these bytes now (issue 33 N8).
     call.kv_memory = RowMemory::kShared;
   } else {
-    VERIFYD_RETURN_IF_ERROR(CheckValues(kv, "kv", call.kv));
+    VERIFYD_RETURN_IF_ERROR(CheckValues(kv, "kv", static_cast<const bf16_bits*>(call.kv)));
   }
   switch (request.expected_position_case()) {
     case v1::AppendRequest::kCreate:

@@ -87,6 +87,9 @@ void EncodeStats(const DeviceStats& stats, int heads, float softmax_scale,
   response->set_softmax_scale(softmax_scale);
   response->set_shared_tokens(static_cast<uint64_t>(store.shared_slots));
   response->set_shared_references(static_cast<uint64_t>(store.shared_references));
+  response->set_kv_dtype(KvDtypeName(store.kv_dtype));
+  response->set_kv_bytes_per_token(static_cast<uint32_t>(store.row_bytes));
+  response->set_kv_pool_bytes(static_cast<uint64_t>(store.pool_bytes));
 }
 
 void EncodeSequences(const SequencePage& page, v1::ListSequencesResponse* response) {

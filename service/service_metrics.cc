@@ -91,6 +91,16 @@ ServiceMetrics::ServiceMetrics()
                            .Help("KV pool capacity in slots.")
                            .Register(*registry_)
                            .Add({})),
+      row_bytes_(BuildGauge()
+                     .Name("verifyd_kv_bytes_per_token")
+                     .Help("Bytes of one token's KV row on one layer, labelled by the pool's "
+                           "dtype (--kv_dtype): 1152 bf16, 656 fp8.")
+                     .Register(*registry_)),
+      pool_bytes_(BuildGauge()
+                      .Name("verifyd_kv_pool_bytes")
+                      .Help("Bytes of the KV pool: capacity tokens x layers x bytes per token.")
+                      .Register(*registry_)
+                      .Add({})),
       used_tokens_(BuildGauge()
                        .Name("verifyd_kv_used_tokens")
                        .Help("KV slots in use (committed + pending).")
@@ -220,6 +230,9 @@ void ServiceMetrics::RecordTreeNodes(int nodes) { tree_nodes_.Observe(nodes); }
 
 void ServiceMetrics::RecordStore(const StoreStats& stats) {
   capacity_tokens_.Set(static_cast<double>(stats.capacity_slots));
+  row_bytes_.Add({{"dtype", KvDtypeName(stats.kv_dtype)}})
+      .Set(static_cast<double>(stats.row_bytes));
+  pool_bytes_.Set(static_cast<double>(stats.pool_bytes));
   used_tokens_.Set(static_cast<double>(stats.used_slots));
   pending_tokens_.Set(static_cast<double>(stats.pending_slots));
   sequences_.Set(static_cast<double>(stats.fragmentation.sequences));

@@ -69,6 +69,8 @@ class ServiceMetrics final : public ExecutorMetrics {
   prometheus::Histogram& batch_sequences_;
   prometheus::Histogram& tree_nodes_;
   prometheus::Gauge& capacity_tokens_;
+  prometheus::Family<prometheus::Gauge>& row_bytes_;
+  prometheus::Gauge& pool_bytes_;
   prometheus::Gauge& used_tokens_;
   prometheus::Gauge& pending_tokens_;
   prometheus::Gauge& sequences_;

@@ -25,6 +25,15 @@ absl::StatusOr<BackendKind> ParseBackendKind(const std::string& name) {
       absl::StrCat("--backend = '", name, "' must be one of auto, cpu, cuda"));
 }
 
+absl::StatusOr<KvDtype> ParseKvDtype(const std::string& name) {
+  if (name == "bf16") return KvDtype::kBf16;
+  if (name == "fp8") return KvDtype::kFp8;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--kv_dtype = '", name,
+      "' must be bf16 (576 bf16 values, 1152 bytes per token and layer) or fp8 (DeepSeek's FP8 "
+      "MLA layout, 656 bytes)"));
+}
+
 const char* BackendName(BackendKind kind) {
   switch (kind) {
     case BackendKind::kAuto:
@@ -169,13 +178,15 @@ absl::StatusOr<int64_t> PoolCapacitySlots(const ServiceOptions& options,
                                           const ComputeBackend& backend) {
   if (options.kv_memory_fraction <= 0) return options.kv_capacity_tokens;
   VERIFYD_ASSIGN_OR_RETURN(const int64_t memory, backend.AvailableMemoryBytes());
-  const int64_t slot_bytes = int64_t{options.layers} * kKvRowBytes;
+  const int64_t row_bytes = KvRowBytes(options.kv_dtype);
+  const int64_t slot_bytes = int64_t{options.layers} * row_bytes;
   const auto slots = static_cast<int64_t>(options.kv_memory_fraction * static_cast<double>(memory) /
                                           static_cast<double>(slot_bytes));
   if (slots < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv-memory-fraction = ", options.kv_memory_fraction, " of ", memory,
-        " bytes holds no slot of ", options.layers, " layers x ", kKvRowBytes, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-memory-fraction = ", options.kv_memory_fraction, " of ", memory,
+                     " bytes holds no slot of ", options.layers, " layers x ", row_bytes,
+                     " bytes (--kv_dtype=", KvDtypeName(options.kv_dtype), ")"));
   }
   // Slots are int32 in the slot tables.
   return std::min<int64_t>(slots, (int64_t{1} << 31) - 1);
@@ -196,6 +207,7 @@ absl::StatusOr<DeviceOptions> BuildDeviceOptions(const ServiceOptions& options,
   device.store.lease = absl::Seconds(options.lease_seconds);
   device.store.field_names = RequestFieldNames();
   VERIFYD_ASSIGN_OR_RETURN(device.capacity_slots, PoolCapacitySlots(options, backend));
+  device.kv_dtype = options.kv_dtype;
   device.store.max_sequences = options.max_sequences;
   device.store.max_slot_table_entries =
       SlotTableEntriesBound(options.max_slot_table_entries, device.capacity_slots);

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "backend/compute_backend.h"
 #include "executor/device_options.h"
+#include "verify/kv_dtype.h"
 
 namespace verifyd {
 
@@ -18,6 +19,8 @@ enum class BackendKind { kAuto, kCpu, kCuda };
 
 absl::StatusOr<BackendKind> ParseBackendKind(const std::string& name);
 const char* BackendName(BackendKind kind);
+// --kv_dtype: "bf16" or "fp8" (verify/kv_dtype.h).
+absl::StatusOr<KvDtype> ParseKvDtype(const std::string& name);
 
 struct ServiceOptions {
   // gRPC address of the Unix socket (or any gRPC URI); "" picks DefaultListenAddress(device).
@@ -44,6 +47,10 @@ struct ServiceOptions {
   // > 0: the pool takes this fraction of the backend's memory (free device memory at start for
   // cuda, physical memory for cpu) and kv_capacity_tokens is ignored; 0: kv_capacity_tokens.
   double kv_memory_fraction = 0;
+  // The pool's rows (SPEC §1 "KV storage dtype"): bf16 (1152 bytes per token and layer) or
+  // DeepSeek's fp8 layout (656). fp8 is served by the cpu backend only, until the CUDA kernels
+  // read it (issue 34); the daemon refuses to start with it on cuda.
+  KvDtype kv_dtype = KvDtype::kBf16;
   float softmax_scale = 0.07216878364870322f;  // 1/sqrt(192)
   double lease_seconds = 300;
   int64_t max_message_bytes = 64ll << 20;
@@ -95,7 +102,8 @@ std::string DefaultListenAddress(int device);
 absl::Status ValidateServiceOptions(const ServiceOptions& options);
 
 // The pool's capacity in slots: --kv-capacity-tokens, or --kv-memory-fraction of what the backend
-// reports (AvailableMemoryBytes) divided by one slot's bytes over all layers, at most 2^31 - 1.
+// reports (AvailableMemoryBytes) divided by one slot's bytes over all layers (--kv_dtype's row
+// bytes x layers: fp8 holds 1152 / 656 = 1.756x the tokens of bf16), at most 2^31 - 1.
 absl::StatusOr<int64_t> PoolCapacitySlots(const ServiceOptions& options,
                                           const ComputeBackend& backend);
 

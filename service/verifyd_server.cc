@@ -313,12 +313,13 @@ std::string VerifydServer::StartupLine() const {
   absl::StrAppendFormat(
       &line,
       " backend=%s mps=%s device=%d layers=%d heads=%d max_tree_nodes=%d "
-      "kv_capacity_tokens=%d softmax_scale=%g lease_seconds=%g shm_max_bytes=%d "
-      "version=%s",
+      "kv_capacity_tokens=%d kv_dtype=%s kv_bytes_per_token=%d softmax_scale=%g "
+      "lease_seconds=%g shm_max_bytes=%d version=%s",
       backend_name_, mps_active_ ? "on" : "off", options_.device, options_.layers, options_.heads,
       options_.max_tree_nodes,
       device_ != nullptr ? device_->capacity_slots() : options_.kv_capacity_tokens,
-      options_.softmax_scale, options_.lease_seconds, options_.shm_max_bytes, VERIFYD_VERSION);
+      KvDtypeName(options_.kv_dtype), KvRowBytes(options_.kv_dtype), options_.softmax_scale,
+      options_.lease_seconds, options_.shm_max_bytes, VERIFYD_VERSION);
   return line;
 }
 

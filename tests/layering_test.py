@@ -28,7 +28,9 @@ ALLOWED = {
                 "prometheus"},
     # base: the data-plane C library (client/c_api) takes the CUDA driver entry points
     # (base/cuda_driver.h) for its stream-order helpers; the C++ client library itself does not.
-    "client": {"proto", "grpc", "channel", "base"},
+    # verify: the fp8 row's quantizer (verify/kv_fp8_layout.h, header-only and std-only), so that
+    # the client's helper makes the daemon's bytes with the daemon's code (plans/0030).
+    "client": {"proto", "grpc", "channel", "base", "verify"},
 }
 # Include prefixes that name a room (first path component, or a third-party library's).
 ROOM_OF_PREFIX = {

@@ -12,9 +12,10 @@
 namespace verifyd {
 
 absl::StatusOr<std::unique_ptr<KvStorage>> CpuBackend::CreateStorage(int num_layers,
-                                                                     int64_t capacity_slots) {
+                                                                     int64_t capacity_slots,
+                                                                     KvDtype dtype) {
   if (storage_ != nullptr) return absl::FailedPreconditionError("CpuBackend storage exists");
-  auto storage = std::make_unique<HostKvStorage>(num_layers, capacity_slots);
+  auto storage = std::make_unique<HostKvStorage>(num_layers, capacity_slots, dtype);
   storage_ = storage.get();
   return std::unique_ptr<KvStorage>(std::move(storage));
 }
@@ -27,7 +28,12 @@ absl::Status CpuBackend::ComputeVerify(int layer, VerifyProblem problem,
     return absl::InvalidArgumentError(
         absl::StrCat("layer = ", layer, " must be < ", storage_->num_layers()));
   }
-  problem.kv = storage_->layer_data(layer);
+  if (storage_->dtype() == KvDtype::kFp8) {
+    problem.kv = nullptr;
+    problem.kv_fp8 = storage_->layer_bytes(layer);
+  } else {
+    problem.kv = storage_->layer_data(layer);
+  }
   problem.num_slots = storage_->capacity_slots();
   return ComputeVerifyReference(problem, num_threads_);
 }

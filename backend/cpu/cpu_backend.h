@@ -18,7 +18,12 @@ class CpuBackend : public ComputeBackend {
       : num_threads_(num_threads), ready_timeout_(ready_timeout) {}
   const char* name() const override { return "cpu"; }
   absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers,
-                                                           int64_t capacity_slots) override;
+                                                           int64_t capacity_slots) override {
+    return CreateStorage(num_layers, capacity_slots, KvDtype::kBf16);
+  }
+  // Either dtype: the reference dequantizes fp8 rows as it reads them.
+  absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers, int64_t capacity_slots,
+                                                           KvDtype dtype) override;
   // Reads the concatenated host slot arrays (needs_host_slot_lists()); `slot_lists` is ignored.
   using ComputeBackend::ComputeVerify;
   absl::Status ComputeVerify(int layer, VerifyProblem problem,

@@ -32,7 +32,9 @@ def format_stats(s) -> str:
     return _table([
         ("backend", s.backend), ("mps", "on" if s.mps_active else "off"), ("layers", s.layers),
         ("heads", s.heads), ("max tree nodes", s.max_tree_nodes),
-        ("softmax scale", f"{s.softmax_scale:.6g}"), ("capacity tokens", s.capacity_tokens),
+        ("softmax scale", f"{s.softmax_scale:.6g}"), ("kv dtype", s.kv_dtype or "bf16"),
+        ("kv token bytes", f"{s.kv_bytes_per_token}  (per layer)"),
+        ("kv pool", format_bytes(float(s.kv_pool_bytes))), ("capacity tokens", s.capacity_tokens),
         ("used tokens", f"{s.used_tokens}  ({_pct(s.used_tokens, cap)})"),
         ("pending tokens", f"{s.pending_tokens}  ({_pct(s.pending_tokens, cap)})"),
         ("free tokens", f"{s.free_tokens}  ({_pct(s.free_tokens, cap)})"),

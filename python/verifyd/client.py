@@ -21,6 +21,7 @@ from . import health as health_codec
 from ._proto import pb, pb_grpc
 from .dataplane import DataPlane
 from .errors import VerifydError, error_from_rpc, invalid_argument, make_error
+from .fp8 import FP8_ROW_BYTES
 from .sequences import SequenceLike, VerifySequence, as_sequence
 from .shared_memory import SharedMemoryRegion, SharedVerifyLayout, shared_verify_layout
 from .tensors import (ROW, V_DIM, TensorKind, as_bf16_bits, check_shape, to_output_bf16,
@@ -61,7 +62,7 @@ def split_append(kv_bits: np.ndarray, max_message_bytes: int) -> List[Tuple[int,
     layers, tokens, row = kv_bits.shape
     if kv_bits.nbytes + APPEND_ENVELOPE_BYTES <= max_message_bytes:
         return [(0, tokens)]
-    token_bytes = layers * row * 2
+    token_bytes = layers * row * kv_bits.itemsize  # bf16: 2 bytes a value; fp8 rows: bytes
     per_chunk = (max_message_bytes - APPEND_ENVELOPE_BYTES) // token_bytes
     if per_chunk < 1:
         raise invalid_argument(f"one token of {layers} layers is {token_bytes} bytes; with "
@@ -163,11 +164,22 @@ class Client:
         of the range must hold exactly that many tokens. Later chunks expect the fill the earlier
         ones left. So a chunk never re-creates a sequence that was released or expired meanwhile:
         the daemon answers FAILED_PRECONDITION. On an error after k chunks those k chunks stay
-        appended and the message says how many tokens were."""
-        bits, _ = as_bf16_bits(kv, "kv", "Append")
+        appended and the message says how many tokens were.
+
+        A numpy uint8 kv [layer_count, T, 656] (or [T, 656]) is rows already in the fp8 layout
+        (`verifyd.fp8.quantize_fp8_rows` makes them as the daemon does), sent as DTYPE_FP8_MLA to
+        a daemon started with --kv_dtype=fp8; a bf16 daemon refuses them (INVALID_ARGUMENT)."""
+        fp8_rows = isinstance(kv, np.ndarray) and kv.dtype == np.uint8
+        if fp8_rows:
+            bits = np.ascontiguousarray(kv)
+        else:
+            bits, _ = as_bf16_bits(kv, "kv", "Append")
         if bits.ndim == 2:
             bits = bits.reshape(1, *bits.shape)
-        check_shape(bits, (None, None, ROW), "kv", "layer_count, T, 576", "Append")
+        if fp8_rows:
+            check_shape(bits, (None, None, FP8_ROW_BYTES), "kv", "layer_count, T, 656", "Append")
+        else:
+            check_shape(bits, (None, None, ROW), "kv", "layer_count, T, 576", "Append")
         if bits.shape[0] < 1 or bits.shape[1] < 1:
             raise invalid_argument(f"kv has shape {list(bits.shape)}; layer_count and T must be "
                                    ">= 1", "Append")
@@ -178,8 +190,10 @@ class Client:
         done = 0
         for i, (t0, t1) in enumerate(ranges):
             chunk = bits if len(ranges) == 1 else bits[:, t0:t1, :]
+            tensor = (pb.Tensor(dtype=pb.DTYPE_FP8_MLA, shape=list(chunk.shape),
+                                inline_data=chunk.tobytes()) if fp8_rows else _tensor_bf16(chunk))
             request = pb.AppendRequest(sequence_id=int(sequence_id), layer_begin=int(layer_begin),
-                                       kv=_tensor_bf16(chunk))
+                                       kv=tensor)
             if i == 0 and expected_fill is None:
                 request.create = True
             else:

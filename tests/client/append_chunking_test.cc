@@ -68,6 +68,41 @@ TEST(AppendChunkingTest, ChunksFitAndConcatenateToTheOriginalPerLayer) {
   }
 }
 
+// Rows in the fp8 layout (DTYPE_FP8_MLA, 656 bytes each) split along T the same way, whole rows
+// per chunk, the dtype kept.
+TEST(AppendChunkingTest, Fp8RowsSplitIntoWholeRows) {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t layers = 3, tokens = 301, limit = int64_t{64} << 10;
+  std::string data(static_cast<size_t>(layers * tokens * 656), '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  v1::AppendRequest request;
+  request.set_create(true);
+  request.mutable_kv()->set_dtype(v1::DTYPE_FP8_MLA);
+  for (int64_t d : {layers, tokens, int64_t{656}}) request.mutable_kv()->add_shape(d);
+  request.mutable_kv()->set_inline_data(data);
+  auto chunks = SplitAppend(request, limit);
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  const int64_t per_chunk = (limit - kAppendEnvelopeBytes) / (layers * 656);
+  ASSERT_EQ(static_cast<int64_t>(chunks->size()), (tokens + per_chunk - 1) / per_chunk);
+  std::vector<std::string> rebuilt(layers);
+  int64_t t0 = 0;
+  for (const v1::AppendRequest& c : *chunks) {
+    EXPECT_LE(static_cast<int64_t>(c.ByteSizeLong()), limit);
+    EXPECT_EQ(c.kv().dtype(), v1::DTYPE_FP8_MLA);
+    EXPECT_EQ(c.kv().shape(2), 656);
+    if (t0 > 0) EXPECT_EQ(c.expected_fill(), static_cast<uint64_t>(t0));
+    const int64_t n = c.kv().shape(1);
+    ASSERT_EQ(static_cast<int64_t>(c.kv().inline_data().size()), layers * n * 656);
+    for (int64_t l = 0; l < layers; ++l)
+      rebuilt[l] += c.kv().inline_data().substr(l * n * 656, n * 656);
+    t0 += n;
+  }
+  EXPECT_EQ(t0, tokens);
+  for (int64_t l = 0; l < layers; ++l) {
+    EXPECT_EQ(rebuilt[l], data.substr(l * tokens * 656, tokens * 656)) << l;
+  }
+}
+
 TEST(AppendChunkingTest, RejectsWhatCannotBeSplit) {
   std::mt19937 rng(std::random_device{}());
   std::vector<uint16_t> data;

@@ -136,6 +136,15 @@ TEST(VerifyctlRenderTest, StatsTableAndSummaryShowEveryNumber) {
   EXPECT_NE(table.find("used tokens        1000  (25.0%)"), std::string::npos) << table;
   EXPECT_NE(table.find("fragment runs      41"), std::string::npos) << table;
   EXPECT_NE(table.find("fragmented ratio   0.1250"), std::string::npos) << table;
+  // The pool's dtype (plans/0030); a daemon that predates it sends none: bf16.
+  EXPECT_NE(table.find("kv dtype           bf16\n"), std::string::npos) << table;
+  s.set_kv_dtype("fp8");
+  s.set_kv_bytes_per_token(656);
+  s.set_kv_pool_bytes(4000 * 656);
+  const std::string fp8 = FormatStatsTable(s);
+  EXPECT_NE(fp8.find("kv dtype           fp8\n"), std::string::npos) << fp8;
+  EXPECT_NE(fp8.find("kv token bytes     656  (per layer)"), std::string::npos) << fp8;
+  EXPECT_NE(fp8.find("kv pool            2.50 MiB"), std::string::npos) << fp8;
 
   v1::CompactionStatus c;
   c.set_state(v1::CompactionStatus::DONE);

@@ -2,7 +2,9 @@
 // position), PrepareVerify (with riding commits, valid or not), WriteTreeLayer, Commit, Release,
 // compaction (fresh and stale plans) and lease expiry on a small store. After every operation:
 // used + free = capacity, the incremental fragmentation figures equal a walk of the slot lists, no
-// slot is owned twice, and an operation that failed changed nothing.
+// slot is owned twice, and an operation that failed changed nothing. Inputs of odd length run on an
+// fp8 store (plans/0030-fp8-store.md), whose Appends take bf16 rows or rows in the fp8 layout, some
+// with a NaN code (refused with no change).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -94,11 +96,19 @@ std::vector<int32_t> Parents(fuzz::FuzzInput& in) {
 // under ASan+UBSan (the coverage hooks on every hash step), ~500 inputs/s. An operation reads at
 // most kLayers x 20 rows (an Append) or a tree's rows (WriteTreeLayer); `offset` (< kRowSpread)
 // still gives consecutive calls different bytes.
+// An fp8 store quantizes what it takes, so its bf16 rows keep within SPEC §1's bound; its Appends
+// also take rows already in the fp8 layout.
 constexpr int64_t kMaxRows = kLayers * 40;
 constexpr int64_t kRowSpread = 16;
-const bf16_bits* Rows(uint64_t offset) {
+const bf16_bits* Rows(uint64_t offset, KvDtype dtype) {
   static const std::vector<bf16_bits> rows = testing_kv::HashedRows(1, kMaxRows + kRowSpread);
-  return rows.data() + (offset % kRowSpread) * kKvDim;
+  static const std::vector<bf16_bits> bounded =
+      testing_kv::HashedBoundedRows(1, kMaxRows + kRowSpread);
+  return (dtype == KvDtype::kFp8 ? bounded : rows).data() + (offset % kRowSpread) * kKvDim;
+}
+const uint8_t* Fp8Rows(uint64_t offset) {
+  static const std::vector<uint8_t> rows = testing_kv::HashedFp8Rows(1, kMaxRows + kRowSpread);
+  return rows.data() + (offset % kRowSpread) * kFp8RowBytes;
 }
 
 std::vector<int32_t> Path(fuzz::FuzzInput& in) {
@@ -119,7 +129,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.max_tree_nodes = kMaxNodes;
   options.lease = absl::Seconds(10);
   options.now = [&now] { return now; };
-  KvStore store(options, std::make_unique<HostKvStorage>(kLayers, kCapacity));
+  const KvDtype dtype = size % 2 == 1 ? KvDtype::kFp8 : KvDtype::kBf16;
+  KvStore store(options, std::make_unique<HostKvStorage>(kLayers, kCapacity, dtype));
   uint64_t next_tag = size;
 
   for (int step = 0; step < 200 && !in.empty(); ++step) {
@@ -142,7 +153,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           default:
             break;
         }
-        status = store.Append(id, layer_begin, layer_count, tokens, Rows(next_tag++), expect);
+        if (dtype == KvDtype::kFp8 && in.Below(2) == 1) {
+          const uint8_t* fp8 = Fp8Rows(next_tag++);
+          std::vector<uint8_t> bad;
+          if (in.Below(4) == 0) {  // a NaN code somewhere in what the call reads: refused
+            const int64_t bytes = int64_t{kLayers} * std::max(tokens, 1) * kFp8RowBytes;
+            bad.assign(fp8, fp8 + bytes);
+            bad[in.Below(static_cast<uint32_t>(bytes))] = 0xFF;
+            fp8 = bad.data();
+          }
+          status = store.Append(id, layer_begin, layer_count, tokens, fp8, expect, RowMemory::kHost,
+                                KvDtype::kFp8);
+          break;
+        }
+        status =
+            store.Append(id, layer_begin, layer_count, tokens, Rows(next_tag++, dtype), expect);
         break;
       }
       case 1: {
@@ -158,8 +183,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 2: {
         // A pending tree has at most kMaxNodes rows: within Rows()'s kMaxRows.
-        status =
-            store.WriteTreeLayer(id, static_cast<int>(in.Below(kLayers + 1)), Rows(next_tag++));
+        status = store.WriteTreeLayer(id, static_cast<int>(in.Below(kLayers + 1)),
+                                      Rows(next_tag++, dtype));
         break;
       }
       case 3:
@@ -169,7 +194,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         status = store.Release(id);
         break;
       case 5:
-        status = store.ExecuteCompaction(store.PlanCompaction(in.Below(4) * 2 * 1152 * kLayers));
+        status = store.ExecuteCompaction(
+            store.PlanCompaction(in.Below(4) * 2 * KvRowBytes(dtype) * kLayers));
         break;
       case 6: {
         // A plan made stale by a later change must be refused with no change, or still be valid.

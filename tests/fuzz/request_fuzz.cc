@@ -42,8 +42,11 @@ void CheckAppend(const v1::AppendRequest& r) {
           "Append layer range");
   Require(call->num_tokens >= 1, "Append T >= 1");
   const int64_t n = int64_t{call->layer_count} * call->num_tokens * kKvDim;
-  Require(Inside(call->kv, n * 2, r.kv().inline_data()), "Append kv inside the payload");
-  Require(FirstOutOfBound(call->kv, n) == -1, "Append kv within 2^16");
+  // The limits' store is bf16: fp8 rows are refused at the edge (ValidationLimits::kv_dtype).
+  Require(call->kv_dtype == KvDtype::kBf16, "Append kv bf16 on a bf16 store");
+  const auto* kv = static_cast<const bf16_bits*>(call->kv);
+  Require(Inside(kv, n * 2, r.kv().inline_data()), "Append kv inside the payload");
+  Require(FirstOutOfBound(kv, n) == -1, "Append kv within 2^16");
   Require((call->expect.kind == AppendExpectation::Kind::kAny) ==
               (r.expected_position_case() == v1::AppendRequest::EXPECTED_POSITION_NOT_SET),
           "Append expected_position decoded");

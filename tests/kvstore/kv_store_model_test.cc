@@ -7,7 +7,10 @@
 // slot exactly when they hold the same cell (no copy, no slot freed while referenced, a pending
 // slot held once); every slot's reference count is checked, and releasing everything at the end,
 // in random order with compactions between, must free the whole pool. VERIFYD_TEST_SEED
-// reproduces a run.
+// reproduces a run. It runs on a bf16 store and on an fp8 one (plans/0030-fp8-store.md): there rows
+// come as bf16 (the store quantizes; the model quantizes the same way) or already in the 656-byte
+// layout (sometimes with a NaN code: refused, nothing kept), and every row is compared as the
+// pool's bytes through compaction and forks.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -20,10 +23,14 @@
 #include "gtest/gtest.h"
 #include "kvstore/kv_store.h"
 #include "tests/kvstore/kv_test_util.h"
+#include "verify/kv_dtype.h"
+#include "verify/kv_fp8_layout.h"
 
 namespace verifyd {
 namespace {
 
+using testing_kv::HashedBoundedRows;
+using testing_kv::HashedFp8Rows;
 using testing_kv::HashedRows;
 using Code = absl::StatusCode;
 
@@ -35,9 +42,14 @@ constexpr int kOperations = 100000;
 constexpr int kPressurePhase = 5000;
 const absl::Duration kLease = absl::Seconds(100);
 
+// Bytes of one pool row in the running check (1152 bf16, 656 fp8): set by KvStoreModelCheck.
+int g_row_bytes = kKvRowBytes;
+
+using Bytes = std::vector<uint8_t>;
+
 struct ModelTree {
   std::vector<int32_t> parents;
-  std::vector<std::vector<bf16_bits>> rows;  // per layer: [Q][576], empty until written
+  std::vector<Bytes> rows;  // per layer: [Q][row bytes] as the pool holds them, empty until written
   int num_nodes() const { return static_cast<int>(parents.size()); }
   bool all_written() const {
     return std::all_of(rows.begin(), rows.end(), [](const auto& r) { return !r.empty(); });
@@ -45,11 +57,11 @@ struct ModelTree {
 };
 
 struct ModelSequence {
-  std::vector<std::vector<bf16_bits>> layers = std::vector<std::vector<bf16_bits>>(kLayers);
+  std::vector<Bytes> layers = std::vector<Bytes>(kLayers);  // per layer: the pool's row bytes
   std::vector<uint64_t> cells;  // position -> token identity: equal cells must share one slot
   std::optional<ModelTree> tree;
   absl::Time deadline;
-  int64_t fill(int l) const { return static_cast<int64_t>(layers[l].size()) / kKvDim; }
+  int64_t fill(int l) const { return static_cast<int64_t>(layers[l].size()) / g_row_bytes; }
   int64_t length() const { return std::max(fill(0), fill(1)); }
   bool even() const { return fill(0) == fill(1); }
 };
@@ -75,13 +87,14 @@ struct Snapshot {
 
 class KvStoreModelCheck {
  public:
-  explicit KvStoreModelCheck(uint64_t seed) : rng_(seed) {
+  KvStoreModelCheck(uint64_t seed, KvDtype dtype) : rng_(seed), dtype_(dtype) {
+    g_row_bytes = KvRowBytes(dtype);
     KvStoreOptions options;
     options.num_layers = kLayers;
     options.max_tree_nodes = kMaxTreeNodes;
     options.lease = kLease;
     options.now = [this] { return now_; };
-    auto storage = std::make_unique<HostKvStorage>(kLayers, kCapacity);
+    auto storage = std::make_unique<HostKvStorage>(kLayers, kCapacity, dtype);
     storage_ = storage.get();
     store_ = std::make_unique<KvStore>(options, std::move(storage));
   }
@@ -252,8 +265,8 @@ class KvStoreModelCheck {
     for (size_t j = 0; j < a.size(); ++j) s.cells.push_back(next_cell_++);
     for (int l = 0; l < kLayers; ++l) {
       for (int32_t node : a) {
-        const auto row = s.tree->rows[l].begin() + static_cast<int64_t>(node) * kKvDim;
-        s.layers[l].insert(s.layers[l].end(), row, row + kKvDim);
+        const auto row = s.tree->rows[l].begin() + static_cast<int64_t>(node) * g_row_bytes;
+        s.layers[l].insert(s.layers[l].end(), row, row + g_row_bytes);
       }
     }
     s.tree.reset();
@@ -334,18 +347,38 @@ class KvStoreModelCheck {
       if (need > ModelFree()) expected = Code::kResourceExhausted;
     }
     const uint64_t tag = next_tag_++;
-    std::vector<bf16_bits> kv =
-        args_ok ? HashedRows(tag, static_cast<int64_t>(layer_count) * tokens) : HashedRows(tag, 1);
+    const int64_t rows = args_ok ? static_cast<int64_t>(layer_count) * tokens : 1;
+    // What is sent (bf16, or the fp8 layout on an fp8 store) and what the pool then holds.
+    const bool send_fp8 = dtype_ == KvDtype::kFp8 ? Chance(50) : Chance(1);
+    Bytes sent, held;
+    if (send_fp8) {
+      sent = HashedFp8Rows(tag, rows);
+      if (Chance(3))
+        sent[Uniform(static_cast<int>(sent.size() / kFp8RowBytes)) * kFp8RowBytes +
+             Uniform(kVDim)] = Chance(50) ? 0x7F : 0xFF;  // a NaN code: refused
+      held = sent;
+    } else {
+      const std::vector<bf16_bits> kv =
+          dtype_ == KvDtype::kFp8 ? HashedBoundedRows(tag, rows) : HashedRows(tag, rows);
+      sent.resize(kv.size() * sizeof(bf16_bits));
+      std::memcpy(sent.data(), kv.data(), sent.size());
+      held = Encode(kv);
+    }
+    // The store checks the call's arguments, then fp8 rows, before anything else.
+    if (args_ok && send_fp8 && (dtype_ != KvDtype::kFp8 || !testing_kv::Fp8RowsValid(sent))) {
+      expected = Code::kInvalidArgument;
+    }
     const absl::Status status =
-        store_->Append(id, layer_begin, layer_count, tokens, null_kv ? nullptr : kv.data(), expect);
+        store_->Append(id, layer_begin, layer_count, tokens, null_kv ? nullptr : sent.data(),
+                       expect, RowMemory::kHost, send_fp8 ? KvDtype::kFp8 : KvDtype::kBf16);
     Seen("Append", status);
     EXPECT_EQ(status.code(), expected) << status;
     if (status.code() != expected || !status.ok()) return status.code();
     ModelSequence& s = model_[id];
     for (int64_t p = s.length(); p < s.length() + need; ++p) s.cells.push_back(next_cell_++);
     for (int l = layer_begin; l < layer_begin + layer_count; ++l) {
-      const auto src = kv.begin() + static_cast<int64_t>(l - layer_begin) * tokens * kKvDim;
-      s.layers[l].insert(s.layers[l].end(), src, src + static_cast<int64_t>(tokens) * kKvDim);
+      const auto src = held.begin() + static_cast<int64_t>(l - layer_begin) * tokens * g_row_bytes;
+      s.layers[l].insert(s.layers[l].end(), src, src + static_cast<int64_t>(tokens) * g_row_bytes);
     }
     Renew(s);
     return std::nullopt;
@@ -415,7 +448,7 @@ class KvStoreModelCheck {
       ModelSequence& s = model_[item.sequence];
       if (item.commit) ApplyCommit(s, item.commit->accepted_path);
       if (!s.tree) {
-        s.tree = ModelTree{item.parents, std::vector<std::vector<bf16_bits>>(kLayers)};
+        s.tree = ModelTree{item.parents, std::vector<Bytes>(kLayers)};
       }
       Renew(s);
     }
@@ -442,13 +475,14 @@ class KvStoreModelCheck {
       expected = Code::kFailedPrecondition;
     }
     const int q = expected == Code::kOk ? it->second.tree->num_nodes() : 1;
-    const std::vector<bf16_bits> rows = HashedRows(next_tag_++, q);
+    const std::vector<bf16_bits> rows =
+        dtype_ == KvDtype::kFp8 ? HashedBoundedRows(next_tag_++, q) : HashedRows(next_tag_++, q);
     const absl::Status status =
         store_->WriteTreeLayer(id, layer, null_rows ? nullptr : rows.data());
     Seen("WriteTreeLayer", status);
     EXPECT_EQ(status.code(), expected) << status;
     if (status.code() != expected || !status.ok()) return status.code();
-    it->second.tree->rows[layer] = rows;
+    it->second.tree->rows[layer] = Encode(rows);
     Renew(it->second);
     return std::nullopt;
   }
@@ -512,7 +546,7 @@ class KvStoreModelCheck {
     ModelSequence child;
     for (int l = 0; l < kLayers; ++l) {
       child.layers[l].assign(src->second.layers[l].begin(),
-                             src->second.layers[l].begin() + length * kKvDim);
+                             src->second.layers[l].begin() + length * g_row_bytes);
     }
     child.cells.assign(src->second.cells.begin(), src->second.cells.begin() + length);
     Renew(child);
@@ -522,7 +556,7 @@ class KvStoreModelCheck {
   }
 
   std::optional<Code> Compact() {
-    const int64_t move_bytes = int64_t{kLayers} * kKvRowBytes;
+    const int64_t move_bytes = int64_t{kLayers} * g_row_bytes;
     const int64_t budget = Uniform(200) * move_bytes + Uniform(static_cast<int>(move_bytes)) - 1;
     const CompactionPlan plan = store_->PlanCompaction(budget);
     EXPECT_LE(plan.bytes(), std::max<int64_t>(budget, 0));
@@ -539,7 +573,7 @@ class KvStoreModelCheck {
   // A plan executed after another mutating call: valid plans still apply, stale ones are refused
   // without any change. Sometimes the plan is malformed on purpose.
   std::optional<Code> StaleCompaction() {
-    CompactionPlan plan = store_->PlanCompaction(Uniform(100) * int64_t{kLayers} * kKvRowBytes);
+    CompactionPlan plan = store_->PlanCompaction(Uniform(100) * int64_t{kLayers} * g_row_bytes);
     bool malformed = false;
     if (!plan.runs.empty() && Chance(30)) {
       if (plan.runs.size() >= 2 && Chance(50)) {
@@ -597,14 +631,14 @@ class KvStoreModelCheck {
     if (length.ok()) {
       EXPECT_EQ(*length, std::min(it->second.fill(0), it->second.fill(1)));
     }
-    std::vector<bf16_bits> out(kCapacity * kKvDim);
+    Bytes out(int64_t{kCapacity} * g_row_bytes);
     const int layer = Uniform(kLayers + 1);
-    const absl::Status read = store_->ReadCommitted(id, layer, out.data());
+    const absl::Status read = store_->ReadCommittedEncoded(id, layer, out.data());
     EXPECT_EQ(read.ok(), it != model_.end() && layer < kLayers) << read;
     // An empty layer's data() may be null, and memcmp with a null pointer is UB even for 0 bytes.
     if (read.ok() && !it->second.layers[layer].empty()) {
       EXPECT_EQ(0, std::memcmp(out.data(), it->second.layers[layer].data(),
-                               it->second.layers[layer].size() * sizeof(bf16_bits)));
+                               it->second.layers[layer].size()));
     }
     return Code::kInvalidArgument;  // read-only: state must be unchanged either way
   }
@@ -660,10 +694,10 @@ class KvStoreModelCheck {
         if (::testing::Test::HasFatalFailure()) return;
       }
       for (int l = 0; l < kLayers; ++l) {
-        const bf16_bits* layer = storage_->layer_data(l);
+        const uint8_t* layer = storage_->layer_bytes(l);
         for (int64_t p = 0; p < s.fill(l); ++p) {
-          ASSERT_EQ(0, std::memcmp(layer + static_cast<int64_t>(slots[p]) * kKvDim,
-                                   s.layers[l].data() + p * kKvDim, kKvRowBytes))
+          ASSERT_EQ(0, std::memcmp(layer + static_cast<int64_t>(slots[p]) * g_row_bytes,
+                                   s.layers[l].data() + p * g_row_bytes, g_row_bytes))
               << "sequence " << id << " layer " << l << " position " << p << " slot " << slots[p];
         }
       }
@@ -698,11 +732,12 @@ class KvStoreModelCheck {
       }
       for (int l = 0; l < kLayers; ++l) {
         if (s.tree->rows[l].empty()) continue;
-        const bf16_bits* layer = storage_->layer_data(l);
+        const uint8_t* layer = storage_->layer_bytes(l);
         for (int i = 0; i < q; ++i) {
-          ASSERT_EQ(0, std::memcmp(
-                           layer + static_cast<int64_t>(view_slots[slots.size() + i]) * kKvDim,
-                           s.tree->rows[l].data() + static_cast<int64_t>(i) * kKvDim, kKvRowBytes))
+          ASSERT_EQ(
+              0, std::memcmp(
+                     layer + static_cast<int64_t>(view_slots[slots.size() + i]) * g_row_bytes,
+                     s.tree->rows[l].data() + static_cast<int64_t>(i) * g_row_bytes, g_row_bytes))
               << "sequence " << id << " layer " << l << " tree node " << i;
         }
       }
@@ -738,7 +773,22 @@ class KvStoreModelCheck {
     used_slots_seen_ += owned_count;
   }
 
+  // bf16 rows as the pool holds them: their bytes, or quantized (verify/kv_fp8_layout.h).
+  Bytes Encode(const std::vector<bf16_bits>& rows) const {
+    const int64_t count = static_cast<int64_t>(rows.size()) / kKvDim;
+    Bytes out(count * g_row_bytes);
+    for (int64_t r = 0; r < count; ++r) {
+      if (dtype_ == KvDtype::kFp8) {
+        QuantizeFp8Row(rows.data() + r * kKvDim, out.data() + r * kFp8RowBytes);
+      } else {
+        std::memcpy(out.data() + r * kKvRowBytes, rows.data() + r * kKvDim, kKvRowBytes);
+      }
+    }
+    return out;
+  }
+
   std::mt19937_64 rng_;
+  KvDtype dtype_;
   absl::Time now_ = absl::FromUnixSeconds(1'000'000);
   HostKvStorage* storage_ = nullptr;  // owned by store_
   std::unique_ptr<KvStore> store_;
@@ -752,10 +802,12 @@ class KvStoreModelCheck {
   int64_t steps_ = 0;
 };
 
-TEST(KvStoreModelTest, HundredThousandRandomOperationsMatchTheModel) {
+class KvStoreModelTest : public ::testing::TestWithParam<KvDtype> {};
+
+TEST_P(KvStoreModelTest, HundredThousandRandomOperationsMatchTheModel) {
   const uint64_t seed = testing_kv::TestSeed();
   SCOPED_TRACE(::testing::Message() << "reproduce with VERIFYD_TEST_SEED=" << seed);
-  KvStoreModelCheck check(seed);
+  KvStoreModelCheck check(seed, GetParam());
   for (int step = 0; step < kOperations; ++step) {
     check.Step();
     ASSERT_FALSE(::testing::Test::HasFailure()) << "operation " << step;
@@ -800,6 +852,9 @@ TEST(KvStoreModelTest, HundredThousandRandomOperationsMatchTheModel) {
   for (const auto& [outcome, count] : check.codes_seen)
     std::cout << outcome << ": " << count << "\n";
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, KvStoreModelTest, ::testing::Values(KvDtype::kBf16, KvDtype::kFp8),
+                         [](const auto& info) { return std::string(KvDtypeName(info.param)); });
 
 }  // namespace
 }  // namespace verifyd

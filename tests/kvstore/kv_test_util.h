@@ -2,8 +2,10 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <ostream>
 #include <random>
 #include <string>
@@ -12,6 +14,8 @@
 #include "kvstore/kv_store.h"
 #include "tests/testing/test_seed.h"
 #include "verify/bf16.h"
+#include "verify/kv_fp8_check.h"
+#include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
 #include "verify/slot_copy_check.h"
 
@@ -50,6 +54,45 @@ inline std::vector<bf16_bits> HashedRows(uint64_t tag, int64_t count) {
     }
   }
   return rows;
+}
+
+// The same within SPEC §1's bound (|v| <= 2^16, no NaN/Inf), for stores that do arithmetic on
+// their rows (an fp8 store quantizes): the exponent keeps to [2^-8, 2^15), the value != 0.
+inline std::vector<bf16_bits> HashedBoundedRows(uint64_t tag, int64_t count) {
+  std::vector<bf16_bits> rows = HashedRows(tag, count);
+  for (bf16_bits& v : rows) {
+    const int exponent = 119 + ((v >> 7) & 0x1F) % 23;  // biased: 2^-8 .. 2^14
+    v = static_cast<bf16_bits>((v & 0x807F) | (exponent << 7));
+  }
+  return rows;
+}
+
+// `count` rows in the fp8 layout (verify/kv_fp8_layout.h) that pass its value check: hashed codes
+// with the NaN codes replaced, positive finite scales < 2^4, bounded rope values.
+inline std::vector<uint8_t> HashedFp8Rows(uint64_t tag, int64_t count) {
+  std::vector<uint8_t> rows(static_cast<size_t>(count) * kFp8RowBytes);
+  const std::vector<bf16_bits> bits = HashedBoundedRows(tag ^ 0xf8f8f8f8ull, count);
+  for (int64_t r = 0; r < count; ++r) {
+    uint8_t* row = rows.data() + r * kFp8RowBytes;
+    std::memcpy(row, bits.data() + r * kKvDim, kVDim);  // the first 256 values' bytes as codes
+    for (int i = 0; i < kVDim; ++i) {
+      if (IsE4m3Nan(row[i])) row[i] ^= 0x01;
+    }
+    for (int g = 0; g < kFp8Groups; ++g) {
+      const float scale = std::ldexp(1.f + (bits[r * kKvDim + 300 + g] & 0x7F) / 128.f,
+                                     (bits[r * kKvDim + 310 + g] % 16) - 12);
+      std::memcpy(row + kFp8ScalesOffset + 4 * g, &scale, sizeof(scale));
+    }
+    std::memcpy(row + kFp8RopeOffset, bits.data() + r * kKvDim + kVDim, kRopeDim * 2);
+  }
+  return rows;
+}
+
+// Whether every row passes SPEC §1's checks for fp8 input (verify/kv_fp8_check.h).
+inline bool Fp8RowsValid(const std::vector<uint8_t>& rows) {
+  const int64_t count = static_cast<int64_t>(rows.size()) / kFp8RowBytes;
+  const int64_t shape[] = {count};
+  return CheckFp8Rows(rows.data(), count, 0, shape, "kv").ok();
 }
 
 // The store's fragmentation figures from scratch: a walk of every committed slot list from the

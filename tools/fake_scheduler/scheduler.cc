@@ -33,11 +33,12 @@ struct Geometry {
   int heads = 0;
   int max_tree_nodes = 0;
   float scale = 0;
+  bool fp8 = false;  // the daemons store fp8 rows (Stats kv_dtype): the models quantize alike
 };
 
 struct SequenceState {
-  SequenceState(uint64_t id, int index, int layers, uint64_t seed)
-      : model(id, layers), index(index), rng(seed * 0x9e3779b97f4a7c15ull + index) {}
+  SequenceState(uint64_t id, int index, int layers, bool fp8, uint64_t seed)
+      : model(id, layers, fp8), index(index), rng(seed * 0x9e3779b97f4a7c15ull + index) {}
   SequenceModel model;
   int index;
   std::mt19937_64 rng;
@@ -542,7 +543,7 @@ absl::StatusOr<SchedulerReport> RunScheduler(const SchedulerConfig& config) {
   VERIFYD_RETURN_IF_ERROR(GroupClient::FirstError(stats));
   const v1::StatsResponse& s0 = *stats[0];
   Geometry g{static_cast<int>(s0.layers()), static_cast<int>(s0.heads()),
-             static_cast<int>(s0.max_tree_nodes()), s0.softmax_scale()};
+             static_cast<int>(s0.max_tree_nodes()), s0.softmax_scale(), s0.kv_dtype() == "fp8"};
   if (g.layers < 1 || g.heads < 1 || g.max_tree_nodes < 1 || !(g.scale > 0)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Stats reports layers = ", g.layers, ", heads = ", g.heads, ", max_tree_nodes = ",
@@ -552,18 +553,20 @@ absl::StatusOr<SchedulerReport> RunScheduler(const SchedulerConfig& config) {
   for (size_t r = 1; r < stats.size(); ++r) {
     const v1::StatsResponse& s = *stats[r];
     if (s.layers() != s0.layers() || s.heads() != s0.heads() ||
-        s.max_tree_nodes() != s0.max_tree_nodes() || s.softmax_scale() != s0.softmax_scale()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("rank ", r, " (", config.targets[r],
-                       ") has layers/heads/max_tree_nodes/scale ", s.layers(), "/", s.heads(), "/",
-                       s.max_tree_nodes(), "/", s.softmax_scale(), "; rank 0 has ", s0.layers(),
-                       "/", s0.heads(), "/", s0.max_tree_nodes(), "/", s0.softmax_scale()));
+        s.max_tree_nodes() != s0.max_tree_nodes() || s.softmax_scale() != s0.softmax_scale() ||
+        s.kv_dtype() != s0.kv_dtype()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", r, " (", config.targets[r], ") has layers/heads/max_tree_nodes/scale/kv_dtype ",
+          s.layers(), "/", s.heads(), "/", s.max_tree_nodes(), "/", s.softmax_scale(), "/",
+          s.kv_dtype(), "; rank 0 has ", s0.layers(), "/", s0.heads(), "/", s0.max_tree_nodes(),
+          "/", s0.softmax_scale(), "/", s0.kv_dtype()));
     }
   }
   std::vector<std::unique_ptr<SequenceState>> sequences;
   const uint64_t id_base = (config.seed & 0xffffffffffull) << 20;
   for (int i = 0; i < config.sequences; ++i) {
-    sequences.push_back(std::make_unique<SequenceState>(id_base + i + 1, i, g.layers, config.seed));
+    sequences.push_back(
+        std::make_unique<SequenceState>(id_base + i + 1, i, g.layers, g.fp8, config.seed));
   }
   Run run(config, **ranks, g);
   return run.Execute(sequences);

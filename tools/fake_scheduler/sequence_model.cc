@@ -6,14 +6,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
 #include "verify/tree_mask.h"
 #include "verify/verify_reference.h"
 
 namespace verifyd::sched {
 
-SequenceModel::SequenceModel(uint64_t id, int num_layers)
-    : id_(id), kv_(num_layers), tree_kv_(num_layers) {}
+SequenceModel::SequenceModel(uint64_t id, int num_layers, bool fp8)
+    : id_(id), fp8_(fp8), kv_(num_layers), tree_kv_(num_layers) {}
 
 void SequenceModel::Append(int64_t tokens, absl::Span<const bf16_bits> kv) {
   const size_t per_layer = static_cast<size_t>(tokens) * kKvDim;
@@ -65,6 +66,16 @@ absl::Status SequenceModel::Reference(int layer, absl::Span<const bf16_bits> q, 
 
   VerifyProblem p;
   p.kv = kv.data();
+  std::vector<uint8_t> fp8_rows;
+  if (fp8_) {
+    fp8_rows.resize(static_cast<size_t>(columns) * kFp8RowBytes);
+    for (int32_t c = 0; c < columns; ++c) {
+      QuantizeFp8Row(kv.data() + static_cast<size_t>(c) * kKvDim,
+                     fp8_rows.data() + static_cast<size_t>(c) * kFp8RowBytes);
+    }
+    p.kv = nullptr;
+    p.kv_fp8 = fp8_rows.data();
+  }
   p.num_slots = columns;
   p.q = q.data();
   p.out = out->data();

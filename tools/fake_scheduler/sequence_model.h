@@ -17,7 +17,9 @@ namespace verifyd::sched {
 
 class SequenceModel {
  public:
-  SequenceModel(uint64_t id, int num_layers);
+  // fp8: the daemon stores rows in the fp8 layout (Stats kv_dtype), so the reference runs over
+  // the rows quantized as the daemon quantizes them (verify/kv_fp8_layout.h).
+  SequenceModel(uint64_t id, int num_layers, bool fp8 = false);
 
   uint64_t id() const { return id_; }
   int64_t committed() const { return committed_; }
@@ -38,6 +40,7 @@ class SequenceModel {
 
  private:
   uint64_t id_;
+  bool fp8_;
   int64_t committed_ = 0;
   std::vector<std::vector<bf16_bits>> kv_;  // per layer: [committed][576]
   std::vector<int32_t> parents_;

@@ -1,0 +1,137 @@
+"""The fp8 store (--kv_dtype=fp8, plans/0030-fp8-store.md) from Python: verifyd.fp8's helper makes
+the daemon's bytes exactly (checked against the daemon's own quantizer, tests/python's
+fp8_quantize_tool, byte for byte), an fp8 daemon serves the helper's rows and its own quantization
+of bf16 rows identically, bad fp8 rows are refused naming the element, a bf16 daemon refuses fp8
+rows, and stats report the dtype."""
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import verifyd
+from verifyd.cli_render import format_stats
+from verifyd.fp8 import FP8_ROW_BYTES, dequantize_fp8_rows, e4m3_to_float, float_to_e4m3, \
+    quantize_fp8_rows
+from verifyd.tensors import float32_to_bf16, random_bf16
+
+from conftest import HEADS, LAYERS, Daemon
+
+
+def edge_rows(rng, n):
+    """bf16 rows [n, 576] whose groups are random, zero, on the e4m3 grid or its ties (scale a
+    power of two), bf16 subnormals, or one large value over tiny ones (e4m3 subnormals)."""
+    rows = np.zeros((n, 576), dtype=np.uint16)
+    grid = e4m3_to_float(np.arange(0x7F, dtype=np.uint8))
+    for r in range(n):
+        for g in range(4):
+            kind = rng.integers(0, 6)
+            sl = slice(128 * g, 128 * g + 128)
+            if kind == 0:
+                rows[r, sl] = rng.choice([0x0000, 0x8000], size=128)
+            elif kind == 1:
+                k = rng.integers(0, 126, size=128)
+                mid = (grid[k] + grid[k + 1]) / 2
+                v = np.where(rng.integers(0, 2, size=128) == 1, -mid, mid) * np.float32(2.0 ** -8)
+                v[3] = 448.0 * 2.0 ** -8
+                rows[r, sl] = float32_to_bf16(v.astype(np.float32))
+            elif kind == 2:
+                rows[r, sl] = (rng.integers(0, 0x100, size=128) |
+                               (rng.integers(0, 2, size=128) << 15)).astype(np.uint16)
+            elif kind == 3:
+                v = rng.uniform(-1, 1, size=128).astype(np.float32) * np.float32(2.0 ** -16)
+                v[5] = 1.0
+                rows[r, sl] = float32_to_bf16(v * np.float32(2.0 ** int(rng.integers(-10, 14))))
+            else:
+                rows[r, sl] = random_bf16(rng, (128,), float(2.0 ** int(rng.integers(-12, 15))))
+        rows[r, 512:] = random_bf16(rng, (64,), 10.0)
+    return rows
+
+
+def daemon_quantize(rows):
+    tool = os.environ.get("VERIFYD_FP8_QUANTIZE_TOOL")
+    if not tool or not os.access(tool, os.X_OK):
+        pytest.fail("VERIFYD_FP8_QUANTIZE_TOOL is not set to the built fp8_quantize_tool (ctest "
+                    "python.pytest sets it)", pytrace=False)
+    done = subprocess.run([tool], input=rows.astype("<u2").tobytes(), capture_output=True,
+                          check=True)
+    return np.frombuffer(done.stdout, dtype=np.uint8).reshape(len(rows), FP8_ROW_BYTES)
+
+
+def test_helper_equals_the_daemons_quantization_byte_for_byte(rng):
+    rows = edge_rows(rng, 3000)
+    want = daemon_quantize(rows)
+    got = quantize_fp8_rows(rows)
+    assert got.dtype == np.uint8 and got.shape == (3000, FP8_ROW_BYTES)
+    bad = np.argwhere(got != want)
+    assert len(bad) == 0, f"{len(bad)} bytes differ, first (row, byte) {bad[:5].tolist()}"
+    # The edge kinds happened: zero groups (scale 1), e4m3 subnormal and saturated codes.
+    scales = got[:, 512:528].copy().view("<f4")
+    assert (scales == 1.0).sum() > 100
+    codes = got[:, :512]
+    assert (((codes & 0x78) == 0) & ((codes & 7) != 0)).sum() > 100
+    assert ((codes & 0x7F) == 0x7E).sum() > 1000
+
+
+def test_rounding_ties_go_to_even_and_dequantize_is_the_product():
+    assert float_to_e4m3(np.float32([8.5, 9.5, -0.0, 1000.0, 2.0 ** -10]).astype(np.float32)) \
+        .tolist() == [0x50, 0x52, 0x80, 0x7E, 0x00]
+    rows = quantize_fp8_rows(float32_to_bf16(np.linspace(-3, 3, 576, dtype=np.float32)))
+    values = dequantize_fp8_rows(rows)
+    scale = rows[512:528].copy().view("<f4")
+    exact = e4m3_to_float(rows[:512]).astype(np.float64).reshape(4, 128) * \
+        scale.astype(np.float64)[:, None]
+    assert np.array_equal(values[:512], exact.reshape(-1).astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def fp8_daemon():
+    d = Daemon("fp8", ["--kv_dtype=fp8"])
+    yield d
+    d.stop()
+    assert d.proc.returncode == 0, f"verifyd exited {d.proc.returncode}: {d.log()}"
+
+
+def test_an_fp8_daemon_serves_the_helpers_rows_as_its_own(fp8_daemon, rng, seq_ids):
+    with fp8_daemon.client() as c:
+        s = c.stats()
+        assert (s.kv_dtype, s.kv_bytes_per_token) == ("fp8", 656)
+        assert s.kv_pool_bytes == s.capacity_tokens * LAYERS * 656
+        text = format_stats(s)
+        assert "kv dtype" in text and "fp8" in text
+        kv = random_bf16(rng, (LAYERS, 200, 576), 3.0)
+        a, b = next(seq_ids), next(seq_ids)
+        c.append(a, kv)                      # bf16: the daemon quantizes
+        c.append(b, quantize_fp8_rows(kv))   # uint8 [L, T, 656]: sent as DTYPE_FP8_MLA
+        parents = [-1, 0, 1, 1, -1]
+        q = random_bf16(rng, (5, HEADS, 576), 0.3)
+        tkv = random_bf16(rng, (5, 576), 3.0)
+        for layer in range(LAYERS):
+            va = c.verify(layer, [(a, parents)], q, tkv, return_lse=True)
+            vb = c.verify(layer, [(b, parents)], q, tkv, return_lse=True)
+            assert np.array_equal(va.out, vb.out)
+            assert np.array_equal(va.lse, vb.lse)
+        c.release(a)
+        c.release(b)
+
+
+def test_bad_fp8_rows_are_refused_naming_the_element(fp8_daemon, rng, seq_ids):
+    with fp8_daemon.client() as c:
+        used = c.stats().used_tokens
+        rows = quantize_fp8_rows(random_bf16(rng, (LAYERS, 3, 576)))
+        rows[1, 2, 40] = 0x7F
+        sid = next(seq_ids)
+        with pytest.raises(verifyd.InvalidArgument, match=r"kv\[1, 2\] byte 40 .* NaN encoding"):
+            c.append(sid, rows)
+        rows = quantize_fp8_rows(random_bf16(rng, (LAYERS, 3, 576)))
+        rows[0, 1, 512:516] = np.frombuffer(np.float32(-2.0).tobytes(), dtype=np.uint8)
+        with pytest.raises(verifyd.InvalidArgument, match=r"kv\[0, 1\] group 0 scale"):
+            c.append(sid, rows)
+        assert c.stats().used_tokens == used
+
+
+def test_a_bf16_daemon_refuses_fp8_rows(client, rng, seq_ids):
+    rows = quantize_fp8_rows(random_bf16(rng, (LAYERS, 2, 576)))
+    with pytest.raises(verifyd.InvalidArgument, match="DTYPE_FP8_MLA"):
+        client.append(next(seq_ids), rows)
+    assert client.stats().kv_dtype == "bf16"
