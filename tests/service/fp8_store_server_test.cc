@@ -31,6 +31,8 @@ using ::testing::HasSubstr;
 std::unique_ptr<testing::TestServer> Start(KvDtype dtype, const std::string& tag,
                                            double memory_fraction = 0) {
   ServiceOptions o = testing::SmallOptions(tag);
+  // fp8 is the cpu backend's until the CUDA kernels read it; on a GPU machine auto means cuda.
+  o.backend = BackendKind::kCpu;
   o.kv_dtype = dtype;
   o.kv_memory_fraction = memory_fraction;
   auto server = std::make_unique<testing::TestServer>(o);
