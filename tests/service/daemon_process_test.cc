@@ -56,6 +56,9 @@ TEST(DaemonProcessTest, InvalidFlagsExitTwo) {
   output.clear();
   EXPECT_EQ(testing::RunToExit(kBinary, {"--flash-kernel=hopper"}, &output), 2);
   EXPECT_THAT(output, HasSubstr("--flash-kernel = 'hopper' must be auto or portable"));
+  output.clear();
+  EXPECT_EQ(testing::RunToExit(kBinary, {"--kv_dtype=fp16"}, &output), 2);
+  EXPECT_THAT(output, HasSubstr("--kv_dtype = 'fp16' must be bf16"));
 }
 
 TEST(DaemonProcessTest, HealthGoesNotServingOnSigterm) {
