@@ -7,18 +7,28 @@
 namespace verifyd {
 namespace {
 
+template <portable::KvRows kRows>
 __global__ void __launch_bounds__(kFlashThreads, 1) MlaVerifyFlashKernel(MlaVerifyParams params) {
-  portable::PortableFlash(params);
+  portable::PortableFlash<kRows>(params);
 }
 
 }  // namespace
 
 int FlashSmemBytes() { return portable::kSmemBytes; }
 
-const void* FlashKernelSymbol() { return reinterpret_cast<const void*>(&MlaVerifyFlashKernel); }
+const void* FlashKernelSymbol(bool fp8_rows) {
+  return fp8_rows ? reinterpret_cast<const void*>(&MlaVerifyFlashKernel<portable::KvRows::kFp8>)
+                  : reinterpret_cast<const void*>(&MlaVerifyFlashKernel<portable::KvRows::kBf16>);
+}
 
 cudaError_t LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream) {
-  MlaVerifyFlashKernel<<<params.num_work, kFlashThreads, portable::kSmemBytes, stream>>>(params);
+  if (params.problem.kv_fp8 != nullptr) {
+    MlaVerifyFlashKernel<portable::KvRows::kFp8>
+        <<<params.num_work, kFlashThreads, portable::kSmemBytes, stream>>>(params);
+  } else {
+    MlaVerifyFlashKernel<portable::KvRows::kBf16>
+        <<<params.num_work, kFlashThreads, portable::kSmemBytes, stream>>>(params);
+  }
   return cudaGetLastError();
 }
 

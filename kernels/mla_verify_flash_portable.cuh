@@ -48,6 +48,12 @@
 // column's row, which the mask turns into P = 0, so a masked column never multiplies garbage
 // (0 * NaN) into O.
 //
+// An fp8 pool (DeepSeek's 656-byte rows; the KvRows::kFp8 instance) changes the load stage only:
+// each warp's raw rows land in the tail of its own rows' bytes of the next buffer and are widened
+// there to bf16 during P V (mla_verify_kv_fp8_load.cuh: the math, the byte plan, the schedule), so
+// S, softmax and P V read the same bf16 tile and the shared-memory plan is the same. Measured in
+// plans/0032 (fp8 / bf16 1.07-1.10 on the H200: the widening's instructions, not bytes).
+//
 // Output: an item that covers all columns writes O (bf16) and the LSE directly; a split writes its
 // O normalised by its own sum (bf16) plus its LSE, and mla_verify_combine.cu merges the splits. O
 // is staged in the idle KV buffers and leaves as whole-row 16-byte coalesced stores.
@@ -60,6 +66,7 @@
 
 #include "kernels/mla_verify_flash_common.cuh"
 #include "kernels/mla_verify_kernels.h"
+#include "kernels/mla_verify_kv_fp8_load.cuh"
 #include "kernels/mla_verify_mma.cuh"
 #include "kernels/programmatic_launch.cuh"
 #include "kernels/tree_visibility.cuh"
@@ -325,11 +332,13 @@ __device__ __forceinline__ bool Softmax(float (&s)[kNTiles][4], RowState& st, in
   return __any_sync(kFullMask, alpha[0] != 1.f || alpha[1] != 1.f);
 }
 
-// Phase 5: O = O * alpha + P V over this warp's 16 rows and 256 value columns.
+// Phase 5: O = O * alpha + P V over this warp's 16 rows and 256 value columns. hook(step) runs
+// after each of the 32 steps' mma (an fp8 pool's widening rides there).
+template <typename StepHook>
 __device__ __forceinline__ void AccumulatePv(const bf16_bits* kv_tile,
                                              const uint32_t (&pa)[kCols / 16][4], bool rescale,
                                              const float (&alpha)[2], int lane, int kg,
-                                             float (&o)[kOTiles][4]) {
+                                             float (&o)[kOTiles][4], StepHook&& hook) {
   if (rescale) {
 #pragma unroll
     for (int nt = 0; nt < kOTiles; ++nt) {
@@ -350,6 +359,7 @@ __device__ __forceinline__ void AccumulatePv(const bf16_bits* kv_tile,
                        (lane >> 4) * 8));
       MmaBf16(o[2 * np], pa[kk], vb[0], vb[1]);
       MmaBf16(o[2 * np + 1], pa[kk], vb[2], vb[3]);
+      hook(kk * (kOTiles / 2) + np);
     }
   }
 }
@@ -403,10 +413,16 @@ __device__ __forceinline__ void Epilogue(const MlaVerifyParams& params, const Fl
   }
 }
 
+// How the pool's rows are stored: bf16 (1152 bytes, copied as they are) or DeepSeek's fp8 layout
+// (656 bytes, widened to bf16 by the load stage of mla_verify_kv_fp8_load.cuh).
+enum class KvRows { kBf16, kFp8 };
+
 // The kernel's body, for a `__global__` wrapper launched with kFlashThreads threads, one CTA per
-// work item and kSmemBytes of dynamic shared memory (the product's is MlaVerifyFlashKernel,
-// mla_verify_flash.cu).
+// work item and kSmemBytes of dynamic shared memory (the product's are the MlaVerifyFlashKernel
+// instances, mla_verify_flash.cu). kRowsKind picks the load stage; every other phase is the same.
+template <KvRows kRowsKind>
 __device__ __forceinline__ void PortableFlash(const MlaVerifyParams& params) {
+  constexpr bool kFp8 = kRowsKind == KvRows::kFp8;
   pdl::AllowDependentLaunch();  // the combine may be scheduled early (programmatic_launch.cuh)
   extern __shared__ __align__(128) uint8_t smem[];
   SharedPlan& sm = *reinterpret_cast<SharedPlan*>(smem);
@@ -440,8 +456,23 @@ __device__ __forceinline__ void PortableFlash(const MlaVerifyParams& params) {
   }
   const float scale_log2 = pr.scale * kLog2e;
 
+  constexpr int kRowsPerWarp = kCols / kWarps;
+  static_assert(!kFp8 || kRowsPerWarp == fp8::kRowsPerWarp, "the fp8 stage's row ownership");
   const int num_tiles = (item.col_end - item.col_begin + kCols - 1) / kCols;
-  LoadKvTile(pr.kv, TileSlot(rows.slots, item.col_begin, item.col_end, lane), sm.kv[0], warp, lane);
+  const int first_slot = TileSlot(rows.slots, item.col_begin, item.col_end, lane);
+  if constexpr (kFp8) {
+    uint8_t* buffer = reinterpret_cast<uint8_t*>(sm.kv[0]);
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr)
+      fp8::LoadRawRow(pr.kv_fp8, first_slot, buffer, warp, rr, lane);
+    CpAsyncCommit();
+    CpAsyncWaitAll();
+    __syncwarp();  // the warp's raw rows are in for every lane
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) fp8::WidenRow(buffer, warp, rr, lane);
+  } else {
+    LoadKvTile(pr.kv, first_slot, sm.kv[0], warp, lane);
+  }
   int next_slot = TileSlot(rows.slots, item.col_begin + kCols, item.col_end, lane);
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int tile_col = item.col_begin + tile * kCols;
@@ -451,13 +482,23 @@ __device__ __forceinline__ void PortableFlash(const MlaVerifyParams& params) {
     bf16_bits* next_buffer = sm.kv[(tile + 1) & 1];
     const bf16_bits* kv_tile = sm.kv[tile & 1];
     float s[kNTiles][4];
-    constexpr int kRowsPerWarp = kCols / kWarps;
     SPartial<kKPrefetch>(kv_tile, sm, q_frag, lane, rg, kg, s, [&](int step) {
-      // Tile j+1's rows at steps 1, 9, 17, 25 of 36: between the mma, not all at once after the
-      // barrier, where 8 warps' 12 copies each filled the load queue (lg_throttle, plans/0027).
-      if (step % 8 == 1 && step / 8 < kRowsPerWarp && refill) {
-        LoadKvRow(pr.kv, next_slot, next_buffer, warp * kRowsPerWarp + step / 8, lane);
-        if (step / 8 == kRowsPerWarp - 1) CpAsyncCommit();
+      if (!refill) return;
+      if constexpr (kFp8) {
+        // Raw rows at steps 1, 5, 9, 13, one group each: widened in P V(j), so they have S's
+        // remaining steps, the swap and the softmax to land.
+        if (step % 4 == 1 && step / 4 < kRowsPerWarp) {
+          fp8::LoadRawRow(pr.kv_fp8, next_slot, reinterpret_cast<uint8_t*>(next_buffer), warp,
+                          step / 4, lane);
+          CpAsyncCommit();
+        }
+      } else {
+        // Tile j+1's rows at steps 1, 9, 17, 25 of 36: between the mma, not all at once after the
+        // barrier, where 8 warps' 12 copies each filled the load queue (lg_throttle, plans/0027).
+        if (step % 8 == 1 && step / 8 < kRowsPerWarp) {
+          LoadKvRow(pr.kv, next_slot, next_buffer, warp * kRowsPerWarp + step / 8, lane);
+          if (step / 8 == kRowsPerWarp - 1) CpAsyncCommit();
+        }
       }
     });
     if (refill) next_slot = TileSlot(rows.slots, tile_col + 2 * kCols, item.col_end, lane);
@@ -466,7 +507,31 @@ __device__ __forceinline__ void PortableFlash(const MlaVerifyParams& params) {
     uint32_t pa[kCols / 16][4];
     const bool rescale = Softmax(s, st, tile_col, item.col_end, rows.prefix_len, rows.mask_rows,
                                  rows.words_per_row, c, alpha, pa);
-    AccumulatePv(kv_tile, pa, rescale, alpha, lane, kg, o);
+    AccumulatePv(kv_tile, pa, rescale, alpha, lane, kg, o, [&](int step) {
+      if constexpr (kFp8) {
+        // Raw row r of tile j+1 widened at step 4 + 8r of 32, once its group (the r-th of four)
+        // is complete.
+        if (refill && step % 8 == 4) {
+          uint8_t* buffer = reinterpret_cast<uint8_t*>(next_buffer);
+          switch (step / 8) {
+            case 0:
+              fp8::CpAsyncWaitGroup<3>();
+              break;
+            case 1:
+              fp8::CpAsyncWaitGroup<2>();
+              break;
+            case 2:
+              fp8::CpAsyncWaitGroup<1>();
+              break;
+            default:
+              fp8::CpAsyncWaitGroup<0>();
+              break;
+          }
+          __syncwarp();  // the row's chunks, copied by every lane, are in for every lane
+          fp8::WidenRow(buffer, warp, step / 8, lane);
+        }
+      }
+    });
   }
   Epilogue(params, item, rows.first_row, rows.rows_here, sm, st, o, tid, lane, rg, kg);
 }

@@ -17,9 +17,10 @@ namespace verifyd {
 inline constexpr int kFlashThreads = 256;
 
 int FlashSmemBytes();
-const void* FlashKernelSymbol();
+// The portable kernel's instance for bf16 rows, or (fp8_rows) for an fp8 pool's 656-byte rows.
+const void* FlashKernelSymbol(bool fp8_rows = false);
 // One CTA per work item (params.num_work), kFlashThreads threads, FlashSmemBytes() of shared
-// memory.
+// memory; the fp8 instance where params.problem.kv_fp8 is set.
 cudaError_t LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
 
 // The Hopper (sm_90a, wgmma) flash kernel: same work items, partials and outputs as the portable

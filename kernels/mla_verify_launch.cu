@@ -12,11 +12,11 @@ namespace verifyd {
 namespace {
 
 absl::Status CheckProblemShape(const VerifyProblem& p) {
-  if (p.kv == nullptr || p.q == nullptr || p.out == nullptr || p.qo_indptr == nullptr ||
-      p.prefix_len == nullptr || p.slot_indptr == nullptr || p.slots == nullptr ||
-      p.mask_indptr == nullptr || p.mask_bits == nullptr) {
+  if ((p.kv == nullptr && p.kv_fp8 == nullptr) || p.q == nullptr || p.out == nullptr ||
+      p.qo_indptr == nullptr || p.prefix_len == nullptr || p.slot_indptr == nullptr ||
+      p.slots == nullptr || p.mask_indptr == nullptr || p.mask_bits == nullptr) {
     return absl::InvalidArgumentError(
-        "problem: kv, q, out, qo_indptr, prefix_len, slot_indptr, slots, "
+        "problem: kv (or kv_fp8), q, out, qo_indptr, prefix_len, slot_indptr, slots, "
         "mask_indptr and mask_bits must all be set");
   }
   if (p.num_heads < 1)
@@ -64,7 +64,8 @@ bool HopperImageRunsHere() {
   });
 }
 
-bool UsesHopper(FlashPath path) {
+// The Hopper kernel reads bf16 rows only (issue 34): kAuto gives an fp8 pool the portable kernel.
+bool UsesHopper(FlashPath path, bool fp8_rows) {
   switch (path) {
     case FlashPath::kPortable:
       return false;
@@ -73,7 +74,7 @@ bool UsesHopper(FlashPath path) {
     case FlashPath::kAuto:
       break;
   }
-  return kHopperPathEnabled && HopperImageRunsHere();
+  return !fp8_rows && kHopperPathEnabled && HopperImageRunsHere();
 }
 
 }  // namespace
@@ -91,13 +92,13 @@ bool ProgrammaticLaunchRunsHere() {
 
 bool HopperFlashAvailable() { return HopperImageRunsHere(); }
 
-std::vector<FlashPath> AvailableFlashPaths() {
-  if (HopperFlashAvailable()) return {FlashPath::kHopper, FlashPath::kPortable};
+std::vector<FlashPath> AvailableFlashPaths(bool fp8_rows) {
+  if (!fp8_rows && HopperFlashAvailable()) return {FlashPath::kHopper, FlashPath::kPortable};
   return {FlashPath::kPortable};
 }
 
-const char* FlashKernelName(FlashPath path) {
-  return UsesHopper(path) ? "sm90a-wgmma" : "portable-mma-sync";
+const char* FlashKernelName(FlashPath path, bool fp8_rows) {
+  return UsesHopper(path, fp8_rows) ? "sm90a-wgmma" : "portable-mma-sync";
 }
 
 absl::StatusOr<int> CurrentDeviceSmCount() {
@@ -146,11 +147,18 @@ absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan
     return absl::FailedPreconditionError(
         "FlashPath::kHopper: this device or library has no sm_90a image of the Hopper kernel");
   }
-  const bool hopper = UsesHopper(path);
+  const bool fp8_rows = problem.kv_fp8 != nullptr;
+  if (path == FlashPath::kHopper && fp8_rows) {
+    return absl::FailedPreconditionError(
+        "FlashPath::kHopper reads bf16 rows only: an fp8 pool (problem.kv_fp8) runs on "
+        "FlashPath::kPortable or kAuto");
+  }
+  const bool hopper = UsesHopper(path, fp8_rows);
   // Setting the attribute is not a stream operation, so it is legal while a stream is capturing.
-  VERIFYD_CUDA_CHECK(cudaFuncSetAttribute(hopper ? HopperFlashKernelSymbol() : FlashKernelSymbol(),
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          hopper ? HopperFlashSmemBytes() : FlashSmemBytes()));
+  VERIFYD_CUDA_CHECK(
+      cudaFuncSetAttribute(hopper ? HopperFlashKernelSymbol() : FlashKernelSymbol(fp8_rows),
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           hopper ? HopperFlashSmemBytes() : FlashSmemBytes()));
   const MlaVerifyParams params = MakeMlaVerifyParams(problem, plan, layout, workspace);
   if (stages != VerifyStages::kCombineOnly) {
     VERIFYD_CUDA_CHECK(hopper ? LaunchHopperFlashKernel(params, stream)

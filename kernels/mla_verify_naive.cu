@@ -2,12 +2,15 @@
 // arithmetic, three plain passes over the visible columns (max and sum, then probabilities times
 // values), no tensor cores, no tiling tricks: slow and obviously the formula of SPEC §1.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/mla_verify_kernels.h"
 #include "kernels/tree_visibility.cuh"
+#include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
 
 namespace verifyd {
@@ -18,8 +21,28 @@ static_assert(kVDim == 4 * kNaiveThreads, "each thread owns 4 value dimensions")
 
 __device__ float Bf16(bf16_bits b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
 
-__device__ float Dot(const float* q, const bf16_bits* k) {
+// Element d of the pool's row at `slot`: a bf16 value, or an fp8 pool's dequantized one (its e4m3
+// value x its group's scale in float32, verify/kv_fp8_layout.h; the rope values are bf16).
+__device__ float KvValue(const VerifyProblem& pr, int32_t slot, int d) {
+  if (pr.kv_fp8 == nullptr) return Bf16(pr.kv[static_cast<int64_t>(slot) * kKvDim + d]);
+  const uint8_t* row = pr.kv_fp8 + static_cast<int64_t>(slot) * kFp8RowBytes;
+  if (d >= kVDim) {
+    const bf16_bits rope = static_cast<bf16_bits>(row[kFp8RopeOffset + 2 * (d - kVDim)] |
+                                                  row[kFp8RopeOffset + 2 * (d - kVDim) + 1] << 8);
+    return Bf16(rope);
+  }
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(row[d], __NV_E4M3);
+  const float scale = reinterpret_cast<const float*>(row + kFp8ScalesOffset)[d / kFp8GroupSize];
+  return __half2float(__half(h)) * scale;
+}
+
+__device__ float Dot(const float* q, const VerifyProblem& pr, int32_t slot) {
   float acc = 0.f;
+  if (pr.kv_fp8 != nullptr) {
+    for (int d = 0; d < kKvDim; ++d) acc = fmaf(q[d], KvValue(pr, slot, d), acc);
+    return acc;
+  }
+  const bf16_bits* k = pr.kv + static_cast<int64_t>(slot) * kKvDim;
   for (int chunk = 0; chunk < kKvDim / 8; ++chunk) {
     const uint4 packed = reinterpret_cast<const uint4*>(k)[chunk];
     const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
@@ -56,7 +79,7 @@ __global__ void __launch_bounds__(kNaiveThreads) MlaVerifyNaiveKernel(VerifyProb
   float l = 0.f;
   for (int t = threadIdx.x; t < cols; t += kNaiveThreads) {
     if (!ColumnVisible(mask_rows, words_per_row, prefix_len, node, t)) continue;
-    const float s = Dot(q, pr.kv + static_cast<int64_t>(slots[t]) * kKvDim);
+    const float s = Dot(q, pr, slots[t]);
     const float new_m = fmaxf(m, s);
     l = l * expf(m - new_m) + expf(s - new_m);
     m = new_m;
@@ -84,14 +107,14 @@ __global__ void __launch_bounds__(kNaiveThreads) MlaVerifyNaiveKernel(VerifyProb
     const int t = base + threadIdx.x;
     float p = 0.f;
     if (t < cols && ColumnVisible(mask_rows, words_per_row, prefix_len, node, t)) {
-      p = expf(Dot(q, pr.kv + static_cast<int64_t>(slots[t]) * kKvDim) - row_max) / row_sum;
+      p = expf(Dot(q, pr, slots[t]) - row_max) / row_sum;
     }
     probs[threadIdx.x] = p;
     __syncthreads();
     for (int j = 0; j < kNaiveThreads && base + j < cols; ++j) {
       if (probs[j] == 0.f) continue;
-      const bf16_bits* v = pr.kv + static_cast<int64_t>(slots[base + j]) * kKvDim + d0;
-      for (int i = 0; i < 4; ++i) acc[i] = fmaf(probs[j], Bf16(v[i]), acc[i]);
+      for (int i = 0; i < 4; ++i)
+        acc[i] = fmaf(probs[j], KvValue(pr, slots[base + j], d0 + i), acc[i]);
     }
     __syncthreads();
   }

@@ -38,9 +38,14 @@ bool HaveCudaDevice() {
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
-absl::StatusOr<DeviceProblem> DeviceProblem::Upload(HostProblem& host) {
+absl::StatusOr<DeviceProblem> DeviceProblem::Upload(HostProblem& host,
+                                                    const std::vector<uint8_t>* fp8_pool) {
   DeviceProblem d;
-  VERIFYD_RETURN_IF_ERROR(UploadVector(d.kv_, host.kv));
+  if (fp8_pool != nullptr) {
+    VERIFYD_RETURN_IF_ERROR(UploadVector(d.kv_fp8_, *fp8_pool));
+  } else {
+    VERIFYD_RETURN_IF_ERROR(UploadVector(d.kv_, host.kv));
+  }
   VERIFYD_RETURN_IF_ERROR(UploadVector(d.q_, host.q));
   VERIFYD_RETURN_IF_ERROR(UploadVector(d.qo_indptr_, host.qo_indptr));
   VERIFYD_RETURN_IF_ERROR(UploadVector(d.prefix_len_dev_, host.prefix_len));
@@ -55,6 +60,7 @@ absl::StatusOr<DeviceProblem> DeviceProblem::Upload(HostProblem& host) {
     d.q_len_.push_back(host.qo_indptr[b + 1] - host.qo_indptr[b]);
   VerifyProblem p = host.problem();
   p.kv = static_cast<const bf16_bits*>(d.kv_.get());
+  p.kv_fp8 = static_cast<const uint8_t*>(d.kv_fp8_.get());
   p.q = static_cast<const bf16_bits*>(d.q_.get());
   p.out = static_cast<bf16_bits*>(d.out_.get());
   p.lse = static_cast<float*>(d.lse_.get());

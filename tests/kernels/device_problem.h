@@ -42,7 +42,10 @@ struct KernelOutput {
 
 class DeviceProblem {
  public:
-  static absl::StatusOr<DeviceProblem> Upload(HostProblem& host);
+  // fp8_pool: when set, the pool is these rows in the fp8 layout ([num_slots][656],
+  // verify/kv_fp8_layout.h) instead of host.kv, and the device problem reads kv_fp8.
+  static absl::StatusOr<DeviceProblem> Upload(HostProblem& host,
+                                              const std::vector<uint8_t>* fp8_pool = nullptr);
   // The device-pointer view (kv, q, indices on the GPU; out and lse point at device buffers).
   const VerifyProblem& problem() const { return problem_; }
   // num_sms shapes the split plan; tests pass odd values to force many or no splits.
@@ -55,8 +58,8 @@ class DeviceProblem {
   absl::Status PoisonOutputs();
 
   std::vector<int32_t> prefix_len_, q_len_;
-  DeviceBuffer kv_, q_, out_, lse_, qo_indptr_, prefix_len_dev_, slot_indptr_, slots_, mask_indptr_,
-      mask_bits_;
+  DeviceBuffer kv_, kv_fp8_, q_, out_, lse_, qo_indptr_, prefix_len_dev_, slot_indptr_, slots_,
+      mask_indptr_, mask_bits_;
   VerifyProblem problem_;
 };
 

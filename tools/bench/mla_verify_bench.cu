@@ -16,6 +16,8 @@
 //                                         clocks of each phase of a steady tile)
 //                         [--diag]       (the sm_90a kernel without its KV gathers, without its
 //                                         wgmma: which side bounds it, plans/0004 session 4)
+//                         [--fp8]        (also times an fp8 pool of the same KV, on the paths
+//                                         that read it: fp8 / bf16, and its own floor)
 // The three instruments may be given together: each runs, in that order, and the table does not.
 // On a Hopper device both flash paths are measured (FlashPath::kHopper, then kPortable);
 // --launcher-path-only measures kAuto alone. The timeline and diag instruments are other
@@ -41,6 +43,7 @@
 #include "tools/bench/bench_cuda_check.h"
 #include "tools/bench/mla_verify_flash_sm90_probes.h"
 #include "tools/bench/mma_sync_rate.h"
+#include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
 #include "verify/tree_mask.h"
 
@@ -334,6 +337,10 @@ struct ShapeData {
   int32_t* slots_contiguous = nullptr;
   int32_t* slots_scattered = nullptr;
   uint64_t* mask_bits = nullptr;
+  // --fp8: the same KV quantized into the fp8 layout (656 bytes a row, the daemon's rule), and the
+  // naive kernel's output over it.
+  uint8_t* kv_fp8 = nullptr;
+  bf16_bits* out_naive_fp8 = nullptr;
   VerifyProblem problem;  // slots and kv filled in per launch
 };
 
@@ -410,20 +417,37 @@ ShapeData BuildShape(const Shape& s, std::mt19937_64& rng) {
   return d;
 }
 
+// The shape's KV replicas in the fp8 layout, quantized on the host exactly as the daemon does.
+void AddFp8Pool(ShapeData& d, const Shape& s) {
+  const int64_t rows = int64_t{d.copies} * d.slots_per_copy;
+  std::vector<bf16_bits> bf16(size_t(rows) * kKvDim);
+  BENCH_CUDA(cudaMemcpy(bf16.data(), d.kv, bf16.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<uint8_t> fp8(size_t(rows) * kFp8RowBytes);
+  for (int64_t r = 0; r < rows; ++r)
+    QuantizeFp8Row(&bf16[size_t(r) * kKvDim], &fp8[size_t(r) * kFp8RowBytes]);
+  d.kv_fp8 = DeviceCopy(fp8);
+  d.out_naive_fp8 = DeviceAlloc<bf16_bits>(size_t(s.batch) * s.q * s.heads * kVDim);
+}
+
 void FreeShape(ShapeData& d) {
   for (void* p :
        {static_cast<void*>(d.kv), static_cast<void*>(d.q), static_cast<void*>(d.out),
         static_cast<void*>(d.out_naive), static_cast<void*>(d.lse), static_cast<void*>(d.qo_indptr),
         static_cast<void*>(d.prefix_len), static_cast<void*>(d.slot_indptr),
         static_cast<void*>(d.mask_indptr), static_cast<void*>(d.slots_contiguous),
-        static_cast<void*>(d.slots_scattered), static_cast<void*>(d.mask_bits)}) {
+        static_cast<void*>(d.slots_scattered), static_cast<void*>(d.mask_bits),
+        static_cast<void*>(d.kv_fp8), static_cast<void*>(d.out_naive_fp8)}) {
     cudaFree(p);
   }
 }
 
-VerifyProblem ProblemFor(const ShapeData& d, int copy, bool scattered) {
+VerifyProblem ProblemFor(const ShapeData& d, int copy, bool scattered, bool fp8 = false) {
   VerifyProblem p = d.problem;
-  p.kv = d.kv + size_t(copy) * d.slots_per_copy * kKvDim;
+  if (fp8) {
+    p.kv_fp8 = d.kv_fp8 + size_t(copy) * d.slots_per_copy * kFp8RowBytes;
+  } else {
+    p.kv = d.kv + size_t(copy) * d.slots_per_copy * kKvDim;
+  }
   p.slots = scattered ? d.slots_scattered : d.slots_contiguous;
   return p;
 }
@@ -447,6 +471,10 @@ struct Row {
   std::string path;
   double us = 0, tflops = 0, gbs = 0, floor_us = 0, ratio = 0, burst_ratio = 0, mma_ratio = 0,
          mhz = 0, scattered_ratio = 0, graph_ratio = 0, naive_ms = 0, err = 0;
+  // --fp8, on a path that reads the fp8 layout: the fp8 pool's time over the bf16 pool's, over its
+  // own floor (656-byte rows), its scattered / contiguous, and its error against the naive kernel
+  // on the same fp8 pool. fp8_ratio 0: not measured.
+  double fp8_us = 0, fp8_ratio = 0, fp8_floor_ratio = 0, fp8_scattered_ratio = 0, fp8_err = 0;
   int ctas = 0;
 };
 
@@ -652,6 +680,7 @@ int Main(int argc, char** argv) {
   bool breakdown = false;
   bool timeline = false;
   bool diag = false;
+  bool fp8 = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
@@ -670,6 +699,8 @@ int Main(int argc, char** argv) {
       timeline = true;
     else if (!std::strcmp(argv[i], "--diag"))
       diag = true;
+    else if (!std::strcmp(argv[i], "--fp8"))
+      fp8 = true;
   }
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -745,6 +776,7 @@ int Main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     if (!selected(s)) continue;
     ShapeData d = BuildShape(s, rng);
+    if (fp8) AddFp8Pool(d, s);
     UploadedPlan up = PlanAndUpload(s, sms);
     const SplitPlan* plan = &up.plan;
     const WorkspaceLayout& layout = up.layout;
@@ -755,12 +787,23 @@ int Main(int argc, char** argv) {
       BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, scattered), *plan, layout, workspace,
                                stream, VerifyStages::kFlashAndCombine, path));
     };
+    auto launch_fp8 = [&](int i, bool scattered) {
+      BENCH_OK(LaunchMlaVerify(ProblemFor(d, i % d.copies, scattered, /*fp8=*/true), *plan, layout,
+                               workspace, nullptr, VerifyStages::kFlashAndCombine, path));
+    };
     double naive_ms = 0;
     if (run_naive) {
       VerifyProblem naive = ProblemFor(d, 0, true);
       naive.out = d.out_naive;
       naive_ms = MedianMs(0, 1, [&](int) { BENCH_OK(LaunchMlaVerifyNaive(naive, nullptr)); });
+      if (fp8) {
+        VerifyProblem naive_fp8 = ProblemFor(d, 0, true, /*fp8=*/true);
+        naive_fp8.out = d.out_naive_fp8;
+        BENCH_OK(LaunchMlaVerifyNaive(naive_fp8, nullptr));
+        BENCH_CUDA(cudaDeviceSynchronize());
+      }
     }
+    const std::vector<FlashPath> fp8_paths = AvailableFlashPaths(/*fp8_rows=*/true);
     // Each flash path this device has (the Hopper kernel where it runs, then the portable one),
     // measured against the same ceilings and the same naive output.
     const std::vector<FlashPath> paths =
@@ -824,6 +867,29 @@ int Main(int argc, char** argv) {
         row.naive_ms = naive_ms;
         row.err = RelativeErrorBf16(d.out, d.out_naive, size_t(s.batch) * s.q * s.heads * kVDim);
       }
+      const bool path_reads_fp8 =
+          std::find(fp8_paths.begin(), fp8_paths.end(), path) != fp8_paths.end() ||
+          (path == FlashPath::kAuto);
+      if (fp8 && path_reads_fp8) {
+        const double fp8_ms = MedianMs(5, iters, [&](int i) { launch_fp8(i, false); });
+        const double fp8_scattered_ms = MedianMs(5, iters, [&](int i) { launch_fp8(i, true); });
+        const double fp8_bytes = double(s.batch) * (double(s.l) + s.q) * kFp8RowBytes;
+        row.fp8_us = fp8_ms * 1e3;
+        row.fp8_ratio = fp8_ms / contiguous_ms;
+        row.fp8_floor_ratio = fp8_ms * 1e-3 / std::max(fp8_bytes / bandwidth, flops / rate);
+        row.fp8_scattered_ratio = fp8_scattered_ms / fp8_ms;
+        if (run_naive) {
+          launch_fp8(0, true);
+          BENCH_CUDA(cudaDeviceSynchronize());
+          row.fp8_err =
+              RelativeErrorBf16(d.out, d.out_naive_fp8, size_t(s.batch) * s.q * s.heads * kVDim);
+        }
+        std::printf(
+            "%s [%s] fp8 pool: %.1f us, fp8/bf16 %.3f, x%.2f its floor (656-byte rows), "
+            "scattered/contiguous %.3f, err vs naive on fp8 %.1e\n",
+            s.name, row.path.c_str(), row.fp8_us, row.fp8_ratio, row.fp8_floor_ratio,
+            row.fp8_scattered_ratio, row.fp8_err);
+      }
       std::printf(
           "%s [%s] B=%d H=%d Q=%d L=%d: %.1f us, %.0f TFLOP/s, %.0f GB/s, floor %.1f us "
           "(%s-bound), x%.2f "
@@ -850,6 +916,15 @@ int Main(int argc, char** argv) {
         "%-5s %-18s %10.1f %8.0f %8.0f %10.1f %7.2f %7.2f %7.2f %5.0f %8.3f %8.3f %10.2f %8.1e\n",
         r.name.c_str(), r.path.c_str(), r.us, r.tflops, r.gbs, r.floor_us, r.ratio, r.burst_ratio,
         r.mma_ratio, r.mhz, r.scattered_ratio, r.graph_ratio, r.naive_ms, r.err);
+  }
+  if (fp8) {
+    std::printf("\n%-4s %-18s %10s %9s %7s %8s %8s\n", "shape", "path", "fp8_us", "fp8/bf16",
+                "/floor", "scat/ctg", "err");
+    for (const Row& r : rows) {
+      if (r.fp8_ratio == 0) continue;
+      std::printf("%-5s %-18s %10.1f %9.3f %7.2f %8.3f %8.1e\n", r.name.c_str(), r.path.c_str(),
+                  r.fp8_us, r.fp8_ratio, r.fp8_floor_ratio, r.fp8_scattered_ratio, r.fp8_err);
+    }
   }
   std::printf(
       "ceilings (sustained, the floor's): copy %.0f GB/s, bf16 matmul %.0f TFLOP/s at %.0f MHz, "
