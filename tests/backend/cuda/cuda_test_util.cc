@@ -41,10 +41,11 @@ absl::StatusOr<BackendWithStorage> MakeBackend(bool cuda_graphs, int num_layers,
 }
 
 absl::StatusOr<BackendWithStorage> MakeBackend(const CudaBackendOptions& options, int num_layers,
-                                               int64_t capacity_slots) {
+                                               int64_t capacity_slots, KvDtype dtype) {
   BackendWithStorage made;
   VERIFYD_ASSIGN_OR_RETURN(made.backend, CudaBackend::Create(options));
-  VERIFYD_ASSIGN_OR_RETURN(made.storage, made.backend->CreateStorage(num_layers, capacity_slots));
+  VERIFYD_ASSIGN_OR_RETURN(made.storage,
+                           made.backend->CreateStorage(num_layers, capacity_slots, dtype));
   return made;
 }
 

@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_kv_storage.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_seed.h"
+#include "verify/kv_dtype.h"
 #include "verify/verify_problem.h"
 
 namespace verifyd::test {
@@ -41,7 +42,8 @@ struct BackendWithStorage {
 absl::StatusOr<BackendWithStorage> MakeBackend(bool cuda_graphs, int num_layers,
                                                int64_t capacity_slots);
 absl::StatusOr<BackendWithStorage> MakeBackend(const CudaBackendOptions& options, int num_layers,
-                                               int64_t capacity_slots);
+                                               int64_t capacity_slots,
+                                               KvDtype dtype = KvDtype::kBf16);
 
 // Relative errors of out and lse against the float64 oracle computed on `reference` (a problem
 // over host KV with the same logical content).
