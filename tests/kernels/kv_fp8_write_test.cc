@@ -34,15 +34,7 @@ class KvFp8WriteTest : public ::testing::Test {
     for (uint8_t& b : pool) b = static_cast<uint8_t>(rng_());
     return pool;
   }
-  std::vector<bf16_bits> EdgeRows(int count) {
-    std::vector<bf16_bits> rows;
-    rows.reserve(static_cast<size_t>(count) * kKvDim);
-    for (int r = 0; r < count; ++r) {
-      const std::vector<bf16_bits> row = RandomFp8EdgeRow(rng_);
-      rows.insert(rows.end(), row.begin(), row.end());
-    }
-    return rows;
-  }
+  std::vector<bf16_bits> EdgeRows(int count) { return RandomFp8EdgeRows(rng_, count); }
   std::vector<int32_t> DistinctSlots(int64_t capacity, int count) {
     std::vector<int32_t> all(static_cast<size_t>(capacity));
     std::iota(all.begin(), all.end(), 0);

@@ -44,4 +44,14 @@ std::vector<bf16_bits> RandomFp8EdgeRow(std::mt19937_64& rng) {
   return row;
 }
 
+std::vector<bf16_bits> RandomFp8EdgeRows(std::mt19937_64& rng, int64_t count) {
+  std::vector<bf16_bits> rows;
+  rows.reserve(static_cast<size_t>(count) * kKvDim);
+  for (int64_t r = 0; r < count; ++r) {
+    const std::vector<bf16_bits> row = RandomFp8EdgeRow(rng);
+    rows.insert(rows.end(), row.begin(), row.end());
+  }
+  return rows;
+}
+
 }  // namespace verifyd::test

@@ -2,6 +2,7 @@
 // the tests of each of its implementations (the host's, the device's bit steps and kernels).
 #pragma once
 
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -16,5 +17,7 @@ namespace verifyd::test {
 // at a random magnitude in [2^-20, 2^16] (fl32(v / scale) passing 448 by an ulp: saturation).
 // Rope values uniform in [-100, 100].
 std::vector<bf16_bits> RandomFp8EdgeRow(std::mt19937_64& rng);
+// `count` such rows back to back, [count][576].
+std::vector<bf16_bits> RandomFp8EdgeRows(std::mt19937_64& rng, int64_t count);
 
 }  // namespace verifyd::test

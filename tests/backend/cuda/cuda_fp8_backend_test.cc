@@ -25,8 +25,7 @@ namespace {
 
 using test::HostProblem;
 using test::MakeRandomProblem;
-using test::SequenceSpec;
-using test::TreeShape;
+using test::RandomSpecs;
 
 constexpr double kTolerance = 1e-2;
 constexpr int kLayers = 2;
@@ -54,16 +53,6 @@ std::vector<double> CpuReferenceOut(HostProblem host, const std::vector<uint8_t>
   std::vector<double> out(host.out.size());
   for (size_t i = 0; i < out.size(); ++i) out[i] = Bf16ToFloat(host.out[i]);
   return out;
-}
-
-std::vector<SequenceSpec> RandomSpecs(std::mt19937_64& rng, int batch, int max_prefix,
-                                      int max_nodes) {
-  std::vector<SequenceSpec> specs;
-  for (int b = 0; b < batch; ++b) {
-    specs.push_back({static_cast<int>(rng() % (max_prefix + 1)),
-                     1 + static_cast<int>(rng() % max_nodes), static_cast<TreeShape>(rng() % 4)});
-  }
-  return specs;
 }
 
 // The device pool's bytes of `layer` equal the host's quantization, every byte.

@@ -23,25 +23,8 @@
 namespace verifyd {
 namespace {
 
+using test::DistinctSlots;
 using test::Iota;
-
-std::vector<int32_t> DistinctSlots(std::mt19937_64& rng, int64_t capacity, int k) {
-  std::vector<int32_t> all = Iota(capacity);
-  std::shuffle(all.begin(), all.end(), rng);
-  all.resize(k);
-  return all;
-}
-
-// Edge-case bf16 rows (zero groups, -0, subnormals, ties, saturation: tests/testing).
-std::vector<bf16_bits> EdgeRows(std::mt19937_64& rng, int64_t count) {
-  std::vector<bf16_bits> rows;
-  rows.reserve(static_cast<size_t>(count) * kKvDim);
-  for (int64_t r = 0; r < count; ++r) {
-    const std::vector<bf16_bits> row = test::RandomFp8EdgeRow(rng);
-    rows.insert(rows.end(), row.begin(), row.end());
-  }
-  return rows;
-}
 
 void ExpectSamePools(const HostKvStorage& host, const CudaKvStorage& cuda) {
   const std::vector<int32_t> all = Iota(host.capacity_slots());
@@ -66,7 +49,7 @@ class CudaFp8StorageTest : public test::SeededCudaTest {
     made_ = std::move(*made);
     host_ = std::make_unique<HostKvStorage>(layers, capacity, KvDtype::kFp8);
     for (int layer = 0; layer < layers; ++layer) {
-      const std::vector<bf16_bits> rows = EdgeRows(rng_, capacity);
+      const std::vector<bf16_bits> rows = test::RandomFp8EdgeRows(rng_, capacity);
       ASSERT_TRUE(host_->WriteRows(layer, Iota(capacity), rows.data()).ok());
       ASSERT_TRUE(cuda().WriteRows(layer, Iota(capacity), rows.data()).ok());
     }
@@ -105,7 +88,8 @@ TEST_F(CudaFp8StorageTest, RandomWritesCopiesAndReadsMatchTheHostByteForByte) {
     if (kind == 0) {  // bf16 rows, quantized at the flush
       const std::vector<int32_t> slots =
           DistinctSlots(rng_, capacity, 1 + static_cast<int>(rng_() % 400));
-      const std::vector<bf16_bits> rows = EdgeRows(rng_, static_cast<int64_t>(slots.size()));
+      const std::vector<bf16_bits> rows =
+          test::RandomFp8EdgeRows(rng_, static_cast<int64_t>(slots.size()));
       ASSERT_TRUE(host_->WriteRows(layer, slots, rows.data()).ok());
       ASSERT_TRUE(cuda().WriteRows(layer, slots, rows.data()).ok());
     } else if (kind == 1) {  // rows already in the layout (the store checked them)
@@ -149,7 +133,8 @@ TEST_F(CudaFp8StorageTest, InterleavedBf16AndEncodedWritesKeepCallOrder) {
     const int layer = static_cast<int>(rng_() % layers);
     const std::vector<int32_t> slots = DistinctSlots(rng_, 60, 1 + static_cast<int>(rng_() % 30));
     if (rng_() % 2 == 0) {
-      const std::vector<bf16_bits> rows = EdgeRows(rng_, static_cast<int64_t>(slots.size()));
+      const std::vector<bf16_bits> rows =
+          test::RandomFp8EdgeRows(rng_, static_cast<int64_t>(slots.size()));
       ASSERT_TRUE(host_->WriteRows(layer, slots, rows.data()).ok());
       ASSERT_TRUE(cuda().WriteRows(layer, slots, rows.data()).ok());
     } else {
@@ -187,7 +172,7 @@ TEST_F(CudaFp8StorageTest, ChainedRunCopiesMoveWholeRows) {
     std::vector<int32_t> reused(static_cast<size_t>(last.length));
     for (int32_t i = 0; i < last.length; ++i) reused[i] = last.src_begin + i;
     const int layer = static_cast<int>(rng_() % layers);
-    const std::vector<bf16_bits> rows = EdgeRows(rng_, last.length);
+    const std::vector<bf16_bits> rows = test::RandomFp8EdgeRows(rng_, last.length);
     ASSERT_TRUE(host_->WriteRows(layer, reused, rows.data()).ok());
     ASSERT_TRUE(cuda().WriteRows(layer, reused, rows.data()).ok());
   }
@@ -202,7 +187,7 @@ TEST_F(CudaFp8StorageTest, LargeWritesFlushEarlyAndLandIntact) {
   Make(1, capacity);
   std::vector<int32_t> slots = Iota(capacity);
   std::shuffle(slots.begin(), slots.end(), rng_);
-  const std::vector<bf16_bits> rows = EdgeRows(rng_, capacity);
+  const std::vector<bf16_bits> rows = test::RandomFp8EdgeRows(rng_, capacity);
   ASSERT_TRUE(host_->WriteRows(0, slots, rows.data()).ok());
   ASSERT_TRUE(cuda().WriteRows(0, slots, rows.data()).ok());
   ExpectSamePools(*host_, cuda());
@@ -224,7 +209,7 @@ TEST_F(CudaFp8StorageTest, DeviceRowsAreCheckedThenQuantized) {
     const int layer = static_cast<int>(rng_() % layers);
     const int k = 1 + static_cast<int>(rng_() % max_rows);
     const std::vector<int32_t> slots = DistinctSlots(rng_, capacity, k);
-    std::vector<bf16_bits> rows = EdgeRows(rng_, k);
+    std::vector<bf16_bits> rows = test::RandomFp8EdgeRows(rng_, k);
     // A queued encoded write of the first slot lands before the device rows (call order).
     const std::vector<uint8_t> earlier = testing_kv::HashedFp8Rows(rng_(), 1);
     ASSERT_TRUE(host_->WriteEncodedRows(layer, {slots[0]}, earlier.data()).ok());

@@ -19,16 +19,9 @@
 namespace verifyd {
 namespace {
 
+using test::DistinctSlots;
 using test::Iota;
 using testing_kv::HashedRows;
-
-// k distinct slots of [0, capacity), in random order.
-std::vector<int32_t> DistinctSlots(std::mt19937_64& rng, int64_t capacity, int k) {
-  std::vector<int32_t> all = Iota(capacity);
-  std::shuffle(all.begin(), all.end(), rng);
-  all.resize(k);
-  return all;
-}
 
 void ExpectSamePools(const HostKvStorage& host, const CudaKvStorage& cuda) {
   const std::vector<int32_t> all = Iota(host.capacity_slots());

@@ -74,6 +74,23 @@ std::vector<int32_t> Iota(int64_t n) {
   return v;
 }
 
+std::vector<int32_t> DistinctSlots(std::mt19937_64& rng, int64_t capacity, int k) {
+  std::vector<int32_t> all = Iota(capacity);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(k);
+  return all;
+}
+
+std::vector<SequenceSpec> RandomSpecs(std::mt19937_64& rng, int batch, int max_prefix,
+                                      int max_nodes) {
+  std::vector<SequenceSpec> specs;
+  for (int b = 0; b < batch; ++b) {
+    specs.push_back({static_cast<int>(rng() % (max_prefix + 1)),
+                     1 + static_cast<int>(rng() % max_nodes), static_cast<TreeShape>(rng() % 4)});
+  }
+  return specs;
+}
+
 std::vector<bf16_bits> RandomValues(std::mt19937_64& rng, size_t count, float amplitude) {
   std::uniform_real_distribution<float> u(-amplitude, amplitude);
   std::vector<bf16_bits> v(count);

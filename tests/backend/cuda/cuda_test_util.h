@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kv_storage.h"
 #include "gtest/gtest.h"
+#include "tests/testing/problem_builder.h"
 #include "tests/testing/test_seed.h"
 #include "verify/kv_dtype.h"
 #include "verify/verify_problem.h"
@@ -79,6 +80,13 @@ class SharedMapping {
 
 // Sequential 0..n-1.
 std::vector<int32_t> Iota(int64_t n);
+
+// k distinct slots of [0, capacity), in random order.
+std::vector<int32_t> DistinctSlots(std::mt19937_64& rng, int64_t capacity, int k);
+
+// `batch` sequences with prefixes in [0, max_prefix], trees of [1, max_nodes] nodes, any shape.
+std::vector<SequenceSpec> RandomSpecs(std::mt19937_64& rng, int batch, int max_prefix,
+                                      int max_nodes);
 
 // count bf16 values uniform in [-amplitude, amplitude).
 std::vector<bf16_bits> RandomValues(std::mt19937_64& rng, size_t count, float amplitude);
