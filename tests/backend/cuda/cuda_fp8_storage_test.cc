@@ -24,20 +24,8 @@ namespace verifyd {
 namespace {
 
 using test::DistinctSlots;
+using test::ExpectSamePools;
 using test::Iota;
-
-void ExpectSamePools(const HostKvStorage& host, const CudaKvStorage& cuda) {
-  const std::vector<int32_t> all = Iota(host.capacity_slots());
-  std::vector<uint8_t> got(all.size() * kFp8RowBytes);
-  for (int layer = 0; layer < host.num_layers(); ++layer) {
-    ASSERT_TRUE(cuda.ReadEncodedRows(layer, all, got.data()).ok());
-    const uint8_t* want = host.layer_bytes(layer);
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_EQ(got[i], want[i]) << "layer " << layer << " slot " << i / kFp8RowBytes << " byte "
-                                 << i % kFp8RowBytes;
-    }
-  }
-}
 
 class CudaFp8StorageTest : public test::SeededCudaTest {
  protected:

@@ -20,18 +20,9 @@ namespace verifyd {
 namespace {
 
 using test::DistinctSlots;
+using test::ExpectSamePools;
 using test::Iota;
 using testing_kv::HashedRows;
-
-void ExpectSamePools(const HostKvStorage& host, const CudaKvStorage& cuda) {
-  const std::vector<int32_t> all = Iota(host.capacity_slots());
-  std::vector<bf16_bits> got(all.size() * kKvDim);
-  for (int layer = 0; layer < host.num_layers(); ++layer) {
-    ASSERT_TRUE(cuda.ReadRows(layer, all, got.data()).ok());
-    const bf16_bits* want = host.layer_data(layer);
-    ASSERT_TRUE(std::equal(got.begin(), got.end(), want)) << "layer " << layer;
-  }
-}
 
 using CudaKvStorageTest = test::SeededCudaTest;
 

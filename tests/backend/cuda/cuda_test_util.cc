@@ -74,6 +74,21 @@ std::vector<int32_t> Iota(int64_t n) {
   return v;
 }
 
+void ExpectSamePools(const HostKvStorage& host, const CudaKvStorage& cuda) {
+  ASSERT_EQ(host.row_bytes(), cuda.row_bytes());
+  const size_t row_bytes = static_cast<size_t>(host.row_bytes());
+  const std::vector<int32_t> all = Iota(host.capacity_slots());
+  std::vector<uint8_t> got(all.size() * row_bytes);
+  for (int layer = 0; layer < host.num_layers(); ++layer) {
+    ASSERT_TRUE(cuda.ReadEncodedRows(layer, all, got.data()).ok());
+    const uint8_t* want = host.layer_bytes(layer);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << "layer " << layer << " slot " << i / row_bytes << " byte "
+                                 << i % row_bytes;
+    }
+  }
+}
+
 std::vector<int32_t> DistinctSlots(std::mt19937_64& rng, int64_t capacity, int k) {
   std::vector<int32_t> all = Iota(capacity);
   std::shuffle(all.begin(), all.end(), rng);

@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kv_storage.h"
 #include "gtest/gtest.h"
+#include "kvstore/kv_storage.h"
 #include "tests/testing/problem_builder.h"
 #include "tests/testing/test_seed.h"
 #include "verify/kv_dtype.h"
@@ -80,6 +81,10 @@ class SharedMapping {
 
 // Sequential 0..n-1.
 std::vector<int32_t> Iota(int64_t n);
+
+// Every byte of every layer of the two pools (either dtype: the rows as each pool holds them) is
+// the same; the first difference is named by layer, slot and byte.
+void ExpectSamePools(const HostKvStorage& host, const CudaKvStorage& cuda);
 
 // k distinct slots of [0, capacity), in random order.
 std::vector<int32_t> DistinctSlots(std::mt19937_64& rng, int64_t capacity, int k);
