@@ -39,18 +39,17 @@ class ComputeBackend {
   // The pool the KvStore will own. Called once, before any ComputeVerify.
   virtual absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers,
                                                                    int64_t capacity_slots) = 0;
-  // The same with the rows' dtype (SPEC §1 "KV storage dtype"). A backend that does not override
-  // it stores bf16 only: fp8 is FAILED_PRECONDITION (the cuda backend until its kernels read the
-  // fp8 layout, issue 34).
+  // The same with the rows' dtype (SPEC §1 "KV storage dtype"). The cpu and cuda backends store
+  // both; a backend that does not override it stores bf16 only, and fp8 is FAILED_PRECONDITION
+  // (the daemon's start fails with this message).
   virtual absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers,
                                                                    int64_t capacity_slots,
                                                                    KvDtype dtype) {
     if (dtype == KvDtype::kBf16) return CreateStorage(num_layers, capacity_slots);
-    return absl::FailedPreconditionError(
-        absl::StrCat("--kv_dtype=", KvDtypeName(dtype),
-                     " is served by the cpu backend until the "
-                     "CUDA kernels read the fp8 layout (issue 34); the ",
-                     name(), " backend stores bf16"));
+    return absl::FailedPreconditionError(absl::StrCat("--kv_dtype=", KvDtypeName(dtype), ": the ",
+                                                      name(),
+                                                      " backend stores bf16 rows only; use "
+                                                      "--kv_dtype=bf16"));
   }
 
   // Whether ComputeVerify needs problem.slot_indptr / problem.slots as concatenated host arrays.

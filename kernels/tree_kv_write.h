@@ -28,4 +28,13 @@ absl::Status LaunchTreeKvWrite(bf16_bits* kv, int64_t num_slots, const bf16_bits
                                const int32_t* slot_indptr, const int32_t* slots,
                                cudaStream_t stream);
 
+// The same into an fp8 pool: kv is one layer [num_slots][656] bytes (16-byte aligned) and each
+// bf16 row is quantized on the way in, byte for byte as QuantizeFp8Row (verify/kv_fp8_layout.h),
+// one warp per node. The rows must already satisfy SPEC §1's bound (the callers' value checks run
+// first); the same skipping of bad slots, no allocation, no synchronization.
+absl::Status LaunchTreeKvWriteFp8(uint8_t* kv, int64_t num_slots, const bf16_bits* rows,
+                                  int total_q, int batch, const int32_t* qo_indptr,
+                                  const int32_t* prefix_len, const int32_t* slot_indptr,
+                                  const int32_t* slots, cudaStream_t stream);
+
 }  // namespace verifyd

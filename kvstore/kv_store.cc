@@ -151,8 +151,9 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
   }
   if (encoded && memory == RowMemory::kDevice) {
     return absl::UnimplementedError(
-        "kv: fp8 rows from device memory are not read yet (issue 34: the cuda backend's fp8 "
-        "storage); send them inline or from shared memory; nothing was kept");
+        "kv: fp8 rows (the 656-byte layout) are not read from device memory (their SPEC §1 checks "
+        "run on the host); send them inline or from shared memory, or send bf16 rows from device "
+        "memory (the daemon quantizes them); nothing was kept");
   }
   const int64_t row_bytes = encoded ? kFp8RowBytes : kKvRowBytes;
   const int64_t layer_bytes = int64_t{num_tokens} * row_bytes;

@@ -1,7 +1,5 @@
 #include "service/backend_factory.h"
 
-#include <string>
-
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/cpu_backend.h"
 #include "base/status_macros.h"
@@ -36,10 +34,9 @@ absl::Status CheckBackendCompiled(BackendKind kind) {
   return absl::OkStatus();
 }
 
-namespace {
-
-// The backend --backend names, whatever the dtype.
-absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateAnyBackend(const ServiceOptions& options) {
+// Both backends store either dtype (--kv_dtype reaches CreateStorage); a backend that stores bf16
+// only would refuse fp8 there, at start, with its name (ComputeBackend::CreateStorage).
+absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const ServiceOptions& options) {
   switch (options.backend) {
     case BackendKind::kCpu:
       return std::unique_ptr<ComputeBackend>(new CpuBackend(options.compute_threads));
@@ -61,22 +58,6 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateAnyBackend(const ServiceOp
       return std::unique_ptr<ComputeBackend>(new CpuBackend(options.compute_threads));
   }
   return absl::InvalidArgumentError("--backend is not set");
-}
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const ServiceOptions& options) {
-  VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend, CreateAnyBackend(options));
-  // Refused, not served on cpu instead: --backend=auto on a GPU host must not quietly become the
-  // reference arithmetic because of another flag.
-  if (options.kv_dtype == KvDtype::kFp8 && std::string(backend->name()) != "cpu") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--kv_dtype=fp8 is served by the cpu backend until the CUDA kernels read the fp8 layout "
-        "(issue 34); this daemon's backend is ",
-        backend->name(), " (--backend=", BackendName(options.backend),
-        "): use --kv_dtype=bf16, or --backend=cpu"));
-  }
-  return backend;
 }
 
 }  // namespace verifyd

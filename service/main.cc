@@ -58,7 +58,7 @@ ABSL_FLAG(double, kv_memory_fraction, 0,
 ABSL_FLAG(std::string, kv_dtype, "bf16",
           "bf16|fp8: the KV pool's rows: 576 bf16 values (1152 bytes per token and layer) or "
           "DeepSeek's FP8 MLA layout (656 bytes: 512 e4m3 + 4 float32 scales + 64 bf16 rope; "
-          "Append's bf16 rows are quantized); fp8 on the cpu backend only (issue 34)");
+          "bf16 rows are quantized as they are stored); either backend");
 ABSL_FLAG(double, softmax_scale, 1.0 / std::sqrt(192.0), "default attention scale");
 ABSL_FLAG(double, lease_seconds, 300, "a sequence untouched this long is released");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "gRPC receive and send limit");

@@ -256,8 +256,9 @@ absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
     VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckBytes(kv, "kv", shm, external, 1, "fp8 bytes"));
     if (kv.data_case() == Tensor::kExternalMemory && !external->table->host_memory()) {
       return absl::UnimplementedError(
-          "kv.external_memory: fp8 rows from device memory are not read yet (the cuda backend's "
-          "fp8 storage, issue 34); send them inline or from shared memory");
+          "kv.external_memory: fp8 rows (DTYPE_FP8_MLA) are not read from device memory (their "
+          "SPEC §1 checks run on the host); send them inline or from shared memory, or send bf16 "
+          "rows from device memory (the daemon quantizes them)");
     }
     call.kv_dtype = KvDtype::kFp8;
     // The store checks every row (verify/kv_fp8_check.h) in any memory, before it keeps any.

@@ -48,8 +48,8 @@ struct ServiceOptions {
   // cuda, physical memory for cpu) and kv_capacity_tokens is ignored; 0: kv_capacity_tokens.
   double kv_memory_fraction = 0;
   // The pool's rows (SPEC §1 "KV storage dtype"): bf16 (1152 bytes per token and layer) or
-  // DeepSeek's fp8 layout (656). fp8 is served by the cpu backend only, until the CUDA kernels
-  // read it (issue 34); the daemon refuses to start with it on cuda.
+  // DeepSeek's fp8 layout (656), on either backend (the cuda one quantizes bf16 rows on the
+  // device: backend/cuda/cuda_kv_storage.h).
   KvDtype kv_dtype = KvDtype::kBf16;
   float softmax_scale = 0.07216878364870322f;  // 1/sqrt(192)
   double lease_seconds = 300;

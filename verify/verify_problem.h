@@ -39,8 +39,10 @@ struct VerifyProblem {
   const int32_t* mask_indptr = nullptr;  // [batch+1], in uint64 words
   const uint64_t* mask_bits = nullptr;   // [mask_indptr[batch]]
   // An fp8 pool's layer instead of kv ([num_slots][656], verify/kv_fp8_layout.h): when set, kv is
-  // not read and attention runs over the dequantized rows (SPEC §1). The CPU reference reads it;
-  // the CUDA kernels do not yet (issue 34), and the daemon serves fp8 on the cpu backend only.
+  // not read and attention runs over the dequantized rows (SPEC §1). Both backends set it (kv
+  // null) over an fp8 pool: the CPU reference reads it, and so do the CUDA launches, which take
+  // kv_fp8 != nullptr to mean fp8 rows (device pointers there, like kv's; the portable and naive
+  // kernels read them, FlashPath::kHopper refuses them: plans/0032).
   // Last, so that positional initializers of the fields above keep their meaning.
   const uint8_t* kv_fp8 = nullptr;
 };

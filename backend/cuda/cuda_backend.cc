@@ -78,9 +78,15 @@ absl::StatusOr<int64_t> CudaBackend::AvailableMemoryBytes() const {
 
 absl::StatusOr<std::unique_ptr<KvStorage>> CudaBackend::CreateStorage(int num_layers,
                                                                       int64_t capacity_slots) {
+  return CreateStorage(num_layers, capacity_slots, KvDtype::kBf16);
+}
+
+absl::StatusOr<std::unique_ptr<KvStorage>> CudaBackend::CreateStorage(int num_layers,
+                                                                      int64_t capacity_slots,
+                                                                      KvDtype dtype) {
   if (storage_ != nullptr) return absl::FailedPreconditionError("CudaBackend storage exists");
   VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<CudaKvStorage> storage,
-                           CudaKvStorage::Create(num_layers, capacity_slots, stream_));
+                           CudaKvStorage::Create(num_layers, capacity_slots, stream_, dtype));
   const int64_t arena_entries = options_.slot_arena_entries > 0
                                     ? options_.slot_arena_entries
                                     : 2 * capacity_slots + (int64_t{1} << 16);
@@ -134,7 +140,14 @@ absl::StatusOr<CudaBackend::PlannedCall> CudaBackend::PlanCall(
         absl::StrCat("layer = ", layer, " must be < ", storage_->num_layers()));
   }
   VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
-  problem.kv = storage_->layer_device_data(layer);
+  // One of the two, by the pool's dtype (verify_problem.h): the kernels read kv_fp8 when set.
+  if (storage_->dtype() == KvDtype::kFp8) {
+    problem.kv = nullptr;
+    problem.kv_fp8 = storage_->layer_device_bytes(layer);
+  } else {
+    problem.kv = storage_->layer_device_data(layer);
+    problem.kv_fp8 = nullptr;
+  }
   problem.num_slots = storage_->capacity_slots();
   if (problem.out == nullptr) return absl::InvalidArgumentError("out must be set");
   // Everything is checked before any of it reaches a kernel: an index out of range there would
@@ -264,7 +277,8 @@ VerifyGraphParams CudaBackend::GraphParams(const VerifyProblem& problem, const C
   params.device_outputs = outputs_.get();
   params.host_outputs = host_outputs_.get();
   params.slot_arena = staged.arena;
-  params.kv = problem.kv;
+  // The layer's rows whichever the dtype (a backend's pool has one): the kernels' KV address.
+  params.kv = problem.kv_fp8 != nullptr ? static_cast<const void*>(problem.kv_fp8) : problem.kv;
   params.num_slots = problem.num_slots;
   params.num_work = static_cast<int>(plan.plan.work.size());
   params.num_combine = static_cast<int>(plan.plan.combine.size());

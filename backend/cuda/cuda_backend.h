@@ -120,6 +120,11 @@ class CudaBackend : public ComputeBackend {
   const char* name() const override { return "cuda"; }
   absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers,
                                                            int64_t capacity_slots) override;
+  // Either dtype: an fp8 pool holds 656-byte rows (cuda_kv_storage.h), and every VerifyProblem
+  // this backend builds over it points kv_fp8 at the layer's bytes (kv null), which the attention
+  // launch takes to mean fp8 rows.
+  absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers, int64_t capacity_slots,
+                                                           KvDtype dtype) override;
   // Reads `slot_lists` (never concatenated on the host); an empty span means the concatenated
   // host arrays in `problem`, uploaded whole every call (tests and tools).
   bool needs_host_slot_lists() const override { return false; }

@@ -197,11 +197,19 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
     VERIFYD_CUDA_CHECK(cudaMemsetAsync(value_words, 0xff, 2 * sizeof(unsigned long long), stream));
     VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBoundOfTwo(
         problem.q, rows * kKvDim, tree_kv, int64_t{problem.total_q} * kKvDim, value_words, stream));
-    // The tree KV goes into the pool before the attention reads it (stream order).
-    VERIFYD_RETURN_IF_ERROR(LaunchTreeKvWrite(
-        const_cast<bf16_bits*>(problem.kv), problem.num_slots, tree_kv, problem.total_q,
-        problem.batch, device_problem.qo_indptr, device_problem.prefix_len,
-        device_problem.slot_indptr, device_problem.slots, stream));
+    // The tree KV goes into the pool before the attention reads it (stream order); an fp8 pool
+    // quantizes it on the way (the bf16 values were checked just above, as for a bf16 pool).
+    if (problem.kv_fp8 != nullptr) {
+      VERIFYD_RETURN_IF_ERROR(LaunchTreeKvWriteFp8(
+          const_cast<uint8_t*>(problem.kv_fp8), problem.num_slots, tree_kv, problem.total_q,
+          problem.batch, device_problem.qo_indptr, device_problem.prefix_len,
+          device_problem.slot_indptr, device_problem.slots, stream));
+    } else {
+      VERIFYD_RETURN_IF_ERROR(LaunchTreeKvWrite(
+          const_cast<bf16_bits*>(problem.kv), problem.num_slots, tree_kv, problem.total_q,
+          problem.batch, device_problem.qo_indptr, device_problem.prefix_len,
+          device_problem.slot_indptr, device_problem.slots, stream));
+    }
     VERIFYD_RETURN_IF_ERROR(LaunchMlaVerify(device_problem, plan.plan, plan.layout,
                                             staged.workspace, stream,
                                             VerifyStages::kFlashAndCombine, options_.flash_path));

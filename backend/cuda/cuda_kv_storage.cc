@@ -9,8 +9,10 @@
 #include "base/cuda_check.h"
 #include "base/status_macros.h"
 #include "kernels/kv_copy_kernels.h"
+#include "kernels/kv_fp8_write.h"
 #include "kernels/mla_verify_launch.h"
 #include "kernels/value_bound_check.h"
+#include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
 
 namespace verifyd {
@@ -22,12 +24,12 @@ namespace {
 // rarely.
 constexpr size_t kInitialRingBytes = size_t{8} << 20;
 // Queued writes are flushed once they hold this much, bounding the pinned batch.
-constexpr int64_t kFlushRows = (int64_t{32} << 20) / kKvRowBytes;
+constexpr int64_t kFlushBytes = int64_t{32} << 20;
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaKvStorage>> CudaKvStorage::Create(
-    int num_layers, int64_t capacity_slots, std::shared_ptr<CudaStream> stream) {
+    int num_layers, int64_t capacity_slots, std::shared_ptr<CudaStream> stream, KvDtype dtype) {
   if (stream == nullptr) return absl::InvalidArgumentError("stream must be set");
   if (num_layers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_layers = ", num_layers, " must be >= 1"));
@@ -44,14 +46,18 @@ absl::StatusOr<std::unique_ptr<CudaKvStorage>> CudaKvStorage::Create(
   }
   VERIFYD_RETURN_IF_ERROR(stream->MakeDeviceCurrent());
   std::unique_ptr<CudaKvStorage> storage(
-      new CudaKvStorage(num_layers, capacity_slots, std::move(stream)));
-  const size_t pool_bytes = static_cast<size_t>(num_layers) * capacity_slots * kKvRowBytes;
+      new CudaKvStorage(num_layers, capacity_slots, std::move(stream), dtype));
+  const int row_bytes = KvRowBytes(dtype);
+  const size_t pool_bytes = static_cast<size_t>(num_layers) * capacity_slots * row_bytes;
   VERIFYD_RETURN_IF_ERROR(storage->pool_.AllocateExact(
       pool_bytes, absl::StrCat("the KV pool (", num_layers, " layers x ", capacity_slots,
-                               " slots x ", kKvRowBytes, " bytes)")
+                               " slots x ", row_bytes, " bytes, ", KvDtypeName(dtype), ")")
                       .c_str()));
   VERIFYD_RETURN_IF_ERROR(storage->ring_.Reserve(kInitialRingBytes, *storage->stream_).status());
-  VERIFYD_ASSIGN_OR_RETURN(storage->writes_, CudaWriteBatch::Create());
+  VERIFYD_ASSIGN_OR_RETURN(storage->writes_, CudaWriteBatch::Create(kKvRowBytes));
+  if (dtype == KvDtype::kFp8) {
+    VERIFYD_ASSIGN_OR_RETURN(storage->encoded_writes_, CudaWriteBatch::Create(kFp8RowBytes));
+  }
   for (cudaEvent_t& event : storage->copy_done_) {
     VERIFYD_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   }
@@ -66,7 +72,12 @@ CudaKvStorage::~CudaKvStorage() {
 }
 
 const bf16_bits* CudaKvStorage::layer_device_data(int layer) const {
-  return pool_.as<bf16_bits>(static_cast<size_t>(layer) * capacity_ * kKvRowBytes);
+  if (dtype_ != KvDtype::kBf16) return nullptr;
+  return reinterpret_cast<const bf16_bits*>(layer_device_bytes(layer));
+}
+
+const uint8_t* CudaKvStorage::layer_device_bytes(int layer) const {
+  return pool_.as<uint8_t>(static_cast<size_t>(layer) * capacity_ * row_bytes());
 }
 
 absl::Status CudaKvStorage::CheckLayer(int layer) const {
@@ -120,23 +131,61 @@ absl::Status CudaKvStorage::UploadScratch(const void* a, size_t a_bytes, const v
   return absl::OkStatus();
 }
 
-absl::Status CudaKvStorage::WriteRows(int layer, absl::Span<const int32_t> slots,
-                                      const bf16_bits* rows) {
+absl::Status CudaKvStorage::Enqueue(CudaWriteBatch& batch, CudaWriteBatch* other, int layer,
+                                    absl::Span<const int32_t> slots, const void* rows) {
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer));
   VERIFYD_RETURN_IF_ERROR(CheckSlots(slots, "slots"));
   if (slots.empty()) return absl::OkStatus();
   if (rows == nullptr) return absl::InvalidArgumentError("rows must not be null");
   VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
-  VERIFYD_RETURN_IF_ERROR(writes_->Add(int64_t{layer} * capacity_, slots, rows));
-  if (writes_->pending_rows() >= kFlushRows) return FlushWrites();
+  // The other batch's rows were written earlier: they land first, so a later write of the same
+  // slot wins as it does on the host.
+  if (other != nullptr && other->pending_rows() > 0) VERIFYD_RETURN_IF_ERROR(FlushBatch(*other));
+  VERIFYD_RETURN_IF_ERROR(batch.Add(int64_t{layer} * capacity_, slots, rows));
+  if (batch.pending_bytes() >= kFlushBytes) return FlushBatch(batch);
   return absl::OkStatus();
 }
 
-absl::Status CudaKvStorage::FlushWrites() const {
-  if (writes_->pending_rows() == 0) return absl::OkStatus();
+absl::Status CudaKvStorage::WriteRows(int layer, absl::Span<const int32_t> slots,
+                                      const bf16_bits* rows) {
+  return Enqueue(*writes_, encoded_writes_.get(), layer, slots, rows);
+}
+
+absl::Status CudaKvStorage::WriteEncodedRows(int layer, absl::Span<const int32_t> slots,
+                                             const uint8_t* rows) {
+  // A bf16 pool's encoded rows are bf16 rows.
+  if (dtype_ == KvDtype::kBf16) return Enqueue(*writes_, nullptr, layer, slots, rows);
+  return Enqueue(*encoded_writes_, writes_.get(), layer, slots, rows);
+}
+
+absl::Status CudaKvStorage::FlushBatch(CudaWriteBatch& batch) const {
+  if (batch.pending_rows() == 0) return absl::OkStatus();
   VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
-  return writes_->Flush(pool_.as<bf16_bits>(), int64_t{num_layers_} * capacity_, scratch_,
-                        *stream_);
+  // The whole pool as one layer of num_layers * capacity rows (the batch addresses it so).
+  const int64_t pool_rows = int64_t{num_layers_} * capacity_;
+  uint8_t* pool = pool_.as<uint8_t>();
+  cudaStream_t stream = stream_->get();
+  const bool quantize = batch.row_bytes() != row_bytes();
+  return batch.Flush(
+      scratch_, *stream_, [&](const int32_t* indices, const void* rows, int count) -> absl::Status {
+        const auto* bf16_rows = static_cast<const bf16_bits*>(rows);
+        if (quantize) {
+          return LaunchKvSlotWriteFp8(pool, pool_rows, bf16_rows, indices, count, stream);
+        }
+        if (dtype_ == KvDtype::kFp8) {
+          return LaunchFp8RowSlotWrite(pool, pool_rows, static_cast<const uint8_t*>(rows), indices,
+                                       count, stream);
+        }
+        return LaunchKvSlotWrite(reinterpret_cast<bf16_bits*>(pool), pool_rows, bf16_rows, indices,
+                                 count, stream);
+      });
+}
+
+absl::Status CudaKvStorage::FlushWrites() const {
+  // At most one batch holds rows (a write to one flushes the other), so the order is moot.
+  VERIFYD_RETURN_IF_ERROR(FlushBatch(*writes_));
+  if (encoded_writes_ != nullptr) VERIFYD_RETURN_IF_ERROR(FlushBatch(*encoded_writes_));
+  return absl::OkStatus();
 }
 
 absl::Status CudaKvStorage::WriteDeviceRows(int layer, absl::Span<const int32_t> slots,
@@ -178,21 +227,44 @@ absl::Status CudaKvStorage::WriteDeviceRows(int layer, absl::Span<const int32_t>
         " [-65536, 65536] (SPEC §1: NaN and Inf are rejected, and finite values beyond 2^16 "
         "could overflow the scores); nothing was kept"));
   }
-  VERIFYD_RETURN_IF_ERROR(LaunchKvSlotWrite(const_cast<bf16_bits*>(layer_device_data(layer)),
-                                            capacity_, rows, static_cast<const int32_t*>(slots_dev),
-                                            static_cast<int>(slots.size()), stream_->get()));
+  uint8_t* layer_bytes = const_cast<uint8_t*>(layer_device_bytes(layer));
+  const auto* slots_on_device = static_cast<const int32_t*>(slots_dev);
+  const int count = static_cast<int>(slots.size());
+  if (dtype_ == KvDtype::kFp8) {
+    // Checked above as bf16 (SPEC §1), quantized on the way in as WriteRows' rows are.
+    VERIFYD_RETURN_IF_ERROR(
+        LaunchKvSlotWriteFp8(layer_bytes, capacity_, rows, slots_on_device, count, stream_->get()));
+  } else {
+    VERIFYD_RETURN_IF_ERROR(LaunchKvSlotWrite(reinterpret_cast<bf16_bits*>(layer_bytes), capacity_,
+                                              rows, slots_on_device, count, stream_->get()));
+  }
   return stream_->Synchronize();
 }
 
 absl::Status CudaKvStorage::ReadRows(int layer, absl::Span<const int32_t> slots,
                                      bf16_bits* out) const {
+  if (dtype_ != KvDtype::kBf16) {
+    return absl::FailedPreconditionError(
+        "the pool holds fp8 rows, whose dequantized values are not bf16; read them with "
+        "ReadEncodedRows");
+  }
+  return GatherToHost(layer, slots, out);
+}
+
+absl::Status CudaKvStorage::ReadEncodedRows(int layer, absl::Span<const int32_t> slots,
+                                            uint8_t* out) const {
+  return GatherToHost(layer, slots, out);
+}
+
+absl::Status CudaKvStorage::GatherToHost(int layer, absl::Span<const int32_t> slots,
+                                         void* out) const {
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer));
   VERIFYD_RETURN_IF_ERROR(CheckSlots(slots, "slots"));
   if (slots.empty()) return absl::OkStatus();
   if (out == nullptr) return absl::InvalidArgumentError("out must not be null");
   VERIFYD_RETURN_IF_ERROR(FlushWrites());
   VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
-  const size_t row_bytes = slots.size() * kKvRowBytes;
+  const size_t row_bytes = slots.size() * static_cast<size_t>(this->row_bytes());
   // The gathered rows go to the scratch after the indices: one buffer, sized before the upload so
   // that growing it cannot discard the indices.
   const size_t rows_offset = AlignTo256(slots.size() * sizeof(int32_t));
@@ -201,10 +273,10 @@ absl::Status CudaKvStorage::ReadRows(int layer, absl::Span<const int32_t> slots,
   void* unused = nullptr;
   VERIFYD_RETURN_IF_ERROR(
       UploadScratch(slots.data(), slots.size() * sizeof(int32_t), nullptr, 0, &slots_dev, &unused));
-  bf16_bits* gathered = scratch_.as<bf16_bits>(rows_offset);
-  VERIFYD_RETURN_IF_ERROR(
-      LaunchGatherRows(layer_device_data(layer), static_cast<const int32_t*>(slots_dev),
-                       static_cast<int>(slots.size()), gathered, stream_->get()));
+  void* gathered = scratch_.as<void>(rows_offset);
+  VERIFYD_RETURN_IF_ERROR(LaunchGatherRows(
+      layer_device_bytes(layer), this->row_bytes(), static_cast<const int32_t*>(slots_dev),
+      static_cast<int>(slots.size()), gathered, stream_->get()));
   VERIFYD_RETURN_IF_ERROR(read_back_.Reserve(row_bytes, *stream_).status());
   VERIFYD_CUDA_CHECK(cudaMemcpyAsync(read_back_.get(), gathered, row_bytes, cudaMemcpyDeviceToHost,
                                      stream_->get()));
@@ -226,7 +298,7 @@ absl::Status CudaKvStorage::CopySlots(absl::Span<const int32_t> src,
   VERIFYD_RETURN_IF_ERROR(UploadScratch(src.data(), src.size() * sizeof(int32_t), dst.data(),
                                         dst.size() * sizeof(int32_t), &src_dev, &dst_dev));
   VERIFYD_RETURN_IF_ERROR(LaunchCopySlotsAllLayers(
-      pool_.as<bf16_bits>(), num_layers_, capacity_, static_cast<const int32_t*>(src_dev),
+      pool_.get(), row_bytes(), num_layers_, capacity_, static_cast<const int32_t*>(src_dev),
       static_cast<const int32_t*>(dst_dev), static_cast<int>(src.size()), stream_->get()));
   // Not needed for correctness (stream order already puts the copy before any later write of a
   // freed source slot): the wait makes a compaction chunk's measured time its real copy time, so
@@ -255,7 +327,7 @@ absl::Status CudaKvStorage::CopyRuns(absl::Span<const SlotRunCopy> runs) {
   // does not survive (a wrap reuses it).
   VERIFYD_RETURN_IF_ERROR(scratch_.Reserve(table_bytes, *stream_).status());
   VERIFYD_ASSIGN_OR_RETURN(uint8_t * staged, TakeFromRing(table_bytes));
-  const int64_t segments = PackCopyRunTable(runs, reinterpret_cast<int32_t*>(staged));
+  const int64_t segments = PackCopyRunTable(runs, row_bytes(), reinterpret_cast<int32_t*>(staged));
   if (segments > INT32_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("runs cover ", segments, " copy segments of ", kCopySegmentWords * 16,
@@ -263,9 +335,9 @@ absl::Status CudaKvStorage::CopyRuns(absl::Span<const SlotRunCopy> runs) {
   }
   VERIFYD_CUDA_CHECK(
       cudaMemcpyAsync(scratch_.get(), staged, table_bytes, cudaMemcpyHostToDevice, stream_->get()));
-  VERIFYD_RETURN_IF_ERROR(
-      LaunchCopyRunsAllLayers(pool_.as<bf16_bits>(), num_layers_, capacity_, scratch_.as<int32_t>(),
-                              static_cast<int>(runs.size()), segments, stream_->get()));
+  VERIFYD_RETURN_IF_ERROR(LaunchCopyRunsAllLayers(
+      pool_.get(), row_bytes(), num_layers_, capacity_, scratch_.as<int32_t>(),
+      static_cast<int>(runs.size()), segments, stream_->get()));
   VERIFYD_CUDA_CHECK(cudaEventRecord(copy_done_[copies_enqueued_ % 2], stream_->get()));
   ++copies_enqueued_;
   return absl::OkStatus();

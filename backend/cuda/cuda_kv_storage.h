@@ -1,5 +1,15 @@
-// CudaKvStorage: the KV pool [layer][slot][576] bf16 in one device allocation, moved by kernels on
-// the device's one stream.
+// CudaKvStorage: the KV pool [layer][slot][row] in one device allocation, moved by kernels on the
+// device's one stream. A row is 576 bf16 values (1152 bytes) or, with KvDtype::kFp8, DeepSeek's
+// 656-byte fp8 layout (verify/kv_fp8_layout.h; 656 = 41 x 16, so rows stay 16-byte aligned). The
+// pool's bytes are whatever its dtype says; copies and compaction move row_bytes() per row.
+//
+// bf16 rows given to an fp8 pool (WriteRows, WriteDeviceRows, the CUDA backend's tree-KV write)
+// are quantized on the device by kernels that compute QuantizeFp8Row's bytes exactly
+// (kernels/kv_fp8_write.h): the write batch keeps them bf16 and the flush quantizes, so the host
+// never runs the quantizer on the Verify path. Rows already in the layout (WriteEncodedRows,
+// checked by the store) go through a second batch and are copied as they are; the two batches are
+// flushed in call order (a write to one flushes the other first), so a later write of a slot
+// always wins.
 //
 // Writes are gathered (cuda_write_batch.h) and reach the device at the next FlushWrites, which
 // every reader of the pool calls first (ReadRows, CopySlots, CopyRuns, the backend's
@@ -21,17 +31,19 @@
 #include "backend/cuda/cuda_write_batch.h"
 #include "kvstore/kv_storage.h"
 #include "verify/bf16.h"
+#include "verify/kv_dtype.h"
 #include "verify/slot_copy_check.h"
 
 namespace verifyd {
 
 class CudaKvStorage : public KvStorage {
  public:
-  // Allocates num_layers * capacity_slots * 1152 bytes on stream->device(); RESOURCE_EXHAUSTED
-  // when the device cannot hold it.
+  // Allocates num_layers * capacity_slots * KvRowBytes(dtype) bytes on stream->device();
+  // RESOURCE_EXHAUSTED when the device cannot hold it.
   static absl::StatusOr<std::unique_ptr<CudaKvStorage>> Create(int num_layers,
                                                                int64_t capacity_slots,
-                                                               std::shared_ptr<CudaStream> stream);
+                                                               std::shared_ptr<CudaStream> stream,
+                                                               KvDtype dtype = KvDtype::kBf16);
 
   // Waits for the stream: queued copies may still use the buffers freed here.
   ~CudaKvStorage() override;
@@ -40,16 +52,27 @@ class CudaKvStorage : public KvStorage {
 
   int num_layers() const override { return num_layers_; }
   int64_t capacity_slots() const override { return capacity_; }
+  KvDtype dtype() const override { return dtype_; }
   // Copies the rows into the pinned write batch; `rows` may be reused at once. The device sees
-  // them after the next FlushWrites.
+  // them after the next FlushWrites (an fp8 pool quantizes them there).
   absl::Status WriteRows(int layer, absl::Span<const int32_t> slots,
                          const bf16_bits* rows) override;
-  // Flushes the write batch, checks the rows' values on the device (one read of their bytes, then
-  // a wait), writes them with one kernel and waits again: the caller's buffer is free on return.
+  // bf16 rows in device memory. Flushes the write batches, checks the rows' values on the device
+  // (one read of their bytes, then a wait), writes them with one kernel (quantizing into an fp8
+  // pool) and waits again: the caller's buffer is free on return. Rows already in the fp8 layout
+  // from device memory are not taken (the store refuses them: plans/0030 says why).
   absl::Status WriteDeviceRows(int layer, absl::Span<const int32_t> slots,
                                const bf16_bits* rows) override;
-  // Gather kernel → D2H → waits for the stream.
+  // Gather kernel → D2H → waits for the stream. An fp8 pool: FAILED_PRECONDITION, as on the host
+  // (its dequantized values are not bf16); ReadEncodedRows reads it.
   absl::Status ReadRows(int layer, absl::Span<const int32_t> slots, bf16_bits* out) const override;
+  // Rows as the pool holds them (row_bytes() each), through a write batch like WriteRows; the
+  // caller has checked them (verify/kv_fp8_check.h for fp8).
+  absl::Status WriteEncodedRows(int layer, absl::Span<const int32_t> slots,
+                                const uint8_t* rows) override;
+  // Gather kernel → D2H → waits for the stream; either dtype.
+  absl::Status ReadEncodedRows(int layer, absl::Span<const int32_t> slots,
+                               uint8_t* out) const override;
   // One kernel copies every layer's rows, then waits for the stream.
   absl::Status CopySlots(absl::Span<const int32_t> src, absl::Span<const int32_t> dst) override;
   // Run table H2D (one copy from the pinned ring) → one kernel over every layer's runs → an
@@ -64,14 +87,17 @@ class CudaKvStorage : public KvStorage {
   // calls it first; stream order does the rest.
   absl::Status FlushWrites() const;
 
-  // Device pointer of one layer's [capacity][576] rows.
+  // Device pointer of one layer's [capacity][576] rows of a bf16 pool (null for fp8).
   const bf16_bits* layer_device_data(int layer) const;
+  // Device pointer of one layer's [capacity][row_bytes()] bytes, either dtype.
+  const uint8_t* layer_device_bytes(int layer) const;
   const CudaStream& stream() const { return *stream_; }
 
  private:
-  CudaKvStorage(int num_layers, int64_t capacity, std::shared_ptr<CudaStream> stream)
+  CudaKvStorage(int num_layers, int64_t capacity, std::shared_ptr<CudaStream> stream, KvDtype dtype)
       : num_layers_(num_layers),
         capacity_(capacity),
+        dtype_(dtype),
         stream_(std::move(stream)),
         copy_check_(capacity) {}
 
@@ -85,9 +111,18 @@ class CudaKvStorage : public KvStorage {
   // Returns the device addresses of a and b.
   absl::Status UploadScratch(const void* a, size_t a_bytes, const void* b, size_t b_bytes,
                              void** a_dev, void** b_dev) const;
+  // Queues rows into `batch` after flushing `other` if it holds any (call order across batches).
+  absl::Status Enqueue(CudaWriteBatch& batch, CudaWriteBatch* other, int layer,
+                       absl::Span<const int32_t> slots, const void* rows);
+  // Enqueues `batch`'s rows with the kernel that fits them: a plain copy when their size is the
+  // pool's row size, else (bf16 rows into an fp8 pool) the quantizing write.
+  absl::Status FlushBatch(CudaWriteBatch& batch) const;
+  // The gather shared by ReadRows and ReadEncodedRows: row_bytes() per row into `out`.
+  absl::Status GatherToHost(int layer, absl::Span<const int32_t> slots, void* out) const;
 
   int num_layers_;
   int64_t capacity_;
+  KvDtype dtype_;
   std::shared_ptr<CudaStream> stream_;
   DeviceBuffer pool_;
   // Mutable: ReadRows is const in the KvStorage interface but stages through these. The device
@@ -97,7 +132,10 @@ class CudaKvStorage : public KvStorage {
   mutable size_t ring_used_ = 0;
   mutable DeviceBuffer scratch_;
   mutable PinnedBuffer read_back_;
+  // bf16 rows (WriteRows; on a bf16 pool WriteEncodedRows too): copied, or quantized into fp8.
   std::unique_ptr<CudaWriteBatch> writes_;
+  // An fp8 pool's rows already in the layout (WriteEncodedRows); null for bf16.
+  std::unique_ptr<CudaWriteBatch> encoded_writes_;
   SlotCopyCheck copy_check_;
   // Recorded after each CopyRuns kernel, alternately: copy_done_[n % 2] is copy n's (timing off).
   cudaEvent_t copy_done_[2] = {nullptr, nullptr};

@@ -2,7 +2,8 @@
 # GPU integration: the real verifyd with --backend=cuda, driven by the fake scheduler (every Verify
 # checked against the CPU reference), with a Compact in the middle of concurrent Verify traffic and
 # trees up to 257 nodes; then the graph counters in /metrics, SIGTERM -> exit 0, and the same run
-# with graphs off when the daemon has the flag. Exits 77 (ctest: skipped) without a visible GPU.
+# with graphs off when the daemon has the flag, and with --kv_dtype=fp8. Exits 77 (ctest: skipped)
+# without a visible GPU.
 # usage: run_cuda_integration.sh VERIFYD FAKE_SCHEDULER VERIFYCTL
 set -euo pipefail
 VERIFYD=$1 SCHEDULER=$2 VERIFYCTL=$3
@@ -80,4 +81,13 @@ if grep -q "cuda_graphs" <<<"$help_text"; then
 else
   echo "graphs-off run skipped: this verifyd has no --cuda_graphs flag"
 fi
+
+# An fp8 pool (plans/0030): the fake scheduler reads the dtype from Stats and checks every output
+# against its reference over rows quantized the daemon's way; the device quantizes bf16 rows.
+start_daemon --kv_dtype=fp8
+drive fp8.log
+"$VERIFYCTL" --target="$target" stats | tee "$work/stats_fp8.txt" || fail "verifyctl stats (fp8)"
+grep -Eq "^kv dtype +fp8$" "$work/stats_fp8.txt" || fail "stats: kv dtype is not fp8"
+grep -Eq "^kv token bytes +656 " "$work/stats_fp8.txt" || fail "stats: bytes per token not 656"
+stop_daemon
 echo "cuda integration: OK"

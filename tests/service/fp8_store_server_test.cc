@@ -31,7 +31,9 @@ using ::testing::HasSubstr;
 std::unique_ptr<testing::TestServer> Start(KvDtype dtype, const std::string& tag,
                                            double memory_fraction = 0) {
   ServiceOptions o = testing::SmallOptions(tag);
-  // fp8 is the cpu backend's until the CUDA kernels read it; on a GPU machine auto means cuda.
+  // The cpu backend on every machine (on a GPU one auto means cuda): these tests compare Verify
+  // outputs bit for bit across ways of sending the rows, which the reference arithmetic makes
+  // exact; the cuda backend's fp8 pool has its own tests (tests/backend/cuda/cuda_fp8_*).
   o.backend = BackendKind::kCpu;
   o.kv_dtype = dtype;
   o.kv_memory_fraction = memory_fraction;

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fp8_f64.h"
+#include "tests/testing/fp8_test_rows.h"
 #include "tests/testing/test_seed.h"
 #include "verify/bf16.h"
 #include "verify/kv_dtype.h"
@@ -94,50 +95,13 @@ TEST_F(KvFp8Test, RandomFloatsRoundLikeTheNearestSearch) {
   }
 }
 
-// A random row of one of several kinds per group, so that every kind meets every position.
-std::vector<bf16_bits> RandomRow(std::mt19937_64& rng) {
-  std::vector<bf16_bits> row(kKvDim);
-  std::uniform_real_distribution<float> unit(-1.f, 1.f);
-  for (int g = 0; g < kFp8Groups; ++g) {
-    bf16_bits* v = row.data() + g * kFp8GroupSize;
-    const int kind = std::uniform_int_distribution<int>(0, 6)(rng);
-    const float magnitude = std::ldexp(1.f, std::uniform_int_distribution<int>(-20, 16)(rng));
-    for (int i = 0; i < kFp8GroupSize; ++i) {
-      switch (kind) {
-        case 0:  // a zero group (signed zeros too): scale 1
-          v[i] = (rng() & 1) ? 0x8000 : 0x0000;
-          break;
-        case 1: {  // scale a power of two: every value lands on the e4m3 grid or a tie
-          const int code = std::uniform_int_distribution<int>(0, 0x7E)(rng);
-          const float mid = (E4m3ToFloat(static_cast<uint8_t>(code)) +
-                             E4m3ToFloat(static_cast<uint8_t>(std::min(code + 1, 0x7E)))) /
-                            2;
-          v[i] = FloatToBf16(((rng() & 1) ? -1.f : 1.f) * std::ldexp(mid, -8));
-          break;
-        }
-        case 2:  // bf16 subnormals and tiny values: amax / 448 near or below float32's reach
-          v[i] = static_cast<bf16_bits>((rng() & 0x8000) | (rng() % 0x0100));
-          break;
-        case 3:  // one large value, the rest tiny: e4m3 subnormals and zeros
-          v[i] = FloatToBf16(unit(rng) * magnitude * (i == 5 ? 1.f : 0x1p-16f));
-          break;
-        default:
-          v[i] = FloatToBf16(unit(rng) * magnitude);
-      }
-    }
-    if (kind == 1) v[3] = FloatToBf16(448.f * 0x1p-8f);  // amax: scale = 2^-8 exactly
-  }
-  for (int i = kVDim; i < kKvDim; ++i) row[i] = FloatToBf16(unit(rng) * 100.f);
-  return row;
-}
-
 TEST_F(KvFp8Test, RandomRowsQuantizeAndDequantizeBitExactly) {
   std::mt19937_64 rng(seed_);
   std::vector<uint8_t> got(kFp8RowBytes);
   std::vector<float> dequantized(kKvDim);
   int zero_groups = 0, subnormal_codes = 0, max_codes = 0;
   for (int r = 0; r < 4000; ++r) {
-    const std::vector<bf16_bits> row = RandomRow(rng);
+    const std::vector<bf16_bits> row = test::RandomFp8EdgeRow(rng);
     QuantizeFp8Row(row.data(), got.data());
     const std::vector<uint8_t> want = test::QuantizeFp8RowF64(row.data());
     for (int b = 0; b < kFp8RowBytes; ++b) {
@@ -189,7 +153,7 @@ TEST_F(KvFp8Test, CheckNamesTheFirstBadElement) {
   std::mt19937_64 rng(seed_);
   std::vector<uint8_t> rows(6 * kFp8RowBytes);
   for (int r = 0; r < 6; ++r) {
-    QuantizeFp8Row(RandomRow(rng).data(), rows.data() + r * kFp8RowBytes);
+    QuantizeFp8Row(test::RandomFp8EdgeRow(rng).data(), rows.data() + r * kFp8RowBytes);
   }
   const int64_t shape[] = {2, 3};
   ASSERT_EQ(CheckFp8Rows(rows.data(), 6, 0, shape, "kv"), absl::OkStatus());

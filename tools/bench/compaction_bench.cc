@@ -248,7 +248,7 @@ std::vector<SlotRunCopy> SyntheticRuns(int64_t capacity, int layers, int64_t chu
 // The run kernel alone: table already on the device, 20 launches between two events.
 double MeasureKernel(CudaKvStorage& storage, const std::vector<SlotRunCopy>& runs) {
   std::vector<int32_t> table(4 * runs.size());
-  const int64_t segments = PackCopyRunTable(runs, table.data());
+  const int64_t segments = PackCopyRunTable(runs, storage.row_bytes(), table.data());
   int32_t* device_table = nullptr;
   cudaEvent_t e0, e1;
   if (cudaMalloc(reinterpret_cast<void**>(&device_table), table.size() * 4) != cudaSuccess ||
@@ -258,17 +258,19 @@ double MeasureKernel(CudaKvStorage& storage, const std::vector<SlotRunCopy>& run
     return 0;
   }
   cudaStream_t stream = storage.stream().get();
-  auto* pool = const_cast<bf16_bits*>(storage.layer_device_data(0));
+  auto* pool = const_cast<uint8_t*>(storage.layer_device_bytes(0));
   int64_t slots = 0;
   for (const SlotRunCopy& r : runs) slots += r.length;
   const int iters = 20;
   bool ok = true;
-  ok = ok && LaunchCopyRunsAllLayers(pool, storage.num_layers(), storage.capacity_slots(),
-                                     device_table, static_cast<int>(runs.size()), segments, stream)
+  ok = ok && LaunchCopyRunsAllLayers(pool, storage.row_bytes(), storage.num_layers(),
+                                     storage.capacity_slots(), device_table,
+                                     static_cast<int>(runs.size()), segments, stream)
                  .ok();
   cudaEventRecord(e0, stream);
   for (int i = 0; i < iters && ok; ++i) {
-    ok = LaunchCopyRunsAllLayers(pool, storage.num_layers(), storage.capacity_slots(), device_table,
+    ok = LaunchCopyRunsAllLayers(pool, storage.row_bytes(), storage.num_layers(),
+                                 storage.capacity_slots(), device_table,
                                  static_cast<int>(runs.size()), segments, stream)
              .ok();
   }

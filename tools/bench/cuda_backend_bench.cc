@@ -383,11 +383,13 @@ int Run(int iters, bool overhead_only) {
             cudaSuccess) {
       return 1;
     }
-    bf16_bits* pool = const_cast<bf16_bits*>(storage.layer_device_data(0));
+    uint8_t* pool = const_cast<uint8_t*>(storage.layer_device_bytes(0));
     cudaStream_t stream = storage.stream().get();
     cudaEventRecord(e0, stream);
     for (int i = 0; i < 20; ++i) {
-      if (!LaunchCopySlotsAllLayers(pool, layers, capacity, idx, idx + moves, moves, stream).ok()) {
+      if (!LaunchCopySlotsAllLayers(pool, storage.row_bytes(), layers, capacity, idx, idx + moves,
+                                    moves, stream)
+               .ok()) {
         return 1;
       }
     }

@@ -106,11 +106,12 @@ TEST(CpuFp8Store, AttentionOverTheDequantizedKvMatchesFloat64) {
   }
 }
 
-// A backend that stores bf16 only (the cuda backend until its kernels read fp8) refuses an fp8
-// pool with the message the daemon prints at start.
+// A backend that stores bf16 only (one that does not override CreateStorage with a dtype; the cpu
+// and cuda backends both store fp8) refuses an fp8 pool with the message the daemon prints at
+// start.
 class Bf16OnlyBackend : public ComputeBackend {
  public:
-  const char* name() const override { return "cuda"; }
+  const char* name() const override { return "bf16only"; }
   absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int layers, int64_t slots) override {
     return std::unique_ptr<KvStorage>(std::make_unique<HostKvStorage>(layers, slots));
   }
@@ -127,8 +128,7 @@ TEST(CpuFp8Store, ABf16OnlyBackendRefusesAnFp8Pool) {
   EXPECT_TRUE(base.CreateStorage(1, 8, KvDtype::kBf16).ok());
   const absl::Status refused = base.CreateStorage(1, 8, KvDtype::kFp8).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(refused.message().find("--kv_dtype=fp8 is served by the cpu backend until the CUDA "
-                                   "kernels read the fp8 layout (issue 34)"),
+  EXPECT_NE(refused.message().find("--kv_dtype=fp8: the bf16only backend stores bf16 rows only"),
             std::string::npos)
       << refused;
   CpuBackend cpu(1);

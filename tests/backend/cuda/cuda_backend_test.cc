@@ -18,7 +18,7 @@ namespace {
 
 using test::HostProblem;
 using test::MakeRandomProblem;
-using test::SequenceSpec;
+using test::RandomSpecs;
 using test::TreeShape;
 
 constexpr double kTolerance = 1e-2;
@@ -27,16 +27,6 @@ constexpr int kLayers = 2;
 // Puts the problem's whole KV pool into `layer` of the backend's storage (slot i = row i).
 void UploadPool(test::BackendWithStorage& b, int layer, const HostProblem& host) {
   ASSERT_TRUE(b.storage->WriteRows(layer, test::Iota(host.num_slots), host.kv.data()).ok());
-}
-
-std::vector<SequenceSpec> RandomSpecs(std::mt19937_64& rng, int batch, int max_prefix,
-                                      int max_nodes) {
-  std::vector<SequenceSpec> specs;
-  for (int b = 0; b < batch; ++b) {
-    specs.push_back({static_cast<int>(rng() % (max_prefix + 1)),
-                     1 + static_cast<int>(rng() % max_nodes), static_cast<TreeShape>(rng() % 4)});
-  }
-  return specs;
 }
 
 using CudaBackendTest = test::SeededCudaTest;

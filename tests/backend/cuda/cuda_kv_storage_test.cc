@@ -19,26 +19,10 @@
 namespace verifyd {
 namespace {
 
+using test::DistinctSlots;
+using test::ExpectSamePools;
 using test::Iota;
 using testing_kv::HashedRows;
-
-// k distinct slots of [0, capacity), in random order.
-std::vector<int32_t> DistinctSlots(std::mt19937_64& rng, int64_t capacity, int k) {
-  std::vector<int32_t> all = Iota(capacity);
-  std::shuffle(all.begin(), all.end(), rng);
-  all.resize(k);
-  return all;
-}
-
-void ExpectSamePools(const HostKvStorage& host, const CudaKvStorage& cuda) {
-  const std::vector<int32_t> all = Iota(host.capacity_slots());
-  std::vector<bf16_bits> got(all.size() * kKvDim);
-  for (int layer = 0; layer < host.num_layers(); ++layer) {
-    ASSERT_TRUE(cuda.ReadRows(layer, all, got.data()).ok());
-    const bf16_bits* want = host.layer_data(layer);
-    ASSERT_TRUE(std::equal(got.begin(), got.end(), want)) << "layer " << layer;
-  }
-}
 
 using CudaKvStorageTest = test::SeededCudaTest;
 

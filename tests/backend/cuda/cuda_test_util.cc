@@ -41,10 +41,11 @@ absl::StatusOr<BackendWithStorage> MakeBackend(bool cuda_graphs, int num_layers,
 }
 
 absl::StatusOr<BackendWithStorage> MakeBackend(const CudaBackendOptions& options, int num_layers,
-                                               int64_t capacity_slots) {
+                                               int64_t capacity_slots, KvDtype dtype) {
   BackendWithStorage made;
   VERIFYD_ASSIGN_OR_RETURN(made.backend, CudaBackend::Create(options));
-  VERIFYD_ASSIGN_OR_RETURN(made.storage, made.backend->CreateStorage(num_layers, capacity_slots));
+  VERIFYD_ASSIGN_OR_RETURN(made.storage,
+                           made.backend->CreateStorage(num_layers, capacity_slots, dtype));
   return made;
 }
 
@@ -71,6 +72,38 @@ std::vector<int32_t> Iota(int64_t n) {
   std::vector<int32_t> v(static_cast<size_t>(n));
   std::iota(v.begin(), v.end(), 0);
   return v;
+}
+
+void ExpectSamePools(const HostKvStorage& host, const CudaKvStorage& cuda) {
+  ASSERT_EQ(host.row_bytes(), cuda.row_bytes());
+  const size_t row_bytes = static_cast<size_t>(host.row_bytes());
+  const std::vector<int32_t> all = Iota(host.capacity_slots());
+  std::vector<uint8_t> got(all.size() * row_bytes);
+  for (int layer = 0; layer < host.num_layers(); ++layer) {
+    ASSERT_TRUE(cuda.ReadEncodedRows(layer, all, got.data()).ok());
+    const uint8_t* want = host.layer_bytes(layer);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << "layer " << layer << " slot " << i / row_bytes << " byte "
+                                 << i % row_bytes;
+    }
+  }
+}
+
+std::vector<int32_t> DistinctSlots(std::mt19937_64& rng, int64_t capacity, int k) {
+  std::vector<int32_t> all = Iota(capacity);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(k);
+  return all;
+}
+
+std::vector<SequenceSpec> RandomSpecs(std::mt19937_64& rng, int batch, int max_prefix,
+                                      int max_nodes) {
+  std::vector<SequenceSpec> specs;
+  for (int b = 0; b < batch; ++b) {
+    specs.push_back({static_cast<int>(rng() % (max_prefix + 1)),
+                     1 + static_cast<int>(rng() % max_nodes), static_cast<TreeShape>(rng() % 4)});
+  }
+  return specs;
 }
 
 std::vector<bf16_bits> RandomValues(std::mt19937_64& rng, size_t count, float amplitude) {

@@ -12,7 +12,10 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kv_storage.h"
 #include "gtest/gtest.h"
+#include "kvstore/kv_storage.h"
+#include "tests/testing/problem_builder.h"
 #include "tests/testing/test_seed.h"
+#include "verify/kv_dtype.h"
 #include "verify/verify_problem.h"
 
 namespace verifyd::test {
@@ -41,7 +44,8 @@ struct BackendWithStorage {
 absl::StatusOr<BackendWithStorage> MakeBackend(bool cuda_graphs, int num_layers,
                                                int64_t capacity_slots);
 absl::StatusOr<BackendWithStorage> MakeBackend(const CudaBackendOptions& options, int num_layers,
-                                               int64_t capacity_slots);
+                                               int64_t capacity_slots,
+                                               KvDtype dtype = KvDtype::kBf16);
 
 // Relative errors of out and lse against the float64 oracle computed on `reference` (a problem
 // over host KV with the same logical content).
@@ -77,6 +81,17 @@ class SharedMapping {
 
 // Sequential 0..n-1.
 std::vector<int32_t> Iota(int64_t n);
+
+// Every byte of every layer of the two pools (either dtype: the rows as each pool holds them) is
+// the same; the first difference is named by layer, slot and byte.
+void ExpectSamePools(const HostKvStorage& host, const CudaKvStorage& cuda);
+
+// k distinct slots of [0, capacity), in random order.
+std::vector<int32_t> DistinctSlots(std::mt19937_64& rng, int64_t capacity, int k);
+
+// `batch` sequences with prefixes in [0, max_prefix], trees of [1, max_nodes] nodes, any shape.
+std::vector<SequenceSpec> RandomSpecs(std::mt19937_64& rng, int batch, int max_prefix,
+                                      int max_nodes);
 
 // count bf16 values uniform in [-amplitude, amplitude).
 std::vector<bf16_bits> RandomValues(std::mt19937_64& rng, size_t count, float amplitude);
