@@ -55,10 +55,12 @@ ABSL_FLAG(int64_t, kv_capacity_tokens, 65536, "KV pool capacity in token slots")
 ABSL_FLAG(double, kv_memory_fraction, 0,
           "> 0: size the KV pool to this fraction of free device memory (cuda) or physical memory "
           "(cpu), in [0, 0.95], instead of --kv-capacity-tokens");
-ABSL_FLAG(std::string, kv_dtype, "bf16",
-          "bf16|fp8: the KV pool's rows: 576 bf16 values (1152 bytes per token and layer) or "
-          "DeepSeek's FP8 MLA layout (656 bytes: 512 e4m3 + 4 float32 scales + 64 bf16 rope; "
-          "bf16 rows are quantized as they are stored); either backend");
+ABSL_FLAG(
+    std::string, kv_dtype, "bf16",
+    "bf16|fp8: the KV pool's rows: 576 bf16 values (1152 bytes per token and layer) or "
+    "DeepSeek's FP8 MLA layout (656 bytes: 512 e4m3 + 4 float32 scales + 64 bf16 rope; "
+    "bf16 rows are quantized as they are stored); the cpu backend (the cuda one refuses it at "
+    "start until its GPU tests have passed: plans/0030)");
 ABSL_FLAG(double, softmax_scale, 1.0 / std::sqrt(192.0), "default attention scale");
 ABSL_FLAG(double, lease_seconds, 300, "a sequence untouched this long is released");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20, "gRPC receive and send limit");

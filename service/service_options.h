@@ -48,8 +48,9 @@ struct ServiceOptions {
   // cuda, physical memory for cpu) and kv_capacity_tokens is ignored; 0: kv_capacity_tokens.
   double kv_memory_fraction = 0;
   // The pool's rows (SPEC §1 "KV storage dtype"): bf16 (1152 bytes per token and layer) or
-  // DeepSeek's fp8 layout (656), on either backend (the cuda one quantizes bf16 rows on the
-  // device: backend/cuda/cuda_kv_storage.h).
+  // DeepSeek's fp8 layout (656). The cpu backend serves fp8; the cuda one stores it
+  // (backend/cuda/cuda_kv_storage.h) but the daemon refuses it at start until its GPU tests have
+  // passed (service/backend_factory.cc).
   KvDtype kv_dtype = KvDtype::kBf16;
   float softmax_scale = 0.07216878364870322f;  // 1/sqrt(192)
   double lease_seconds = 300;

@@ -176,6 +176,7 @@ absl::Status VerifydServer::BecomeReady() {
   VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend, CreateBackend(options_));
   backend_name_ = backend->name();
   mps_active_ = backend->mps_active();
+  attention_kernel_ = backend->attention_kernel(options_.kv_dtype);
   metrics_->SetBuildInfo(VERIFYD_VERSION, backend_name_);
   metrics_->SetMpsActive(mps_active_);
   metrics_->SetDeviceInfo(options_.device, backend->gpu_uuid());
@@ -312,11 +313,11 @@ std::string VerifydServer::StartupLine() const {
                   exposer_ ? absl::StrCat("http://", metrics_address(), "/metrics") : "off");
   absl::StrAppendFormat(
       &line,
-      " backend=%s mps=%s device=%d layers=%d heads=%d max_tree_nodes=%d "
+      " backend=%s attention_kernel=%s mps=%s device=%d layers=%d heads=%d max_tree_nodes=%d "
       "kv_capacity_tokens=%d kv_dtype=%s kv_bytes_per_token=%d softmax_scale=%g "
       "lease_seconds=%g shm_max_bytes=%d version=%s",
-      backend_name_, mps_active_ ? "on" : "off", options_.device, options_.layers, options_.heads,
-      options_.max_tree_nodes,
+      backend_name_, attention_kernel_, mps_active_ ? "on" : "off", options_.device,
+      options_.layers, options_.heads, options_.max_tree_nodes,
       device_ != nullptr ? device_->capacity_slots() : options_.kv_capacity_tokens,
       KvDtypeName(options_.kv_dtype), KvRowBytes(options_.kv_dtype), options_.softmax_scale,
       options_.lease_seconds, options_.shm_max_bytes, VERIFYD_VERSION);

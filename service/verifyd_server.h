@@ -60,6 +60,7 @@ class VerifydServer {
   ServiceOptions options_;
   std::string backend_name_ = "none";
   bool mps_active_ = false;
+  std::string attention_kernel_ = "none";
   std::unique_ptr<ServiceMetrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::shared_ptr<ProcessMetrics> process_metrics_;

@@ -187,6 +187,10 @@ absl::StatusOr<CudaBackend::PlannedCall> CudaBackend::PlanCall(
   return planned;
 }
 
+std::string CudaBackend::attention_kernel(KvDtype dtype) const {
+  return FlashKernelName(options_.flash_path, dtype == KvDtype::kFp8);
+}
+
 absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem,
                                         absl::Span<const VerifySlotList> slot_lists) {
   auto clock = std::chrono::steady_clock::now();

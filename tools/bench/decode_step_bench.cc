@@ -45,6 +45,7 @@
 #include "tools/bench/decode_step_daemon.h"
 #include "tools/bench/decode_step_fill.h"
 #include "tools/bench/decode_step_model.h"
+#include "verify/kv_dtype.h"
 #include "verify/mla_dims.h"
 #include "verify/tree_mask.h"
 
@@ -57,6 +58,10 @@ ABSL_FLAG(int, steps, 40, "timed decode steps per way");
 ABSL_FLAG(std::string, flash_kernel, "auto",
           "auto|portable: every way's flash kernel (portable: the one sm_120 runs; the daemon "
           "ways pass it as the daemon's --flash-kernel)");
+ABSL_FLAG(
+    std::string, kv_dtype, "bf16",
+    "bf16|fp8: the in-process ways' pool (fp8: DeepSeek's 656-byte rows, read by the portable "
+    "kernel); the daemon ways run bf16 only");
 ABSL_FLAG(int, warmup, 5, "untimed steps first (graph warm-up and capture)");
 ABSL_FLAG(int, gemm_n, 1024, "the model GEMM is 4096 x gemm_n x 4096 bf16 (1024: ~50 us)");
 ABSL_FLAG(std::string, ways, "model,inproc,flags,twoproc,grpc,shm,channel,stream",
@@ -89,12 +94,21 @@ class VerifySide {
     options.flash_path =
         absl::GetFlag(FLAGS_flash_kernel) == "portable" ? FlashPath::kPortable : FlashPath::kAuto;
     VERIFYD_ASSIGN_OR_RETURN(backend_, CudaBackend::Create(options));
-    VERIFYD_ASSIGN_OR_RETURN(storage_, backend_->CreateStorage(d.layers, d.capacity()));
-    auto* pool =
-        const_cast<bf16_bits*>(static_cast<CudaKvStorage&>(*storage_).layer_device_data(0));
+    const bool fp8 = absl::GetFlag(FLAGS_kv_dtype) == "fp8";
+    VERIFYD_ASSIGN_OR_RETURN(
+        storage_,
+        backend_->CreateStorage(d.layers, d.capacity(), fp8 ? KvDtype::kFp8 : KvDtype::kBf16));
+    auto& cuda_storage = static_cast<CudaKvStorage&>(*storage_);
     // Prefill: the KV of L tokens × every layer comes from device memory (never the host).
-    VERIFYD_RETURN_IF_ERROR(
-        FillRandom(pool, d.layers * d.capacity() * kKvDim, 7, 1.f, backend_->stream().get()));
+    if (fp8) {
+      VERIFYD_RETURN_IF_ERROR(
+          FillRandomFp8Rows(const_cast<uint8_t*>(cuda_storage.layer_device_bytes(0)),
+                            d.layers * d.capacity(), 7, backend_->stream().get()));
+    } else {
+      VERIFYD_RETURN_IF_ERROR(FillRandom(const_cast<bf16_bits*>(cuda_storage.layer_device_data(0)),
+                                         d.layers * d.capacity() * kKvDim, 7, 1.f,
+                                         backend_->stream().get()));
+    }
     for (int t = 0; t < d.prefix; ++t) prefix_.push_back(next_slot_++);
     NewTree();
     // A random tree, the same every step (its shape does not change the kernel time).
@@ -239,6 +253,7 @@ absl::StatusOr<Timing> RunTwoProcesses(const Dims& d, bool graphs, const char* s
                                    "--role=server",
                                    absl::StrCat("--handle=", Hex(&ipc, sizeof(ipc))),
                                    absl::StrCat("--graphs=", graphs),
+                                   absl::StrCat("--kv_dtype=", absl::GetFlag(FLAGS_kv_dtype)),
                                    absl::StrCat("--layers=", d.layers),
                                    absl::StrCat("--prefix=", d.prefix),
                                    absl::StrCat("--nodes=", d.nodes),
@@ -325,12 +340,18 @@ struct Row {
 
 int Model(const char* self) {
   const Dims d = ReadDims();
+  if (absl::GetFlag(FLAGS_kv_dtype) != "bf16" && absl::GetFlag(FLAGS_kv_dtype) != "fp8") {
+    std::fprintf(stderr, "--kv_dtype=%s: must be bf16 or fp8\n",
+                 absl::GetFlag(FLAGS_kv_dtype).c_str());
+    return 2;
+  }
   absl::StatusOr<bool> mps = MpsActive(0);
   BENCH_CHECK(mps.status());
   std::printf(
       "decode_step_bench: layers %d, B=1, H=%d, Q=%d, L=%d (+%d per step), %d timed steps "
-      "after %d; MPS %s\n",
-      d.layers, d.heads, d.nodes, d.prefix, d.accept, d.steps, d.warmup, *mps ? "on" : "off");
+      "after %d; MPS %s; kv %s\n",
+      d.layers, d.heads, d.nodes, d.prefix, d.accept, d.steps, d.warmup, *mps ? "on" : "off",
+      absl::GetFlag(FLAGS_kv_dtype).c_str());
   std::fflush(stdout);
   const std::string ways = absl::GetFlag(FLAGS_ways);
   auto wants = [&](const char* w) { return ways.find(w) != std::string::npos; };
@@ -366,6 +387,11 @@ int Model(const char* self) {
       {"channel", DaemonWay::kChannelCpuWaits},
       {"stream", DaemonWay::kChannelStreamOrder}};
   for (const auto& [flag, way] : daemon_ways) {
+    if (wants(flag) && absl::GetFlag(FLAGS_kv_dtype) != "bf16") {
+      std::printf("%-28s skipped: the daemon ways prefill bf16 rows; --kv_dtype=bf16 runs them\n",
+                  DaemonWayName(way));
+      continue;
+    }
     if (wants(flag))
       run(DaemonWayName(way),
           RunThroughDaemon(d, way, true, verifyd, absl::GetFlag(FLAGS_flash_kernel)));

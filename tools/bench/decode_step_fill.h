@@ -14,4 +14,9 @@ namespace verifyd {
 absl::Status FillRandom(void* data, int64_t count, uint64_t seed, float amplitude,
                         cudaStream_t stream);
 
+// rows fp8 KV rows (656 bytes each, verify/kv_fp8_layout.h) that pass SPEC §1's checks: random
+// e4m3 codes (never a NaN code), every group's scale 1/448 (values within +-1, as
+// FillRandom's bf16 rows), rope values as FillRandom's.
+absl::Status FillRandomFp8Rows(void* data, int64_t rows, uint64_t seed, cudaStream_t stream);
+
 }  // namespace verifyd

@@ -6,11 +6,7 @@
 # run; fp8 / bf16 per shape on the paths that read fp8).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/verifyd-gpu-out}
-B=${BUNDLE:-bundle}
-mkdir -p "$OUT"
-cublas_dir=$(bash tools/device/cublas_dir.sh)
-export LD_LIBRARY_PATH="$PWD/$B/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source tools/device/bundle_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 status=0
 for t in ${TESTS:-mla_verify_flash_fp8_test mla_verify_flash_test}; do

@@ -16,7 +16,7 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DVERIFYD_CUDA=ON -DCMAKE_CUDA
 # TARGETS (space-separated) builds and collects a subset instead, e.g. the kernel tests and bench:
 #   TARGETS="wgmma_unit_test mla_verify_flash_test kv_slot_write_test split_planner_test
 #            mla_verify_launch_test mla_verify_bench" bash tools/device/make_bundle.sh
-default_targets=(wgmma_unit_test wgmma_rate_bench mla_verify_flash_test kv_slot_write_test kv_fp8_write_test value_bound_check_test split_planner_test mla_verify_launch_test
+default_targets=(wgmma_unit_test wgmma_rate_bench mla_verify_flash_test mla_verify_flash_fp8_test kv_slot_write_test kv_fp8_write_test value_bound_check_test split_planner_test mla_verify_launch_test
   mla_verify_bench cuda_kv_storage_test cuda_fp8_storage_test cuda_kv_store_test cuda_backend_test cuda_fp8_backend_test cuda_verify_staging_test
   cuda_backend_bench cuda_decode_mirror_test cuda_host_registration_test compaction_bench verifyd verifyctl fake_scheduler verifyd_load verifyd_service_tests
   verifyd_dying_client verifyd_executor_tests cuda_external_verify_test cuda_ipc_producer decode_step_bench

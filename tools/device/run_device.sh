@@ -4,14 +4,8 @@
 # kPortable), a race check of the flash kernels, then the benchmark (every path). Full logs go to $OUT; stdout gets summaries, the table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/verifyd-gpu-out}
+source tools/device/bundle_env.sh
 # BUNDLE: which collected build to run (default ./bundle; a second one lets one call compare two).
-B=${BUNDLE:-bundle}
-mkdir -p "$OUT"
-cublas_dir=$(bash tools/device/cublas_dir.sh)
-export VERIFYD_BINARY="$PWD/$B/bin/verifyd"
-export VERIFYD_DYING_CLIENT="$PWD/$B/bin/verifyd_dying_client"
-export LD_LIBRARY_PATH="$PWD/$B/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
   echo "cubins per architecture in libverifyd_kernels.a:"
