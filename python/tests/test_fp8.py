@@ -115,6 +115,32 @@ def test_an_fp8_daemon_serves_the_helpers_rows_as_its_own(fp8_daemon, rng, seq_i
         c.release(b)
 
 
+def test_torch_uint8_rows_are_sent_as_fp8_rows(fp8_daemon, rng, seq_ids):
+    """An engine's fp8 cache as a torch uint8 tensor goes as it is: the same bytes as numpy's."""
+    torch = pytest.importorskip("torch")
+    with fp8_daemon.client() as c:
+        kv = random_bf16(rng, (LAYERS, 70, 576), 2.0)
+        rows = quantize_fp8_rows(kv)
+        a, b = next(seq_ids), next(seq_ids)
+        c.append(a, rows)
+        c.append(b, torch.from_numpy(rows.copy())[:, :, :])
+        parents = [-1, 0, 0]
+        q = random_bf16(rng, (3, HEADS, 576), 0.3)
+        tkv = random_bf16(rng, (3, 576), 2.0)
+        for layer in range(LAYERS):
+            va = c.verify(layer, [(a, parents)], q, tkv, return_lse=True)
+            vb = c.verify(layer, [(b, parents)], q, tkv, return_lse=True)
+            assert np.array_equal(va.out, vb.out)
+            assert np.array_equal(va.lse, vb.lse)
+        # A torch uint8 tensor of the wrong row size is refused naming the shape, nothing kept.
+        used = c.stats().used_tokens
+        with pytest.raises(verifyd.InvalidArgument, match="656"):
+            c.append(next(seq_ids), torch.zeros((LAYERS, 2, 600), dtype=torch.uint8))
+        assert c.stats().used_tokens == used
+        c.release(a)
+        c.release(b)
+
+
 def test_bad_fp8_rows_are_refused_naming_the_element(fp8_daemon, rng, seq_ids):
     with fp8_daemon.client() as c:
         used = c.stats().used_tokens

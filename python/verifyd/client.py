@@ -24,8 +24,8 @@ from .errors import VerifydError, error_from_rpc, invalid_argument, make_error
 from .fp8 import FP8_ROW_BYTES
 from .sequences import SequenceLike, VerifySequence, as_sequence
 from .shared_memory import SharedMemoryRegion, SharedVerifyLayout, shared_verify_layout
-from .tensors import (ROW, V_DIM, TensorKind, as_bf16_bits, check_shape, to_output_bf16,
-                      to_output_fp32)
+from .tensors import (ROW, V_DIM, TensorKind, as_bf16_bits, check_shape, is_torch,
+                      to_output_bf16, to_output_fp32)
 
 __all__ = ["Client", "VerifySequence", "AppendResult", "VerifyResult", "APPEND_ENVELOPE_BYTES",
            "split_append", "DEFAULT_MAX_MESSAGE_BYTES"]
@@ -166,12 +166,14 @@ class Client:
         the daemon answers FAILED_PRECONDITION. On an error after k chunks those k chunks stay
         appended and the message says how many tokens were.
 
-        A numpy uint8 kv [layer_count, T, 656] (or [T, 656]) is rows already in the fp8 layout
-        (`verifyd.fp8.quantize_fp8_rows` makes them as the daemon does), sent as DTYPE_FP8_MLA to
-        a daemon started with --kv_dtype=fp8; a bf16 daemon refuses them (INVALID_ARGUMENT)."""
-        fp8_rows = isinstance(kv, np.ndarray) and kv.dtype == np.uint8
+        A uint8 kv [layer_count, T, 656] (or [T, 656]), numpy or torch (an engine's own fp8
+        cache, on any device: a CUDA tensor is copied through host memory, as bf16 ones are on
+        this path), is rows already in the fp8 layout (`verifyd.fp8.quantize_fp8_rows` makes them
+        as the daemon does), sent as DTYPE_FP8_MLA to a daemon started with --kv_dtype=fp8; a bf16
+        daemon refuses them (INVALID_ARGUMENT)."""
+        fp8_rows = _is_uint8(kv)
         if fp8_rows:
-            bits = np.ascontiguousarray(kv)
+            bits = _uint8_numpy(kv)
         else:
             bits, _ = as_bf16_bits(kv, "kv", "Append")
         if bits.ndim == 2:
@@ -520,3 +522,19 @@ class Client:
             lse = (region.ndarray(layout.lse, np.float32, (total_q, heads))
                    if layout.return_lse else None)
         return VerifyResult(out, lse, [int(n) for n in response.committed_length], response)
+
+
+def _is_uint8(x: Any) -> bool:
+    """Whether x is a uint8 array: numpy, or a torch tensor (fp8 rows in the 656-byte layout)."""
+    if isinstance(x, np.ndarray):
+        return x.dtype == np.uint8
+    if is_torch(x):
+        import torch  # noqa: PLC0415 - optional dependency
+        return x.dtype == torch.uint8
+    return False
+
+
+def _uint8_numpy(x: Any) -> np.ndarray:
+    if is_torch(x):
+        return np.ascontiguousarray(x.detach().to("cpu").contiguous().numpy())
+    return np.ascontiguousarray(x)
