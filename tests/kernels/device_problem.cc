@@ -5,6 +5,7 @@
 #include "base/cuda_check.h"
 #include "base/status_macros.h"
 #include "kernels/mla_verify_launch.h"
+#include "verify/bf16.h"
 #include "verify/mla_dims.h"
 
 namespace verifyd::test {
@@ -19,6 +20,14 @@ absl::Status UploadVector(DeviceBuffer& buffer, const std::vector<T>& v) {
 }
 
 }  // namespace
+
+Reference AsReference(const KernelOutput& output) {
+  Reference ref;
+  ref.out.reserve(output.out.size());
+  for (bf16_bits x : output.out) ref.out.push_back(Bf16ToFloat(x));
+  ref.lse.assign(output.lse.begin(), output.lse.end());
+  return ref;
+}
 
 absl::Status DeviceBuffer::Allocate(size_t bytes) {
   cudaFree(ptr_);

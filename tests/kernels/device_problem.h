@@ -40,6 +40,12 @@ struct KernelOutput {
   std::vector<float> lse;
 };
 
+// A kernel's output as a reference for another's (the naive kernel's, where float64 is too slow).
+struct Reference {
+  std::vector<double> out, lse;
+};
+Reference AsReference(const KernelOutput& output);
+
 class DeviceProblem {
  public:
   // fp8_pool: when set, the pool is these rows in the fp8 layout ([num_slots][656],

@@ -12,7 +12,7 @@
 #include "kernels/mla_verify_launch.h"
 #include "kernels/split_planner.h"
 #include "tests/kernels/device_problem.h"
-#include "tests/kernels/flash_cases.h"
+#include "tests/testing/flash_cases.h"
 #include "tests/testing/problem_builder.h"
 #include "verify/mla_dims.h"
 
@@ -330,9 +330,9 @@ TEST(FlashVsNaive, LargeShapes) {
     ASSERT_TRUE(dev.ok()) << dev.status();
     auto naive = dev->RunNaive();
     ASSERT_TRUE(naive.ok());
-    std::vector<double> naive_out(naive->out.size()), naive_lse(naive->lse.size());
-    for (size_t i = 0; i < naive_out.size(); ++i) naive_out[i] = Bf16ToFloat(naive->out[i]);
-    for (size_t i = 0; i < naive_lse.size(); ++i) naive_lse[i] = naive->lse[i];
+    const Reference ref = AsReference(*naive);
+    const std::vector<double>& naive_out = ref.out;
+    const std::vector<double>& naive_lse = ref.lse;
     for (FlashPath path : AvailableFlashPaths()) {
       SCOPED_TRACE(FlashKernelName(path));
       auto flash = dev->RunFlash(kSms, path);

@@ -5,13 +5,7 @@
 # FLASH=portable times the portable kernel's step too. plans/0031 took the medians by kernel name.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/verifyd-gpu-out}
-B=${BUNDLE:-bundle}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
-  [ -e "$d/libcublas.so.13" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d" && break
-done
+source tools/device/bundle_env.sh
 # No nsys on the lent machine: ncu times each kernel node of one step's layers alone
 # (--graph-profiling node, caches and clocks left alone); the gaps are the layer span the bench
 # prints minus the nodes.

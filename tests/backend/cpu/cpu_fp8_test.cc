@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_storage.h"
+#include "tests/testing/flash_cases.h"
 #include "tests/testing/problem_builder.h"
 #include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
@@ -23,30 +24,6 @@ namespace verifyd {
 namespace {
 
 using test::HostProblem;
-using test::SequenceSpec;
-using test::TreeShape;
-
-struct Case {
-  std::string name;
-  int heads;
-  std::vector<SequenceSpec> seqs;
-};
-
-std::vector<Case> Cases() {
-  using enum TreeShape;
-  return {
-      {"single_node_no_prefix", 1, {{0, 1, kChain}}},
-      {"one_prefix_token", 8, {{1, 9, kRandom}}},
-      {"prefix_63_star", 16, {{63, 16, kStar}}},
-      {"prefix_64_forest", 64, {{64, 33, kForest}}},
-      {"heads_128", 128, {{64, 64, kRandom}}},
-      {"tree_257", 8, {{1000, 257, kRandom}}},
-      {"tree_1024_forest", 16, {{63, 1024, kForest}}},
-      {"mixed_batch_heads_1",
-       1,
-       {{5, 1024, kRandom}, {1000, 1, kChain}, {64, 257, kStar}, {63, 33, kForest}}},
-  };
-}
 
 // out of `problem` computed by a cpu backend whose one-layer pool of `dtype` holds hp.kv.
 std::vector<bf16_bits> Compute(HostProblem& hp, KvDtype dtype, std::vector<uint8_t>* pool) {
@@ -67,7 +44,7 @@ std::vector<bf16_bits> Compute(HostProblem& hp, KvDtype dtype, std::vector<uint8
 TEST(CpuFp8Store, AttentionOverTheDequantizedKvMatchesFloat64) {
   const uint64_t seed = test::TestSeed();
   SCOPED_TRACE(testing::Message() << "VERIFYD_TEST_SEED=" << seed);
-  for (const Case& c : Cases()) {
+  for (const test::Case& c : test::OracleCasesUpToPrefix(1000)) {
     SCOPED_TRACE(c.name);
     const absl::Time start = absl::Now();
     HostProblem hp =

@@ -1,9 +1,11 @@
 // The flash test matrix (every H, Q and L value of the issues' shapes, every tree shape, mixed
-// batches), shared by the bf16 and fp8 pools' flash tests.
+// batches), shared by the bf16 and fp8 pools' flash tests and, without its 64K-prefix cases, the
+// cpu backend's fp8 test.
 #pragma once
 
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/testing/problem_builder.h"
@@ -70,6 +72,18 @@ inline std::vector<Case> OracleCases() {
        1,
        {{5, 1024, kRandom}, {1000, 1, kChain}, {64, 257, kStar}, {63, 33, kForest}}},
   };
+}
+
+// The cases whose sequences all have prefixes of at most max_prefix (the CPU's float64 runs stay
+// seconds each).
+inline std::vector<Case> OracleCasesUpToPrefix(int max_prefix) {
+  std::vector<Case> kept;
+  for (Case& c : OracleCases()) {
+    bool short_enough = true;
+    for (const SequenceSpec& s : c.seqs) short_enough = short_enough && s.prefix_len <= max_prefix;
+    if (short_enough) kept.push_back(std::move(c));
+  }
+  return kept;
 }
 
 }  // namespace verifyd::test
