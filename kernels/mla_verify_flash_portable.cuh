@@ -96,8 +96,6 @@ inline constexpr int kRopeStride = kRopeDim + 8;
 inline constexpr int kNTiles = kCols / 8;      // S n-tiles per warp
 inline constexpr int kOTiles = kVDim / 2 / 8;  // O n-tiles per warp (its 256 columns)
 inline constexpr int kKPrefetch = 2;           // S's K fragments in flight ahead of their mma
-inline constexpr int kLead = 0;                // warps 0-3: S(j), then softmax + P V (j)
-inline constexpr int kTrailing = 1;            // warps 4-7: softmax + P V (j), then S(j + 1)
 
 // The shared-memory plan; its size is the kernel's dynamic shared memory.
 struct SharedPlan {
@@ -105,7 +103,6 @@ struct SharedPlan {
   float4 s_swap[kWarps][kNTiles][32];
   bf16_bits q_rope[kRows * kRopeStride];
   uint64_t pair_barrier[4];
-  uint64_t tile_full;  // the next tile's copies are in (all 256 threads arrive once per tile)
 };
 inline constexpr int kSmemBytes = sizeof(SharedPlan);
 static_assert(kSmemBytes <= 101376, "sm_120 allows 101,376 bytes of shared memory per block");
@@ -266,7 +263,7 @@ __device__ __forceinline__ void PairSwap(SharedPlan& sm, int warp, int lane, int
   const uint32_t bar = SmemAddr(&sm.pair_barrier[rg]);
   MbarrierArrive(bar);
   MbarrierWait(bar, parity);
-  const int partner = warp ^ 1;
+  const int partner = warp ^ 4;
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
     const float4 o = sm.s_swap[partner][nt][lane];
@@ -436,13 +433,11 @@ __device__ __forceinline__ void PortableFlash(const MlaVerifyParams& params) {
   const int warp = tid >> 5;
   const int g = lane >> 2;
   const int c = lane & 3;
-  const int group = warp >> 2;             // kLead or kTrailing
-  const int rg = warp >> 1;                // the pair's 16 rows (pairs 0, 1 lead; 2, 3 trail)
-  const int kg = warp & 1;                 // the pair member's half of k
+  const int rg = warp & 3;
+  const int kg = warp >> 2;
   const flash::ItemRows rows = flash::DecodeItem(pr, item);
 
   if (tid < 4) MbarrierInit(SmemAddr(&sm.pair_barrier[tid]), 64);
-  if (tid == 4) MbarrierInit(SmemAddr(&sm.tile_full), kFlashThreads / 2);
   uint32_t q_frag[kNopeKSteps][4];
   StageQ(pr, rows.first_row, rows.rows_here, sm, tid, lane, rg, kg, q_frag);
 
@@ -479,82 +474,64 @@ __device__ __forceinline__ void PortableFlash(const MlaVerifyParams& params) {
     LoadKvTile(pr.kv, first_slot, sm.kv[0], warp, lane);
   }
   int next_slot = TileSlot(rows.slots, item.col_begin + kCols, item.col_end, lane);
-  CpAsyncWaitAll();
-  __syncthreads();  // tile 0 is in for everyone
-
-  // This warp's copies of tile t's rows into `buffer` (the lead group spreads them through its S,
-  // the trailing group issues them at once).
-  auto copy_row = [&](int region, int t_buffer_row, uint8_t* buffer) {
-    if constexpr (kFp8) {
-      fp8::LoadRawRow(pr.kv_fp8, next_slot, buffer, region, t_buffer_row, lane);
-    } else {
-      LoadKvRow(pr.kv, next_slot, reinterpret_cast<bf16_bits*>(buffer),
-                region * kRowsPerWarp + t_buffer_row, lane);
-    }
-  };
-  // The copies of the next tile are complete for this thread: widen an fp8 warp's raw rows, then
-  // tell the trailing group (tile_full counts all 256 threads).
-  auto publish_next = [&](uint8_t* buffer) {
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int tile_col = item.col_begin + tile * kCols;
     CpAsyncWaitAll();
-    if constexpr (kFp8) {
-      __syncwarp();  // the warp's raw rows are in for every lane
-#pragma unroll
-      for (int rr = 0; rr < kRowsPerWarp; ++rr) fp8::WidenRow(buffer, warp - 4, rr, lane);
-#pragma unroll
-      for (int rr = 0; rr < kRowsPerWarp; ++rr) fp8::WidenRow(buffer, warp, rr, lane);
-    }
-    MbarrierArrive(SmemAddr(&sm.tile_full));
-  };
-
-  // The trailing group's S of tile 0 (it runs one S ahead, see the header's schedule).
-  float s[kNTiles][4];
-  if (group == kTrailing) {
-    SPartial<kKPrefetch>(sm.kv[0], sm, q_frag, lane, rg, kg, s, [](int) {});
-    PairSwap(sm, warp, lane, rg, kg, 0, scale_log2, s);
-  }
-  // P V of the tile whose S (softmax-ready, in s) this warp holds.
-  auto softmax_and_pv = [&](int tile, auto&& between) {
+    __syncthreads();  // tile lands for everyone; everyone is done with the other buffer and swap
+    const bool refill = tile + 1 < num_tiles;
+    bf16_bits* next_buffer = sm.kv[(tile + 1) & 1];
+    const bf16_bits* kv_tile = sm.kv[tile & 1];
+    float s[kNTiles][4];
+    SPartial<kKPrefetch>(kv_tile, sm, q_frag, lane, rg, kg, s, [&](int step) {
+      if (!refill) return;
+      if constexpr (kFp8) {
+        // Raw rows at steps 1, 5, 9, 13, one group each: widened in P V(j), so they have S's
+        // remaining steps, the swap and the softmax to land.
+        if (step % 4 == 1 && step / 4 < kRowsPerWarp) {
+          fp8::LoadRawRow(pr.kv_fp8, next_slot, reinterpret_cast<uint8_t*>(next_buffer), warp,
+                          step / 4, lane);
+          CpAsyncCommit();
+        }
+      } else {
+        // Tile j+1's rows at steps 1, 9, 17, 25 of 36: between the mma, not all at once after the
+        // barrier, where 8 warps' 12 copies each filled the load queue (lg_throttle, plans/0027).
+        if (step % 8 == 1 && step / 8 < kRowsPerWarp) {
+          LoadKvRow(pr.kv, next_slot, next_buffer, warp * kRowsPerWarp + step / 8, lane);
+          if (step / 8 == kRowsPerWarp - 1) CpAsyncCommit();
+        }
+      }
+    });
+    if (refill) next_slot = TileSlot(rows.slots, tile_col + 2 * kCols, item.col_end, lane);
+    PairSwap(sm, warp, lane, rg, kg, tile & 1, scale_log2, s);
     float alpha[2];
     uint32_t pa[kCols / 16][4];
-    const bool rescale = Softmax(s, st, item.col_begin + tile * kCols, item.col_end,
-                                 rows.prefix_len, rows.mask_rows, rows.words_per_row, c, alpha, pa);
-    between();
-    AccumulatePv(sm.kv[tile & 1], pa, rescale, alpha, lane, kg, o, [](int) {});
-  };
-  // The two groups run the same phases in a different order between the same CTA barriers (one a
-  // tile; both loops take it num_tiles times), so that on every scheduler one warp's softmax falls
-  // under the other's mma.
-  if (group == kLead) {
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      __syncthreads();  // tile is in for everyone; everyone is done with tile-1's buffer
-      SPartial<kKPrefetch>(sm.kv[tile & 1], sm, q_frag, lane, rg, kg, s, [](int) {});
-      PairSwap(sm, warp, lane, rg, kg, tile & 1, scale_log2, s);
-      softmax_and_pv(tile, [] {});
-    }
-  } else {
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      __syncthreads();  // as the lead group's
-      const bool refill = tile + 1 < num_tiles;
-      uint8_t* next_buffer = reinterpret_cast<uint8_t*>(sm.kv[(tile + 1) & 1]);
-      // The copies go out once S is P (fewer registers live than at the barrier).
-      softmax_and_pv(tile, [&] {
-        if (!refill) return;
-        // The trailing group copies every row of the next tile (its own four and its lead
-        // partner's), so the lead group never waits on a copy.
-#pragma unroll
-        for (int rr = 0; rr < kRowsPerWarp; ++rr) copy_row(warp - 4, rr, next_buffer);
-#pragma unroll
-        for (int rr = 0; rr < kRowsPerWarp; ++rr) copy_row(warp, rr, next_buffer);
-        CpAsyncCommit();
-        next_slot = TileSlot(rows.slots, item.col_begin + (tile + 2) * kCols, item.col_end, lane);
-      });
-      if (refill) {
-        publish_next(next_buffer);
-        MbarrierWait(SmemAddr(&sm.tile_full), tile & 1);
-        SPartial<kKPrefetch>(sm.kv[(tile + 1) & 1], sm, q_frag, lane, rg, kg, s, [](int) {});
-        PairSwap(sm, warp, lane, rg, kg, (tile + 1) & 1, scale_log2, s);
+    const bool rescale = Softmax(s, st, tile_col, item.col_end, rows.prefix_len, rows.mask_rows,
+                                 rows.words_per_row, c, alpha, pa);
+    AccumulatePv(kv_tile, pa, rescale, alpha, lane, kg, o, [&](int step) {
+      if constexpr (kFp8) {
+        // Raw row r of tile j+1 widened at step 4 + 8r of 32, once its group (the r-th of four)
+        // is complete.
+        if (refill && step % 8 == 4) {
+          uint8_t* buffer = reinterpret_cast<uint8_t*>(next_buffer);
+          switch (step / 8) {
+            case 0:
+              fp8::CpAsyncWaitGroup<3>();
+              break;
+            case 1:
+              fp8::CpAsyncWaitGroup<2>();
+              break;
+            case 2:
+              fp8::CpAsyncWaitGroup<1>();
+              break;
+            default:
+              fp8::CpAsyncWaitGroup<0>();
+              break;
+          }
+          __syncwarp();  // the row's chunks, copied by every lane, are in for every lane
+          fp8::WidenRow(buffer, warp, step / 8, lane);
+        }
       }
-    }
+    });
   }
   Epilogue(params, item, rows.first_row, rows.rows_here, sm, st, o, tid, lane, rg, kg);
 }
