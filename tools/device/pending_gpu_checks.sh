@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# On the GPU machine (run tool, carry ["bundle.tgz", "bundle-v6b", "bundle-before"], made by
+# tools/device/make_pending_bundles.sh): session 24's unchecked work in one call, tests first:
+# plans/0031 change 2 and the fp8 pool on cuda (their GPU tests, the daemon end to end), then v6b
+# against v3 (plans/0034: the flash tests on v6b, the bench of both on four shapes, same machine),
+# then the decode step before / after change 2, interleaved.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+[ -d bundle ] || tar xzf bundle.tgz
+source tools/device/bundle_env.sh
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+for t in ${TESTS:-value_bound_check_test cuda_external_verify_test kv_fp8_write_test cuda_fp8_storage_test \
+  cuda_fp8_backend_test cuda_backend_test data_plane_gpu_test}; do
+  timeout 150 "$B/bin/$t" >"$OUT/$t.log" 2>&1
+  echo "== $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]' "$OUT/$t.log" | tr -s ' \n' ' ')"
+  grep -E "^\[  FAILED|Failure|Expected|Which is|SEED=" "$OUT/$t.log" | head -8
+done
+timeout 150 bash tests/integration/run_cuda_integration.sh "$B/bin/verifyd" "$B/bin/fake_scheduler" \
+  "$B/bin/verifyctl" >"$OUT/cuda_integration.log" 2>&1
+echo "== cuda_integration rc=$?"
+tail -4 "$OUT/cuda_integration.log"
+timeout 120 bundle-v6b/bin/mla_verify_flash_test >"$OUT/v6b-flash.log" 2>&1
+echo "== v6b flash rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/v6b-flash.log" | tr -s ' \n' ' ')"
+grep -E "^\[  FAILED|Failure|Expected|Which is|seed=" "$OUT/v6b-flash.log" | head -6
+for v in bundle bundle-v6b; do
+  timeout 120 "$v/bin/mla_verify_bench" --iters 10 --no-naive --shapes "${SHAPES:-S1,S3,S5,SH}" \
+    >"$OUT/bench-$v.log" 2>&1
+  echo "== bench $v rc=$?"
+  grep -E "^(shape|S[0-9H] +|measured|mma)" "$OUT/bench-$v.log" | head -12
+done
+for cfg in "before bf16" "after bf16" "after fp8" "before bf16" "after bf16"; do
+  set -- $cfg
+  bench=$B/bin/decode_step_bench
+  [ "$1" = before ] && bench=bundle-before/bin/decode_step_bench
+  timeout 100 "$bench" --ways=model,inproc --steps 20 --kv_dtype="$2" >"$OUT/ds-$1-$2.log" 2>&1
+  echo "== decode $cfg rc=$?"
+  grep -E "^\| (model|in-process)" "$OUT/ds-$1-$2.log" | head -3
+done
