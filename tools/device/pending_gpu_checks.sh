@@ -19,9 +19,14 @@ timeout 150 bash tests/integration/run_cuda_integration.sh "$B/bin/verifyd" "$B/
   "$B/bin/verifyctl" >"$OUT/cuda_integration.log" 2>&1
 echo "== cuda_integration rc=$?"
 tail -4 "$OUT/cuda_integration.log"
-timeout 120 bundle-v6b/bin/mla_verify_flash_test >"$OUT/v6b-flash.log" 2>&1
-echo "== v6b flash rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/v6b-flash.log" | tr -s ' \n' ' ')"
-grep -E "^\[  FAILED|Failure|Expected|Which is|seed=" "$OUT/v6b-flash.log" | head -6
+for t in mla_verify_flash_test mla_verify_flash_fp8_test; do
+  timeout 120 "bundle-v6b/bin/$t" >"$OUT/v6c-$t.log" 2>&1
+  echo "== v6c $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/v6c-$t.log" | tr -s ' \n' ' ')"
+  grep -E "^\[  FAILED|Failure|Expected|Which is|seed=" "$OUT/v6c-$t.log" | head -6
+done
+timeout 120 compute-sanitizer --tool racecheck --racecheck-report hazard bundle-v6b/bin/mla_verify_flash_test \
+  --gtest_filter='*prefix_64_forest*' >"$OUT/v6c-racecheck.log" 2>&1
+echo "== v6c racecheck rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/v6c-racecheck.log")"
 for v in bundle bundle-v6b; do
   timeout 120 "$v/bin/mla_verify_bench" --iters 10 --no-naive --shapes "${SHAPES:-S1,S3,S5,SH}" \
     >"$OUT/bench-$v.log" 2>&1
