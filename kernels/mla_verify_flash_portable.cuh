@@ -11,10 +11,8 @@
 // from the split planner; every head and node of the 64 rows shares each KV tile read.
 //   per tile: S (64 x 32, k = 576) = 576 mma m16n8k16;  O += P V (64 x 512, k = 32) = 512 mma.
 //
-// Warps (8, 256 threads): warp w = (row group rg = w / 2, k group kg = w % 2); the two warps of a
-// row group (a pair, w and w ^ 1) work on their 16 rows alone. Warps 0-3 (row groups 0, 1) are the
-// lead group, warps 4-7 (row groups 2, 3) the trailing group; since warp w runs on scheduler w % 4,
-// every scheduler holds one warp of each group (plans/0034).
+// Warps (8, 256 threads): warp w = (row group rg = w % 4, k group kg = w / 4), and the two warps
+// of a row group (a pair) work on their 16 rows alone, so no phase of a tile waits for all 8 warps.
 // - Registers: O (64 x 512 fp32) spread as 16 rows x 256 value columns per warp (kg's half: 128
 //   registers); Q's latent part as mma A fragments, 16 rows x latent dims 256 kg .. 256 kg + 256
 //   (64 registers). The 64 rope dims of Q stay in shared memory (two k-steps per warp).
@@ -26,42 +24,33 @@
 // - P V: each warp multiplies its own P (16 x 32) by V's columns of its half (32 x 256): V by
 //   ldmatrix.trans, 256 B per mma.
 //
-// Schedule. One CTA barrier per tile; between barrier j and barrier j+1 (interval j):
-//   lead group:     S(j) (SPartial), pair swap (PairSwap), softmax (Softmax), P V(j)
-//                   (AccumulatePv);
-//   trailing group: softmax and P V(j) on the S(j) it computed in interval j-1, issuing every row
-//   of
-//                   tile j+1 into the other buffer between the two; then it waits for its copies,
-//                   meets the rest of its group on the tile_full mbarrier, and computes S(j+1)
-//                   and its swap, held in registers across barrier j+1.
-// So on every scheduler one warp's swap and softmax fall under the other warp's mma (v3 ran both
-// warps of a scheduler through the same phase, plans/0034). Tile j+1 goes into the buffer tile j-1
-// left at barrier j, so two buffers suffice: interval j reads tile j (both P V, the lead S) and
-// tile j+1 (the trailing S) only. The lead group never waits on a copy. The reference maximum of
-// a row moves only when a score passes it by 2^8 (Softmax), so O's 128 registers are rescaled a
-// few times per row, not at most tiles.
+// Schedule per tile j (each step a phase below):
+//   1. wait for this thread's copies of tile j, CTA barrier: tile j is in for everyone, and every
+//      warp has finished tile j-1, so the other buffer and the swap slots are free;
+//   2. S partial (SPartial), its K fragments two steps ahead of their mma; the copies of tile j+1
+//      into the other buffer ride between its mma, one row per warp every 8 of its 36 steps, and
+//      the slot-table load for tile j+2 follows;
+//   3. pair swap (PairSwap);  4. online softmax, P in registers (Softmax);  5. P V (AccumulatePv).
+// The barrier is the only point all 8 warps meet; between two of them the pairs run apart. The
+// reference maximum of a row moves only when a score passes it by 2^8 (Softmax), so O's 128
+// registers are rescaled a few times per row, not at most tiles.
 //
-// Shared memory (100,688 B of the 101,376 B that sm_120 allows per block):
+// Shared memory (100,384 B of the 101,376 B that sm_120 allows per block):
 //   KV tiles  2 x 32 x 584 bf16, rows padded by 16 B so ldmatrix rows hit distinct banks; the
 //             prologue stages the 64-row Q tile, the epilogue O, through the same bytes  74752 B
 //   S swap    8 warps x 32 lanes x 16 fp32 (4 float4 per lane, lane-contiguous)        16384 B
 //   Q rope    64 x 72 bf16 (padded)                                                     9216 B
-//   pair mbarriers 4 x 8 B, tile_full 8 B                                                 40 B
-//   the item's view: mask and slot pointers, prefix, end, the 64 rows' tree nodes        288 B
-//   (padding to 16 B)                                                                         8 B
-//   (read from shared memory in the loop: the register file holds O and Q)
+//   pair mbarriers, 4 x 8 B                                                               32 B
 //
-// KV rows are gathered through the int32 slot table with 16-byte cp.async, trailing warp w copying
-// rows 4(w-4) .. 4(w-4)+3 and 4w .. 4w+3 of a tile (tile 0: every warp its four); lane i holds the
-// slot of column i. One-run and scattered tiles take the
+// KV rows are gathered through the int32 slot table with 16-byte cp.async, warp w copying rows
+// 4w .. 4w+3 of a tile; lane i holds the slot of column i. One-run and scattered tiles take the
 // same path (scattered / contiguous 1.00, plans/0027). A column past col_end copies the last
 // column's row, which the mask turns into P = 0, so a masked column never multiplies garbage
 // (0 * NaN) into O.
 //
 // An fp8 pool (DeepSeek's 656-byte rows; the KvRows::kFp8 instance) changes the load stage only:
-// a region's raw rows land in the tail of its own rows' bytes of the next buffer and are widened
-// there to bf16 by the warp that copied them (mla_verify_kv_fp8_load.cuh: the math, the byte plan,
-// the schedule), so
+// each warp's raw rows land in the tail of its own rows' bytes of the next buffer and are widened
+// there to bf16 during P V (mla_verify_kv_fp8_load.cuh: the math, the byte plan, the schedule), so
 // S, softmax and P V read the same bf16 tile and the shared-memory plan is the same. Measured in
 // plans/0032 (fp8 / bf16 1.07-1.10 on the H200: the widening's instructions, not bytes).
 //
@@ -107,29 +96,13 @@ inline constexpr int kRopeStride = kRopeDim + 8;
 inline constexpr int kNTiles = kCols / 8;      // S n-tiles per warp
 inline constexpr int kOTiles = kVDim / 2 / 8;  // O n-tiles per warp (its 256 columns)
 inline constexpr int kKPrefetch = 2;           // S's K fragments in flight ahead of their mma
-inline constexpr int kLead = 0;                // warps 0-3: S(j), then softmax + P V (j)
-inline constexpr int kTrailing = 1;            // warps 4-7: softmax + P V (j), then S(j + 1)
 
 // The shared-memory plan; its size is the kernel's dynamic shared memory.
-// What the softmax's mask and the copies' slot lookups read of the item, kept in shared memory
-// rather than in registers through the loop (the register file is full: O 128 + Q 64).
-struct TileView {
-  const uint64_t* mask_rows;
-  const int32_t* slots;
-  int prefix_len;
-  int col_end;
-  int words_per_row;
-  int unused;
-  int node[kRows];  // tree node of each of the 64 rows, -1 past the sequence's rows
-};
-
 struct SharedPlan {
   bf16_bits kv[2][kCols * kStride];
   float4 s_swap[kWarps][kNTiles][32];
   bf16_bits q_rope[kRows * kRopeStride];
   uint64_t pair_barrier[4];
-  uint64_t tile_full;
-  TileView view;  // the next tile's copies are in (all 256 threads arrive once per tile)
 };
 inline constexpr int kSmemBytes = sizeof(SharedPlan);
 static_assert(kSmemBytes <= 101376, "sm_120 allows 101,376 bytes of shared memory per block");
@@ -194,18 +167,11 @@ __device__ __forceinline__ int TileSlot(const int32_t* slots, int tile_col, int 
   return slots[min(tile_col + lane, col_end - 1)];
 }
 
-// Asks L2 for the 128-byte lines first_line, first_line + 4, .. of a pool row (lane = column), so
-// that the copies of that row a tile later hit L2: the trailing group's four warps take a row's
-// lines in turn (plans/0034, v6d).
-__device__ __forceinline__ void PrefetchRowL2(const uint8_t* row, int first_line, int row_bytes) {
-  for (int line = first_line; line * 128 < row_bytes; line += 4)
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + line * 128));
-}
-
 // A lane's view of the pair's 16 rows: rows g (half 0) and g + 8 (half 1) of its row group.
 struct RowState {
   float ref[2];  // the reference maximum exp2 is taken against (log2 units), -inf before any
   float sum[2];  // this lane's share of sum exp2(S - ref) (its 2 of every 8 columns)
+  int node[2];   // tree node of the row, -1 past the sequence's rows
 };
 
 // Phase 1 (prologue): Q through the KV buffers into this warp's latent A fragments; the rope dims
@@ -237,11 +203,11 @@ __device__ __forceinline__ void StageQ(const VerifyProblem& pr, int64_t first_ro
 
 // Phase 2: this warp's partial S, 16 rows x 32 columns over its 256 latent + 32 rope dims: 36
 // steps (k-step, n-tile pair), each one ldmatrix.x4 of K and two mma, the K fragments loaded
-// kDepth steps ahead.
-template <int kDepth>
+// kDepth steps ahead. hook(step) runs after each step's mma (the loop's copies ride there).
+template <int kDepth, typename StepHook>
 __device__ __forceinline__ void SPartial(const bf16_bits* kv_tile, const SharedPlan& sm,
                                          const uint32_t (&q_frag)[kNopeKSteps][4], int lane, int rg,
-                                         int kg, float (&s)[kNTiles][4]) {
+                                         int kg, float (&s)[kNTiles][4], StepHook&& hook) {
   constexpr int kPairs = kNTiles / 2;
   constexpr int kSteps = (kNopeKSteps + kRopeKSteps) * kPairs;
 #pragma unroll
@@ -281,6 +247,7 @@ __device__ __forceinline__ void SPartial(const bf16_bits* kv_tile, const SharedP
     const uint32_t(&bb)[4] = b[step % (kDepth + 1)];
     MmaBf16(s[2 * np], a, bb[0], bb[1]);
     MmaBf16(s[2 * np + 1], a, bb[2], bb[3]);
+    hook(step);
   }
 }
 
@@ -296,7 +263,7 @@ __device__ __forceinline__ void PairSwap(SharedPlan& sm, int warp, int lane, int
   const uint32_t bar = SmemAddr(&sm.pair_barrier[rg]);
   MbarrierArrive(bar);
   MbarrierWait(bar, parity);
-  const int partner = warp ^ 1;
+  const int partner = warp ^ 4;
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
     const float4 o = sm.s_swap[partner][nt][lane];
@@ -311,10 +278,9 @@ __device__ __forceinline__ void PairSwap(SharedPlan& sm, int warp, int lane, int
 // column tile_col + 8 nt + 2c + (i % 2). Returns whether any lane's reference moved (then O must be
 // rescaled by alpha).
 __device__ __forceinline__ bool Softmax(float (&s)[kNTiles][4], RowState& st, int tile_col,
-                                        const TileView& view, int row0, int c, float (&alpha)[2],
+                                        int col_end, int prefix_len, const uint64_t* mask_rows,
+                                        int words_per_row, int c, float (&alpha)[2],
                                         uint32_t (&pa)[kCols / 16][4]) {
-  const int prefix_len = view.prefix_len;
-  const int col_end = view.col_end;
   const bool all_visible = tile_col + kCols <= prefix_len && tile_col + kCols <= col_end;
   if (!all_visible) {
 #pragma unroll
@@ -322,11 +288,10 @@ __device__ __forceinline__ bool Softmax(float (&s)[kNTiles][4], RowState& st, in
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int t = tile_col + nt * 8 + 2 * c + (i & 1);
-        const int node = view.node[row0 + 8 * (i >> 1)];
+        const int node = st.node[i >> 1];
         const bool visible =
-            t < col_end &&
-            (t < prefix_len ||
-             (node >= 0 && ColumnVisible(view.mask_rows, view.words_per_row, prefix_len, node, t)));
+            t < col_end && (t < prefix_len || (node >= 0 && ColumnVisible(mask_rows, words_per_row,
+                                                                          prefix_len, node, t)));
         s[nt][i] = visible ? s[nt][i] : -INFINITY;
       }
   }
@@ -367,11 +332,13 @@ __device__ __forceinline__ bool Softmax(float (&s)[kNTiles][4], RowState& st, in
   return __any_sync(kFullMask, alpha[0] != 1.f || alpha[1] != 1.f);
 }
 
-// Phase 5: O = O * alpha + P V over this warp's 16 rows and 256 value columns.
+// Phase 5: O = O * alpha + P V over this warp's 16 rows and 256 value columns. hook(step) runs
+// after each of the 32 steps' mma (an fp8 pool's widening rides there).
+template <typename StepHook>
 __device__ __forceinline__ void AccumulatePv(const bf16_bits* kv_tile,
                                              const uint32_t (&pa)[kCols / 16][4], bool rescale,
                                              const float (&alpha)[2], int lane, int kg,
-                                             float (&o)[kOTiles][4]) {
+                                             float (&o)[kOTiles][4], StepHook&& hook) {
   if (rescale) {
 #pragma unroll
     for (int nt = 0; nt < kOTiles; ++nt) {
@@ -392,6 +359,7 @@ __device__ __forceinline__ void AccumulatePv(const bf16_bits* kv_tile,
                        (lane >> 4) * 8));
       MmaBf16(o[2 * np], pa[kk], vb[0], vb[1]);
       MmaBf16(o[2 * np + 1], pa[kk], vb[2], vb[3]);
+      hook(kk * (kOTiles / 2) + np);
     }
   }
 }
@@ -449,8 +417,6 @@ __device__ __forceinline__ void Epilogue(const MlaVerifyParams& params, const Fl
 // (656 bytes, widened to bf16 by the load stage of mla_verify_kv_fp8_load.cuh).
 enum class KvRows { kBf16, kFp8 };
 
-static_assert(sizeof(SharedPlan) == 100688, "the shared-memory plan in the header");
-
 // The kernel's body, for a `__global__` wrapper launched with kFlashThreads threads, one CTA per
 // work item and kSmemBytes of dynamic shared memory (the product's are the MlaVerifyFlashKernel
 // instances, mla_verify_flash.cu). kRowsKind picks the load stage; every other phase is the same.
@@ -467,13 +433,11 @@ __device__ __forceinline__ void PortableFlash(const MlaVerifyParams& params) {
   const int warp = tid >> 5;
   const int g = lane >> 2;
   const int c = lane & 3;
-  const int group = warp >> 2;  // kLead or kTrailing
-  const int rg = warp >> 1;     // the pair's 16 rows (pairs 0, 1 lead; 2, 3 trail)
-  const int kg = warp & 1;      // the pair member's half of k
+  const int rg = warp & 3;
+  const int kg = warp >> 2;
   const flash::ItemRows rows = flash::DecodeItem(pr, item);
 
   if (tid < 4) MbarrierInit(SmemAddr(&sm.pair_barrier[tid]), 64);
-  if (tid == 4) MbarrierInit(SmemAddr(&sm.tile_full), kFlashThreads / 2);
   uint32_t q_frag[kNopeKSteps][4];
   StageQ(pr, rows.first_row, rows.rows_here, sm, tid, lane, rg, kg, q_frag);
 
@@ -485,19 +449,10 @@ __device__ __forceinline__ void PortableFlash(const MlaVerifyParams& params) {
   RowState st;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
+    const int row = item.row_begin + rg * 16 + g + 8 * h;
     st.ref[h] = -INFINITY;
     st.sum[h] = 0.f;
-  }
-  if (tid < kRows) {
-    const int row = item.row_begin + tid;
-    sm.view.node[tid] = row < rows.seq_rows ? row / rows.heads : -1;
-  }
-  if (tid == 0) {
-    sm.view.mask_rows = rows.mask_rows;
-    sm.view.slots = rows.slots;
-    sm.view.prefix_len = rows.prefix_len;
-    sm.view.col_end = item.col_end;
-    sm.view.words_per_row = rows.words_per_row;
+    st.node[h] = row < rows.seq_rows ? row / rows.heads : -1;
   }
   const float scale_log2 = pr.scale * kLog2e;
 
@@ -519,102 +474,66 @@ __device__ __forceinline__ void PortableFlash(const MlaVerifyParams& params) {
     LoadKvTile(pr.kv, first_slot, sm.kv[0], warp, lane);
   }
   int next_slot = TileSlot(rows.slots, item.col_begin + kCols, item.col_end, lane);
-  // The slots of the tile two after the one being copied, for the trailing group's L2 prefetch.
-  int prefetch_slot = TileSlot(rows.slots, item.col_begin + 2 * kCols, item.col_end, lane);
-  CpAsyncWaitAll();
-  __syncthreads();  // tile 0 is in for everyone
-
-  // One row of the next tile into `buffer`: row t_buffer_row of `region` (a warp's four rows).
-  auto copy_row = [&](int region, int t_buffer_row, uint8_t* buffer) {
-    if constexpr (kFp8) {
-      fp8::LoadRawRow(pr.kv_fp8, next_slot, buffer, region, t_buffer_row, lane);
-    } else {
-      LoadKvRow(pr.kv, next_slot, reinterpret_cast<bf16_bits*>(buffer),
-                region * kRowsPerWarp + t_buffer_row, lane);
-    }
-  };
-  // The copies of the next tile are complete for this thread: widen an fp8 warp's raw rows, then
-  // tell the rest of the trailing group (tile_full counts its 128 threads).
-  auto publish_next = [&](uint8_t* buffer) {
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int tile_col = item.col_begin + tile * kCols;
     CpAsyncWaitAll();
-    if constexpr (kFp8) {
-      __syncwarp();  // the warp's raw rows are in for every lane
-#pragma unroll 1
-      for (int i = 0; i < 2 * kRowsPerWarp; ++i)
-        fp8::WidenRow(buffer, i < kRowsPerWarp ? warp - 4 : warp, i % kRowsPerWarp, lane);
-    }
-    MbarrierArrive(SmemAddr(&sm.tile_full));
-  };
-
-  // The trailing group's S of tile 0 (it runs one S ahead, see the header's schedule).
-  float s[kNTiles][4];
-  if (group == kTrailing) {
-    SPartial<kKPrefetch>(sm.kv[0], sm, q_frag, lane, rg, kg, s);
-    PairSwap(sm, warp, lane, rg, kg, 0, scale_log2, s);
-  }
-  // P V of the tile whose S (softmax-ready, in s) this warp holds.
-  auto softmax_and_pv = [&](int tile, auto&& between) {
+    __syncthreads();  // tile lands for everyone; everyone is done with the other buffer and swap
+    const bool refill = tile + 1 < num_tiles;
+    bf16_bits* next_buffer = sm.kv[(tile + 1) & 1];
+    const bf16_bits* kv_tile = sm.kv[tile & 1];
+    float s[kNTiles][4];
+    SPartial<kKPrefetch>(kv_tile, sm, q_frag, lane, rg, kg, s, [&](int step) {
+      if (!refill) return;
+      if constexpr (kFp8) {
+        // Raw rows at steps 1, 5, 9, 13, one group each: widened in P V(j), so they have S's
+        // remaining steps, the swap and the softmax to land.
+        if (step % 4 == 1 && step / 4 < kRowsPerWarp) {
+          fp8::LoadRawRow(pr.kv_fp8, next_slot, reinterpret_cast<uint8_t*>(next_buffer), warp,
+                          step / 4, lane);
+          CpAsyncCommit();
+        }
+      } else {
+        // Tile j+1's rows at steps 1, 9, 17, 25 of 36: between the mma, not all at once after the
+        // barrier, where 8 warps' 12 copies each filled the load queue (lg_throttle, plans/0027).
+        if (step % 8 == 1 && step / 8 < kRowsPerWarp) {
+          LoadKvRow(pr.kv, next_slot, next_buffer, warp * kRowsPerWarp + step / 8, lane);
+          if (step / 8 == kRowsPerWarp - 1) CpAsyncCommit();
+        }
+      }
+    });
+    if (refill) next_slot = TileSlot(rows.slots, tile_col + 2 * kCols, item.col_end, lane);
+    PairSwap(sm, warp, lane, rg, kg, tile & 1, scale_log2, s);
     float alpha[2];
     uint32_t pa[kCols / 16][4];
-    const bool rescale =
-        Softmax(s, st, item.col_begin + tile * kCols, sm.view, rg * 16 + g, c, alpha, pa);
-    between();
-    AccumulatePv(sm.kv[tile & 1], pa, rescale, alpha, lane, kg, o);
-  };
-  // The two groups run the same phases in a different order between the same CTA barriers (one a
-  // tile; both loops take it num_tiles times), so that on every scheduler one warp's softmax falls
-  // under the other's mma.
-  if (group == kLead) {
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      __syncthreads();  // tile is in for everyone; everyone is done with tile-1's buffer
-      SPartial<kKPrefetch>(sm.kv[tile & 1], sm, q_frag, lane, rg, kg, s);
-      PairSwap(sm, warp, lane, rg, kg, tile & 1, scale_log2, s);
-      softmax_and_pv(tile, [] {});
-    }
-  } else {
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      __syncthreads();  // as the lead group's
-      const bool refill = tile + 1 < num_tiles;
-      uint8_t* next_buffer = reinterpret_cast<uint8_t*>(sm.kv[(tile + 1) & 1]);
-      // Tile+2's rows into L2 a whole interval before this group copies them (a copy issued after
-      // the softmax has only the P V to land before the S that reads it).
-      if (tile + 2 < num_tiles) {
-        constexpr int kRowBytes = kFp8 ? fp8::kRowBytes : kKvDim * 2;
-        const uint8_t* pool = kFp8 ? pr.kv_fp8 : reinterpret_cast<const uint8_t*>(pr.kv);
-        PrefetchRowL2(pool + static_cast<int64_t>(prefetch_slot) * kRowBytes, warp - 4, kRowBytes);
-        prefetch_slot =
-            TileSlot(sm.view.slots, item.col_begin + (tile + 3) * kCols, sm.view.col_end, lane);
+    const bool rescale = Softmax(s, st, tile_col, item.col_end, rows.prefix_len, rows.mask_rows,
+                                 rows.words_per_row, c, alpha, pa);
+    AccumulatePv(kv_tile, pa, rescale, alpha, lane, kg, o, [&](int step) {
+      if constexpr (kFp8) {
+        // Raw row r of tile j+1 widened at step 4 + 8r of 32, once its group (the r-th of four)
+        // is complete.
+        if (refill && step % 8 == 4) {
+          uint8_t* buffer = reinterpret_cast<uint8_t*>(next_buffer);
+          switch (step / 8) {
+            case 0:
+              fp8::CpAsyncWaitGroup<3>();
+              break;
+            case 1:
+              fp8::CpAsyncWaitGroup<2>();
+              break;
+            case 2:
+              fp8::CpAsyncWaitGroup<1>();
+              break;
+            default:
+              fp8::CpAsyncWaitGroup<0>();
+              break;
+          }
+          __syncwarp();  // the row's chunks, copied by every lane, are in for every lane
+          fp8::WidenRow(buffer, warp, step / 8, lane);
+        }
       }
-      // The copies go out once S is P (fewer registers live than at the barrier), one row at a time
-      // (unrolled, ptxas held every row's address at once and spilled on sm_120).
-      softmax_and_pv(tile, [&] {
-        if (!refill) return;
-          // The trailing group copies every row of the next tile (its own four and its lead
-          // partner's), so the lead group never waits on a copy.
-#pragma unroll 1
-        for (int i = 0; i < 2 * kRowsPerWarp; ++i)
-          copy_row(i < kRowsPerWarp ? warp - 4 : warp, i % kRowsPerWarp, next_buffer);
-        CpAsyncCommit();
-        next_slot =
-            TileSlot(sm.view.slots, item.col_begin + (tile + 2) * kCols, sm.view.col_end, lane);
-      });
-      if (refill) {
-        publish_next(next_buffer);
-        MbarrierWait(SmemAddr(&sm.tile_full), tile & 1);
-        SPartial<kKPrefetch>(sm.kv[(tile + 1) & 1], sm, q_frag, lane, rg, kg, s);
-        PairSwap(sm, warp, lane, rg, kg, (tile + 1) & 1, scale_log2, s);
-      }
-    }
+    });
   }
-  // The item and its rows are read again rather than held in registers through the loop.
-  FlashWorkItem item_again;
-  {
-    const volatile int32_t* w = reinterpret_cast<const volatile int32_t*>(&params.work[blockIdx.x]);
-    item_again = FlashWorkItem{w[0], w[1], w[2], w[3], w[4]};
-  }
-  const flash::ItemRows rows_again = flash::DecodeItem(pr, item_again);
-  Epilogue(params, item_again, rows_again.first_row, rows_again.rows_here, sm, st, o, tid, lane, rg,
-           kg);
+  Epilogue(params, item, rows.first_row, rows.rows_here, sm, st, o, tid, lane, rg, kg);
 }
 
 }  // namespace verifyd::portable

@@ -16,11 +16,9 @@
 // is in registers (a __syncwarp between its loads and its stores) widening it destroys nothing
 // still unread, and the rows of one warp never touch another warp's bytes: no CTA barrier.
 //
-// Schedule (PortableFlash): a trailing-group warp issues the raw rows of two regions of tile j+1
-// (its own and its lead partner's, warp w - 4) after its softmax(j), waits for them after its P
-// V(j), widens them region by region, row 0 first, and arrives on the tile_full mbarrier that the
-// trailing group's S(j+1) waits on; the tile-top barrier of j+1 publishes them to the lead group.
-// A region's rows never touch another region's bytes, so the protocol is the same per region.
+// Schedule (PortableFlash): raw row r of tile j+1 is issued at S(j) step 1 + 4r (one cp.async group
+// per row) and widened during P V(j) (after cp.async.wait_group lets row r's group complete); the
+// tile-top barrier of j+1 publishes the widened rows to every warp, as it does the bf16 copies.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -101,5 +99,9 @@ __device__ __forceinline__ void WidenRow(uint8_t* buffer, int warp, int rr, int 
 }
 
 // cp.async.wait_group with the count as a template argument (PTX wants an immediate).
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWaitGroup() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 
 }  // namespace verifyd::portable::fp8
