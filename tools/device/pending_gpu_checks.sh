@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# On the GPU machine (run tool, carry ["bundle.tgz", "bundle-v6b", "bundle-before"], made by
-# tools/device/make_pending_bundles.sh): session 24's unchecked work in one call, tests first:
-# plans/0031 change 2 and the fp8 pool on cuda (their GPU tests, the daemon end to end), then v6b
-# against v3 (plans/0034: the flash tests on v6b, the bench of both on four shapes, same machine),
-# then the decode step before / after change 2, interleaved.
+# On the GPU machine (run tool, carry ["bundle.tgz", "bundle-v6c", "bundle-v6d", "bundle-before"],
+# made by tools/device/make_pending_bundles.sh): session 24's unchecked work in one call, tests
+# first: plans/0031 change 2 and the fp8 pool on cuda (their GPU tests, the daemon end to end),
+# then v6c and v6d against v3 (plans/0034: their flash tests and racecheck, the bench of all three
+# on four shapes, one machine), then the decode step before / after change 2, interleaved.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -d bundle ] || tar xzf bundle.tgz
@@ -19,15 +19,17 @@ timeout 150 bash tests/integration/run_cuda_integration.sh "$B/bin/verifyd" "$B/
   "$B/bin/verifyctl" >"$OUT/cuda_integration.log" 2>&1
 echo "== cuda_integration rc=$?"
 tail -4 "$OUT/cuda_integration.log"
-for t in mla_verify_flash_test mla_verify_flash_fp8_test; do
-  timeout 120 "bundle-v6b/bin/$t" >"$OUT/v6c-$t.log" 2>&1
-  echo "== v6c $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/v6c-$t.log" | tr -s ' \n' ' ')"
-  grep -E "^\[  FAILED|Failure|Expected|Which is|seed=" "$OUT/v6c-$t.log" | head -6
+for v in v6c v6d; do
+  for t in mla_verify_flash_test mla_verify_flash_fp8_test; do
+    timeout 120 "bundle-$v/bin/$t" >"$OUT/$v-$t.log" 2>&1
+    echo "== $v $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/$v-$t.log" | tr -s ' \n' ' ')"
+    grep -E "^\[  FAILED|Failure|Expected|Which is|seed=" "$OUT/$v-$t.log" | head -6
+  done
+  timeout 120 compute-sanitizer --tool racecheck --racecheck-report hazard "bundle-$v/bin/mla_verify_flash_test" \
+    --gtest_filter='*prefix_64_forest*' >"$OUT/$v-racecheck.log" 2>&1
+  echo "== $v racecheck rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/$v-racecheck.log")"
 done
-timeout 120 compute-sanitizer --tool racecheck --racecheck-report hazard bundle-v6b/bin/mla_verify_flash_test \
-  --gtest_filter='*prefix_64_forest*' >"$OUT/v6c-racecheck.log" 2>&1
-echo "== v6c racecheck rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/v6c-racecheck.log")"
-for v in bundle bundle-v6b; do
+for v in bundle bundle-v6c bundle-v6d; do
   timeout 120 "$v/bin/mla_verify_bench" --iters 10 --no-naive --shapes "${SHAPES:-S1,S3,S5,SH}" \
     >"$OUT/bench-$v.log" 2>&1
   echo "== bench $v rc=$?"
