@@ -9,6 +9,7 @@ cd "$(dirname "$0")/../.."
 [ -d bundle ] || tar xzf bundle.tgz
 source tools/device/bundle_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+if [ "${PROFILE:-0}" != 1 ]; then
 for t in ${TESTS:-value_bound_check_test cuda_external_verify_test kv_fp8_write_test cuda_fp8_storage_test \
   cuda_fp8_backend_test cuda_backend_test data_plane_gpu_test}; do
   timeout 150 "$B/bin/$t" >"$OUT/$t.log" 2>&1
@@ -43,3 +44,27 @@ for cfg in "before bf16" "after bf16" "after fp8" "before bf16" "after bf16"; do
   echo "== decode $cfg rc=$?"
   grep -E "^\| (model|in-process)" "$OUT/ds-$1-$2.log" | head -3
 done
+fi
+# PROFILE=1 (a second call: ~3 minutes): ncu on S3 for v3, v6c and v6d and on the mma.sync ceiling
+# kernel: tensor-pipe share, shared-memory wavefronts (share of peak and count), instructions and
+# stall reasons, to read whether shared memory bounds the portable layouts on this chip
+# (plans/0034 asks; the ceiling kernel reads one ldmatrix.x4 per two mma).
+if [ "${PROFILE:-0}" = 1 ]; then
+  m=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+  m=$m,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed
+  m=$m,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,sm__inst_executed_pipe_tensor_op_hmma.sum
+  m=$m,smsp__inst_executed.sum,sm__cycles_elapsed.avg
+  for st in short_scoreboard wait barrier long_scoreboard math_pipe_throttle mio_throttle; do
+    m="$m,smsp__average_warps_issue_stalled_${st}_per_issue_active.ratio"
+  done
+  for v in bundle bundle-v6c bundle-v6d; do
+    timeout 100 ncu --clock-control none -k regex:MlaVerifyFlashKernel -c 1 --metrics "$m" \
+      "$v/bin/mla_verify_bench" --shapes S3 --iters 1 --no-naive >"$OUT/ncu-$v.txt" 2>&1
+    echo "== ncu S3 $v rc=$?"
+    grep -E "hmma|wavefronts|inst_executed|cycles_elapsed|stalled" "$OUT/ncu-$v.txt" | awk '{$1=$1};1' | head -14
+  done
+  timeout 100 ncu --clock-control none -k regex:MmaSyncRate -c 1 --metrics "$m" \
+    bundle/bin/mla_verify_bench --shapes S3 --iters 1 --no-naive >"$OUT/ncu-ceiling.txt" 2>&1
+  echo "== ncu mma.sync ceiling kernel rc=$?"
+  grep -E "hmma|wavefronts|cycles_elapsed" "$OUT/ncu-ceiling.txt" | awk '{$1=$1};1' | head -6
+fi
