@@ -5,13 +5,13 @@
 // call (a sequence with nothing new uploads nothing), and a memcpy node per piece would change the
 // CUDA graph's topology every step. The kernel's launch is the same for every call of a shape
 // bucket (fixed grid, device pointers only); what it moves is data read from device memory.
+//
+// The scatter has no launch of its own: it rides in the value check's launch, the one launch that
+// consumes a call's upload (LaunchSlotScatterAndFirstOutOfBound, kernels/value_bound_check.h), so
+// a call's graph has one node fewer (plans/0031, change 2).
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
-
-#include "absl/status/status.h"
 
 namespace verifyd {
 
@@ -28,9 +28,13 @@ struct SlotScatterRun {
   int32_t value_begin = 0;
 };
 
-// Enqueues the placement. header, runs and values: device memory (the uploaded region); arena:
-// the device slot arena. Allocates nothing, never synchronizes (graph-capturable).
-absl::Status LaunchSlotScatter(const SlotScatterHeader* header, const SlotScatterRun* runs,
-                               const int32_t* values, int32_t* arena, cudaStream_t stream);
+// One placement: header, runs and values in device memory (the uploaded region); arena: the
+// device slot arena. All null: nothing to place.
+struct SlotScatterArgs {
+  const SlotScatterHeader* header = nullptr;
+  const SlotScatterRun* runs = nullptr;
+  const int32_t* values = nullptr;
+  int32_t* arena = nullptr;
+};
 
 }  // namespace verifyd

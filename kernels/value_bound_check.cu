@@ -1,12 +1,18 @@
 // Math: element i is out of bound when (bits & 0x7fff) > 0x4780 (2^16 as bf16), which also
 // catches Inf and NaN; the answer is the smallest such i (atomicMin of (i << 16) | bits, so the
 // value comes with it), as on the host. The NaN fill writes 0xFFFF (bf16 NaN) / 0xFFFFFFFF (fp32
-// NaN) when any check found something.
+// NaN) when any check found something, then hands the words to the host and re-arms them.
 // Tiling: one 16-byte word (8 bf16) per thread per step, a grid-stride loop over n / 8 words, the
-// tail (n % 8) by the first thread; grid row y checks tensor y (up to two per launch); the fill,
-// one element per thread per step. Schedule: a bounded grid (at most 1024 CTAs of 256 threads); a
-// CTA skips its atomic when it found nothing, so a clean tensor costs one read of its bytes, and
-// the fill one read of `count` words per thread. Shared memory: none.
+// tail (n % 8) by the first thread of a tensor's blocks; the launch's blocks are split by
+// blockIdx.x: the first kSlotScatterBlocks place the slot-table upload when there is one
+// (slot_table_scatter.cuh), then each checked tensor gets the same number of blocks (up to two
+// tensors per launch). The fill: one element per thread per step. Schedule: a bounded grid (at most
+// 1024 CTAs of 256 threads per tensor); a CTA skips its atomic when it found nothing, so a clean
+// tensor costs one read of its bytes, and the fill one read of `count` words per CTA. Why the fill
+// counts its CTAs (one atomicAdd each): the words may be re-armed only after every CTA has read
+// them, and the last CTA to arrive knows that; re-arming there, and writing the host's copy through
+// mapped memory, takes the memset and the copy back out of a call's graph (plans/0031, change 2).
+// Shared memory: one flag.
 #include "kernels/value_bound_check.h"
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +20,7 @@
 #include "base/status_macros.h"
 #include "kernels/mla_verify_launch.h"
 #include "kernels/programmatic_launch.cuh"
+#include "kernels/slot_table_scatter.cuh"
 #include "verify/value_bound.h"
 
 namespace verifyd {
@@ -26,20 +33,14 @@ __device__ __forceinline__ bool Bad(uint32_t half_bits) {
   return (half_bits & 0x7fffu) > kMaxInputMagnitudeBits;
 }
 
-// Up to two tensors, one per grid row: (data0, n0) into firsts[0], (data1, n1) into firsts[1].
-__global__ void __launch_bounds__(kThreads)
-    FirstOutOfBoundKernel(const bf16_bits* data0, int64_t n0, const bf16_bits* data1, int64_t n1,
-                          unsigned long long* firsts) {
-  pdl::WaitForPriorGrid();
-  pdl::AllowDependentLaunch();
-  const bf16_bits* data = blockIdx.y == 0 ? data0 : data1;
-  const int64_t n = blockIdx.y == 0 ? n0 : n1;
-  unsigned long long* first = firsts + blockIdx.y;
+// Block `block` of `blocks` checks its share of data[0, n) into *first.
+__device__ __forceinline__ void FirstOutOfBoundBlock(const bf16_bits* data, int64_t n,
+                                                     unsigned long long* first, int block,
+                                                     int blocks) {
   const int64_t words = n / 8;
   unsigned long long found = ~0ull;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < words;
-       w += stride) {
+  const int64_t stride = static_cast<int64_t>(blocks) * kThreads;
+  for (int64_t w = static_cast<int64_t>(block) * kThreads + threadIdx.x; w < words; w += stride) {
     const uint4 v = reinterpret_cast<const uint4*>(data)[w];
     const uint32_t parts[4] = {v.x, v.y, v.z, v.w};
     for (int k = 0; k < 8; ++k) {
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (found != ~0ull) break;  // later words of this thread have larger indices
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
+  if (block == 0 && threadIdx.x == 0) {
     for (int64_t i = words * 8; i < n && found == ~0ull; ++i) {
       if (Bad(data[i])) found = (static_cast<unsigned long long>(i) << 16) | data[i];
     }
@@ -59,23 +60,68 @@ __global__ void __launch_bounds__(kThreads)
   if (found != ~0ull) atomicMin(first, found);
 }
 
+// Blocks [0, scatter_blocks) place the slot-table upload; then check_blocks blocks per tensor:
+// (data0, n0) into firsts[0], (data1, n1) into firsts[1].
 __global__ void __launch_bounds__(kThreads)
-    NanIfOutOfBoundKernel(const unsigned long long* firsts, int count, bf16_bits* out,
-                          int64_t out_n, float* lse, int64_t lse_n) {
+    ScatterAndFirstOutOfBoundKernel(SlotScatterArgs scatter, int scatter_blocks,
+                                    const bf16_bits* data0, int64_t n0, const bf16_bits* data1,
+                                    int64_t n1, unsigned long long* firsts, int check_blocks) {
   pdl::WaitForPriorGrid();
   pdl::AllowDependentLaunch();
-  bool bad = false;
-  for (int k = 0; k < count; ++k) bad |= firsts[k] != kNoneOutOfBound;
-  if (!bad) return;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < out_n;
-       i += stride) {
-    out[i] = 0xffffu;
+  const int block = static_cast<int>(blockIdx.x);
+  if (block < scatter_blocks) {
+    SlotScatterBlock(scatter, block, scatter_blocks);
+    return;
   }
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < lse_n;
-       i += stride) {
-    lse[i] = __int_as_float(-1);
+  const int tensor = (block - scatter_blocks) / check_blocks;
+  FirstOutOfBoundBlock(tensor == 0 ? data0 : data1, tensor == 0 ? n0 : n1, firsts + tensor,
+                       (block - scatter_blocks) % check_blocks, check_blocks);
+}
+
+constexpr int kMaxFillWords = 2;
+
+__global__ void __launch_bounds__(kThreads)
+    NanIfOutOfBoundKernel(unsigned long long* firsts, int count, unsigned long long* host_firsts,
+                          unsigned int* arrivals, bf16_bits* out, int64_t out_n, float* lse,
+                          int64_t lse_n) {
+  pdl::WaitForPriorGrid();
+  pdl::AllowDependentLaunch();
+  __shared__ bool bad_shared;
+  unsigned long long words[kMaxFillWords];
+  if (threadIdx.x == 0) {
+    bool bad = false;
+    for (int k = 0; k < kMaxFillWords; ++k) {
+      words[k] = k < count ? firsts[k] : kNoneOutOfBound;
+      bad |= words[k] != kNoneOutOfBound;
+    }
+    bad_shared = bad;
   }
+  __syncthreads();
+  if (bad_shared) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < out_n;
+         i += stride) {
+      out[i] = 0xffffu;
+    }
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < lse_n;
+         i += stride) {
+      lse[i] = __int_as_float(-1);
+    }
+  }
+  if (threadIdx.x != 0) return;
+  // This CTA's read of the words is done (ordered before its arrival); the last CTA to arrive is
+  // the only one that touches them again.
+  __threadfence();
+  if (atomicAdd(arrivals, 1u) != gridDim.x - 1) return;
+  __threadfence();
+  for (int k = 0; k < kMaxFillWords && k < count; ++k) {
+    host_firsts[k] = words[k];
+    firsts[k] = kNoneOutOfBound;
+  }
+  *arrivals = 0;
+  // The host reads its copy after an event that follows this launch, which already orders it;
+  // the fence makes the copy visible to the system without relying on that.
+  __threadfence_system();
 }
 
 unsigned BlocksFor(int64_t threads_wanted) {
@@ -102,19 +148,38 @@ absl::Status CheckTensor(const char* name, const bf16_bits* data, int64_t n) {
 
 }  // namespace
 
+absl::Status LaunchSlotScatterAndFirstOutOfBound(const SlotScatterArgs& scatter,
+                                                 const FirstOutOfBoundArgs& check,
+                                                 cudaStream_t stream) {
+  const bool place = scatter.header != nullptr || scatter.runs != nullptr ||
+                     scatter.values != nullptr || scatter.arena != nullptr;
+  if (place && (scatter.header == nullptr || scatter.runs == nullptr || scatter.values == nullptr ||
+                scatter.arena == nullptr)) {
+    return absl::InvalidArgumentError("slot scatter: header, runs, values and arena must be set");
+  }
+  VERIFYD_RETURN_IF_ERROR(CheckTensor("data", check.a, check.na));
+  VERIFYD_RETURN_IF_ERROR(CheckTensor("second data", check.b, check.nb));
+  const int check_rows = check.nb > 0 ? 2 : (check.na > 0 ? 1 : 0);
+  if (check_rows > 0 && check.firsts == nullptr) {
+    return absl::InvalidArgumentError("firsts must be set");
+  }
+  const int scatter_blocks = place ? kSlotScatterBlocks : 0;
+  const int64_t longest = check.na > check.nb ? check.na : check.nb;
+  const int check_blocks = check_rows > 0 ? static_cast<int>(BlocksFor((longest + 7) / 8)) : 1;
+  const int blocks = scatter_blocks + check_rows * check_blocks;
+  if (blocks == 0) return absl::OkStatus();
+  VERIFYD_CUDA_CHECK(pdl::LaunchMaybeProgrammatic(
+      ScatterAndFirstOutOfBoundKernel, dim3(blocks), dim3(kThreads), 0, stream,
+      ProgrammaticLaunchRunsHere(), scatter, scatter_blocks, check.a, check.na, check.b, check.nb,
+      check.firsts, check_blocks));
+  return absl::OkStatus();
+}
+
 absl::Status LaunchFirstOutOfBoundOfTwo(const bf16_bits* a, int64_t na, const bf16_bits* b,
                                         int64_t nb, unsigned long long* firsts,
                                         cudaStream_t stream) {
-  VERIFYD_RETURN_IF_ERROR(CheckTensor("data", a, na));
-  VERIFYD_RETURN_IF_ERROR(CheckTensor("second data", b, nb));
-  if (na == 0 && nb == 0) return absl::OkStatus();
-  if (firsts == nullptr) return absl::InvalidArgumentError("firsts must be set");
-  const int64_t longest = na > nb ? na : nb;
-  const dim3 grid(BlocksFor((longest + 7) / 8), b != nullptr && nb > 0 ? 2 : 1);
-  VERIFYD_CUDA_CHECK(pdl::LaunchMaybeProgrammatic(FirstOutOfBoundKernel, grid, dim3(kThreads), 0,
-                                                  stream, ProgrammaticLaunchRunsHere(), a, na, b,
-                                                  nb, firsts));
-  return absl::OkStatus();
+  return LaunchSlotScatterAndFirstOutOfBound(SlotScatterArgs{},
+                                             FirstOutOfBoundArgs{a, na, b, nb, firsts}, stream);
 }
 
 absl::Status LaunchFirstOutOfBound(const bf16_bits* data, int64_t n, unsigned long long* first,
@@ -123,19 +188,23 @@ absl::Status LaunchFirstOutOfBound(const bf16_bits* data, int64_t n, unsigned lo
   return LaunchFirstOutOfBoundOfTwo(data, n, nullptr, 0, first, stream);
 }
 
-absl::Status LaunchNanIfOutOfBound(const unsigned long long* firsts, int count, bf16_bits* out,
-                                   int64_t out_n, float* lse, int64_t lse_n, cudaStream_t stream) {
-  if (count <= 0 || firsts == nullptr || out_n < 0 || lse_n < 0 || (out_n > 0 && out == nullptr) ||
+absl::Status LaunchNanIfOutOfBound(unsigned long long* firsts, int count,
+                                   unsigned long long* host_firsts, unsigned int* arrivals,
+                                   bf16_bits* out, int64_t out_n, float* lse, int64_t lse_n,
+                                   cudaStream_t stream) {
+  if (count <= 0 || count > kMaxFillWords || firsts == nullptr || host_firsts == nullptr ||
+      arrivals == nullptr || out_n < 0 || lse_n < 0 || (out_n > 0 && out == nullptr) ||
       (lse_n > 0 && lse == nullptr)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("count = ", count, ", out_n = ", out_n, ", lse_n = ", lse_n,
-                     ": firsts and every non-empty output must be set"));
+        absl::StrCat("count = ", count, " (1 or 2), out_n = ", out_n, ", lse_n = ", lse_n,
+                     ": firsts, host_firsts, arrivals and every non-empty output must be set"));
   }
   const int64_t longest = out_n > lse_n ? out_n : lse_n;
-  if (longest == 0) return absl::OkStatus();
+  // One CTA at least: the hand-off and the re-arm run whatever there is to fill.
+  const unsigned blocks = longest > 0 ? BlocksFor(longest) : 1u;
   VERIFYD_CUDA_CHECK(pdl::LaunchMaybeProgrammatic(
-      NanIfOutOfBoundKernel, dim3(BlocksFor(longest)), dim3(kThreads), 0, stream,
-      ProgrammaticLaunchRunsHere(), firsts, count, out, out_n, lse, lse_n));
+      NanIfOutOfBoundKernel, dim3(blocks), dim3(kThreads), 0, stream, ProgrammaticLaunchRunsHere(),
+      firsts, count, host_firsts, arrivals, out, out_n, lse, lse_n));
   return absl::OkStatus();
 }
 

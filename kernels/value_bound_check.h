@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/slot_table_scatter.h"
 #include "verify/bf16.h"
 
 namespace verifyd {
@@ -35,13 +36,38 @@ absl::Status LaunchFirstOutOfBoundOfTwo(const bf16_bits* a, int64_t na, const bf
                                         int64_t nb, unsigned long long* firsts,
                                         cudaStream_t stream);
 
-// A refused call's outputs: when any of firsts[0, count) (device, set by LaunchFirstOutOfBound)
-// found a bad value, out[0, out_n) (bf16) and lse[0, lse_n) (fp32, may be null) become NaN;
-// otherwise nothing is written. For calls whose inputs the host cannot see before they run.
-// Both launchers use programmatic dependent launch where the device has it
+// What LaunchFirstOutOfBoundOfTwo checks, as one argument. All empty: no check.
+struct FirstOutOfBoundArgs {
+  const bf16_bits* a = nullptr;
+  int64_t na = 0;
+  const bf16_bits* b = nullptr;
+  int64_t nb = 0;
+  unsigned long long* firsts = nullptr;
+};
+// The slot-table scatter (kernels/slot_table_scatter.h) and the check of up to two tensors in one
+// launch: both read only what a verify call's one upload brought, so its graph needs one node
+// after the upload, not two. Either part may be empty; the launch completes both (a later kernel
+// in stream order sees the arena placed and the words final).
+absl::Status LaunchSlotScatterAndFirstOutOfBound(const SlotScatterArgs& scatter,
+                                                 const FirstOutOfBoundArgs& check,
+                                                 cudaStream_t stream);
+
+// A refused call's outputs, and the hand-off of the check's answer. When any of firsts[0, count)
+// (device, count <= 2, set by a check above) found a bad value, out[0, out_n) (bf16) and
+// lse[0, lse_n) (fp32, may be null) become NaN; otherwise nothing of them is written. For calls
+// whose inputs the host cannot see before they run. Then, in the same launch, the words go to
+// host_firsts[0, count) (a device pointer to mapped pinned host memory: visible to the host once
+// an event recorded after the launch has completed) and firsts is re-armed to kNoneOutOfBound, so
+// that a replay of the same launches needs no memset and no copy. arrivals: a device uint32, 0
+// before the launch and 0 after it (the fill's blocks count themselves there: the last one re-arms
+// once every block has read the words). Nothing may read firsts after this launch but another
+// check. The launch runs even with nothing to fill (the hand-off and the re-arm still happen).
+// The check's and the fill's launchers use programmatic dependent launch where the device has it
 // (programmatic_launch.cuh): each kernel waits for the grid before it, so its launch, not its
 // reads, overlaps that grid's tail.
-absl::Status LaunchNanIfOutOfBound(const unsigned long long* firsts, int count, bf16_bits* out,
-                                   int64_t out_n, float* lse, int64_t lse_n, cudaStream_t stream);
+absl::Status LaunchNanIfOutOfBound(unsigned long long* firsts, int count,
+                                   unsigned long long* host_firsts, unsigned int* arrivals,
+                                   bf16_bits* out, int64_t out_n, float* lse, int64_t lse_n,
+                                   cudaStream_t stream);
 
 }  // namespace verifyd

@@ -48,12 +48,18 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(CudaBackendOpti
   // scheduler's device wait may hold when the release is needed (plans/0018).
   VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&backend->rescue_stream_, cudaStreamNonBlocking));
   // Growing a buffer waits for the stream, which an external call's ready wait may hold: the
-  // value check's words are sized once, here.
-  const size_t value_words = 2 * kExternalStagingRing * sizeof(unsigned long long);
+  // value check's words are sized once, here. Zeroed by Reserve (the arrival counters), the words
+  // armed once: from here on each call's NaN fill re-arms the words it read.
   VERIFYD_RETURN_IF_ERROR(
-      backend->external_value_words_.Reserve(value_words, *backend->stream_).status());
+      backend->external_value_words_
+          .Reserve(kValueArrivalsOffset + kExternalStagingRing * sizeof(uint32_t),
+                   *backend->stream_)
+          .status());
+  VERIFYD_CUDA_CHECK(cudaMemsetAsync(backend->external_value_words_.get(), 0xff,
+                                     kValueArrivalsOffset, backend->stream_->get()));
   VERIFYD_RETURN_IF_ERROR(
-      backend->external_value_host_.Reserve(value_words, *backend->stream_).status());
+      backend->external_value_host_.AllocateMapped(kExternalStagingRing * kValueWordsBytes));
+  std::memset(backend->external_value_host_.get(), 0xff, kExternalStagingRing * kValueWordsBytes);
   return backend;
 }
 
@@ -248,14 +254,16 @@ absl::StatusOr<CudaBackend::StagedCall> CudaBackend::Stage(
   return staged;
 }
 
-absl::Status CudaBackend::EnqueueUpload(const StagedCall& staged, cudaStream_t stream) {
+absl::Status CudaBackend::EnqueueUpload(const StagedCall& staged, cudaStream_t stream,
+                                        const FirstOutOfBoundArgs& check) {
   const VerifyStagingLayout& layout = staged.layout;
   VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(staged.upload.offset),
                                      staged.staging->as<void>(staged.upload.offset),
                                      staged.upload.bytes, cudaMemcpyHostToDevice, stream));
-  return LaunchSlotScatter(inputs_.as<SlotScatterHeader>(layout.slot_header),
-                           inputs_.as<SlotScatterRun>(layout.slot_runs),
-                           inputs_.as<int32_t>(layout.slot_values), staged.arena, stream);
+  const SlotScatterArgs scatter{inputs_.as<SlotScatterHeader>(layout.slot_header),
+                                inputs_.as<SlotScatterRun>(layout.slot_runs),
+                                inputs_.as<int32_t>(layout.slot_values), staged.arena};
+  return LaunchSlotScatterAndFirstOutOfBound(scatter, check, stream);
 }
 
 VerifyGraphBucket CudaBackend::GraphBucket(int layer, const VerifyProblem& problem,

@@ -26,17 +26,19 @@
 // External tensors (the co-located data plane, backend/external_tensors.h; plans/0018): q, tree KV,
 // out and lse lie in another process's device memory, opened from a CUDA IPC handle
 // (cuda_ipc_region.h). ComputeVerifyExternal enqueues, on the same stream and without waiting for
-// it: cuStreamWaitValue32(ready >= value) → the call's one H2D upload of its index arrays → the
-// slot scatter → the tree-KV write from the caller's buffer into the pool → flash + combine
-// reading q and writing out / lse in place → cuStreamWriteValue32(done = value). The middle part
-// is the same graph as ComputeVerify's (the bucket says external; the tensors' addresses are graph
-// parameters, stable while the scheduler reuses its buffers); the two flag operations stay
-// outside it, like the direct copies. The host never synchronizes, so a scheduler can enqueue a
-// whole step ahead: the pinned staging of such calls is a ring of kExternalStagingRing buffers
-// chosen by layer (one graph per layer, not per ring position), each guarded by an event that the
-// host waits for only when it reuses a buffer whose upload has not run yet. A call that fails
-// after its flags are known still enqueues the ready wait, fills out and lse with 0xFF bytes (NaN
-// in bf16 and fp32) and writes the done flag, so the scheduler's stream never hangs.
+// it: cuStreamWaitValue32(ready >= value) → the call's one H2D upload of its index arrays → one
+// launch of the slot scatter and the value check of q and tree_kv (SPEC §1) → the tree-KV write
+// from the caller's buffer into the pool → flash + combine reading q and writing out / lse in place
+// → the NaN fill, which also hands the check's words to the host through mapped memory and re-arms
+// them for the next call → cuStreamWriteValue32(done = value). The middle part is the same graph as
+// ComputeVerify's (the bucket says external; the tensors' addresses are graph parameters, stable
+// while the scheduler reuses its buffers); the two flag operations stay outside it, like the direct
+// copies. The host never synchronizes, so a scheduler can enqueue a whole step ahead: the pinned
+// staging of such calls is a ring of kExternalStagingRing buffers chosen by layer (one graph per
+// layer, not per ring position), each guarded by an event that the host waits for only when it
+// reuses a buffer whose upload has not run yet. A call that fails after its flags are known still
+// enqueues the ready wait, fills out and lse with 0xFF bytes (NaN in bf16 and fp32) and writes the
+// done flag, so the scheduler's stream never hangs.
 #pragma once
 
 #include <chrono>
@@ -60,6 +62,7 @@
 #include "backend/cuda/host_copy_pool.h"
 #include "base/cuda_driver.h"
 #include "kernels/mla_verify_launch.h"
+#include "kernels/value_bound_check.h"
 #include "verify/verify_problem.h"
 
 namespace verifyd {
@@ -116,6 +119,11 @@ class CudaBackend : public ComputeBackend {
 
   // Waits for the stream: a queued copy may still use the buffers freed here.
   ~CudaBackend() override;
+
+  // The external calls' staging ring (class comment), by layer: 64 ≥ the layers of the models
+  // served (61), so a scheduler enqueueing a whole step ahead never makes the executor wait; it
+  // waits only when it runs more than a step ahead of the GPU.
+  static constexpr int kExternalStagingRing = 64;
 
   const char* name() const override { return "cuda"; }
   absl::StatusOr<std::unique_ptr<KvStorage>> CreateStorage(int num_layers,
@@ -254,8 +262,11 @@ class CudaBackend : public ComputeBackend {
                                    absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
                                    const SlotMirrorPlan& slots, DirectCopies direct,
                                    PinnedBuffer* staging);
-  // The first of the captured sequence: the one H2D upload, then the slot scatter into the arena.
-  absl::Status EnqueueUpload(const StagedCall& staged, cudaStream_t stream);
+  // The first of the captured sequence: the one H2D upload, then the one launch that reads it:
+  // the slot scatter into the arena, with the value check of `check` (external calls) riding in
+  // it (kernels/value_bound_check.h).
+  absl::Status EnqueueUpload(const StagedCall& staged, cudaStream_t stream,
+                             const FirstOutOfBoundArgs& check = {});
   // The graph's bucket and parameters of the call (an external call adds its tensors to both).
   VerifyGraphBucket GraphBucket(int layer, const VerifyProblem& problem, const CachedPlan& plan,
                                 const StagedCall& staged, bool external) const;
@@ -277,9 +288,6 @@ class CudaBackend : public ComputeBackend {
 
   // Pinned staging of external calls (class comment): buffer `layer % size`, reusable once
   // `uploaded` (recorded after the call's launch) has completed.
-  // 64 ≥ the layers of the models served (61): a scheduler enqueueing a whole step ahead never
-  // makes the executor wait; it waits only when it runs more than a step ahead of the GPU.
-  static constexpr int kExternalStagingRing = 64;
   struct RingStaging {
     PinnedBuffer buffer;
     cudaEvent_t uploaded = nullptr;
@@ -287,6 +295,9 @@ class CudaBackend : public ComputeBackend {
     // The value check of the call that last used this position: settled before `uploaded` is
     // recorded again (cuda_value_check.h).
     std::shared_ptr<CudaValueCheck> value_check;
+    // A call here failed after part of it may have run (its check without its fill): the next
+    // call re-arms the position's device words before its graph.
+    bool rearm_value_words = false;
   };
   // Waits (counted in staging_waits) until the ring buffer's last upload ran, and settles the
   // value check of the call that last used it.
@@ -315,7 +326,11 @@ class CudaBackend : public ComputeBackend {
   DirectCopyCounters direct_copies_;
   RingStaging external_staging_[kExternalStagingRing];
   // SPEC §1 on external calls: per ring position, the device's two packed first-bad words
-  // (q, tree_kv) and their pinned host copy (kernels/value_bound_check.h), made by Create.
+  // (q, tree_kv; armed to kNoneOutOfBound by Create, re-armed by each call's NaN fill), then the
+  // fill's arrival counters (uint32, one per position, zero); and the words' host copy in mapped
+  // pinned memory, written by the fill (kernels/value_bound_check.h).
+  static constexpr size_t kValueWordsBytes = 2 * sizeof(unsigned long long);
+  static constexpr size_t kValueArrivalsOffset = kExternalStagingRing * kValueWordsBytes;
   DeviceBuffer external_value_words_;
   PinnedBuffer external_value_host_;
   ExternalCallCounters external_counters_;

@@ -171,11 +171,16 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
   // The layer's ring buffer is free once its last upload ran.
   const int position = layer % kExternalStagingRing;
   RingStaging& ring = external_staging_[position];
-  // Device [2]: q's and tree_kv's first bad word; and their pinned copy.
+  // Device [2]: q's and tree_kv's first bad word, and the fill's arrival counter; their copy in
+  // mapped pinned memory, as the host reads it and as the fill writes it.
   unsigned long long* value_words =
-      external_value_words_.as<unsigned long long>(position * 2 * sizeof(uint64_t));
-  unsigned long long* value_words_host =
-      external_value_host_.as<unsigned long long>(position * 2 * sizeof(uint64_t));
+      external_value_words_.as<unsigned long long>(position * kValueWordsBytes);
+  unsigned int* value_arrivals =
+      external_value_words_.as<unsigned int>(kValueArrivalsOffset + position * sizeof(uint32_t));
+  const unsigned long long* value_words_host =
+      external_value_host_.as<unsigned long long>(position * kValueWordsBytes);
+  unsigned long long* value_words_mapped =
+      external_value_host_.device_as<unsigned long long>(position * kValueWordsBytes);
   VERIFYD_RETURN_IF_ERROR(AwaitRingStaging(ring, &clock));
   // External tensors are read and written in place: nothing of q, out or lse is staged.
   VERIFYD_ASSIGN_OR_RETURN(StagedCall staged,
@@ -189,14 +194,16 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
   const VerifyProblem& device_problem = staged.device_problem;
   const bf16_bits* tree_kv = external.call->tree_kv;
   auto enqueue = [&](cudaStream_t stream) -> absl::Status {
-    VERIFYD_RETURN_IF_ERROR(EnqueueUpload(staged, stream));
     const int64_t rows = int64_t{problem.total_q} * problem.num_heads;
     // SPEC §1 on tensors the host cannot read: the device finds q's and tree_kv's first value
-    // beyond 2^16 (or NaN/Inf) before anything reads them; a refused call's outputs become NaN
-    // below and its answer reaches the host through the pinned copy (CudaValueCheck).
-    VERIFYD_CUDA_CHECK(cudaMemsetAsync(value_words, 0xff, 2 * sizeof(unsigned long long), stream));
-    VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBoundOfTwo(
-        problem.q, rows * kKvDim, tree_kv, int64_t{problem.total_q} * kKvDim, value_words, stream));
+    // beyond 2^16 (or NaN/Inf), in the slot scatter's launch, before anything else reads them
+    // (the words were armed by Create or by the last fill of this ring position); a refused
+    // call's outputs become NaN below and its answer reaches the host through the mapped copy
+    // that the fill writes (CudaValueCheck).
+    VERIFYD_RETURN_IF_ERROR(
+        EnqueueUpload(staged, stream,
+                      FirstOutOfBoundArgs{problem.q, rows * kKvDim, tree_kv,
+                                          int64_t{problem.total_q} * kKvDim, value_words}));
     // The tree KV goes into the pool before the attention reads it (stream order); an fp8 pool
     // quantizes it on the way (the bf16 values were checked just above, as for a bf16 pool).
     if (problem.kv_fp8 != nullptr) {
@@ -213,16 +220,19 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
     VERIFYD_RETURN_IF_ERROR(LaunchMlaVerify(device_problem, plan.plan, plan.layout,
                                             staged.workspace, stream,
                                             VerifyStages::kFlashAndCombine, options_.flash_path));
-    VERIFYD_RETURN_IF_ERROR(LaunchNanIfOutOfBound(value_words, 2, problem.out, rows * kVDim,
-                                                  problem.lse, problem.lse != nullptr ? rows : 0,
-                                                  stream));
-    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(value_words_host, value_words,
-                                       2 * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
-                                       stream));
-    return absl::OkStatus();
+    // The last reader of the words: it hands them to the host and re-arms them, so every replay
+    // of this graph starts armed.
+    return LaunchNanIfOutOfBound(value_words, 2, value_words_mapped, value_arrivals, problem.out,
+                                 rows * kVDim, problem.lse, problem.lse != nullptr ? rows : 0,
+                                 stream);
   };
   // The flag operations stand outside the graph, where the host call's direct copies stand.
   auto enqueue_all = [&]() -> absl::StatusOr<GraphOutcome> {
+    if (ring.rearm_value_words) {
+      VERIFYD_CUDA_CHECK(cudaMemsetAsync(value_words, 0xff, kValueWordsBytes, stream_->get()));
+      VERIFYD_CUDA_CHECK(cudaMemsetAsync(value_arrivals, 0, sizeof(uint32_t), stream_->get()));
+      ring.rearm_value_words = false;
+    }
     const ExternalFlag& ready = external.call->order.ready;
     if (ready.word != nullptr) {
       VERIFYD_CU_CHECK(external.driver->stream_wait_value32(
@@ -258,7 +268,9 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
   if (!outcome.ok()) {
     // Part of the sequence may be queued. The caller's failure path signals (the stream may be
     // waiting for the ready flag), and the ring buffer is not reused until this stream position
-    // has passed.
+    // has passed. The check may have run without the fill that re-arms its words: the next call
+    // here re-arms them first.
+    ring.rearm_value_words = true;
     if (cudaEventRecord(ring.uploaded, stream_->get()) == cudaSuccess) {
       ring.pending = true;
     } else {

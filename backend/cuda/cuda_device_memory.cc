@@ -79,6 +79,7 @@ PinnedBuffer::~PinnedBuffer() {
 
 absl::StatusOr<bool> PinnedBuffer::Reserve(size_t bytes, const CudaStream& stream) {
   if (bytes <= capacity_) return false;
+  if (device_ptr_ != nullptr) return absl::FailedPreconditionError("a mapped buffer never grows");
   const size_t grown = std::max(bytes, 2 * capacity_);
   VERIFYD_RETURN_IF_ERROR(stream.Synchronize());
   void* fresh = nullptr;
@@ -91,6 +92,7 @@ absl::StatusOr<bool> PinnedBuffer::Reserve(size_t bytes, const CudaStream& strea
 
 absl::Status PinnedBuffer::ReserveKeeping(size_t bytes, size_t keep_bytes) {
   if (bytes <= capacity_) return absl::OkStatus();
+  if (device_ptr_ != nullptr) return absl::FailedPreconditionError("a mapped buffer never grows");
   const size_t grown = std::max(bytes, 2 * capacity_);
   void* fresh = nullptr;
   VERIFYD_CUDA_CHECK(cudaMallocHost(&fresh, grown));
@@ -100,6 +102,18 @@ absl::Status PinnedBuffer::ReserveKeeping(size_t bytes, size_t keep_bytes) {
   }
   ptr_ = fresh;
   capacity_ = grown;
+  return absl::OkStatus();
+}
+
+absl::Status PinnedBuffer::AllocateMapped(size_t bytes) {
+  if (ptr_ != nullptr || bytes == 0) {
+    return absl::FailedPreconditionError(
+        "AllocateMapped: once, on an empty buffer, a non-zero size");
+  }
+  VERIFYD_CUDA_CHECK(cudaHostAlloc(&ptr_, bytes, cudaHostAllocMapped));
+  capacity_ = bytes;
+  // Owned from here: a failure below leaves it to the destructor.
+  VERIFYD_CUDA_CHECK(cudaHostGetDevicePointer(&device_ptr_, ptr_, 0));
   return absl::OkStatus();
 }
 

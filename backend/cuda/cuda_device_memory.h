@@ -79,16 +79,27 @@ class PinnedBuffer {
   // Ensures capacity >= bytes keeping the first keep_bytes; does not wait for any stream, so the
   // caller must know that no queued copy uses the buffer.
   absl::Status ReserveKeeping(size_t bytes, size_t keep_bytes);
+  // Once, on an empty buffer, instead of growing it: `bytes` mapped into the device's address
+  // space, so that kernels write it directly (device_as); such a buffer is never grown.
+  absl::Status AllocateMapped(size_t bytes);
 
   void* get() const { return ptr_; }
   template <typename T>
   T* as(size_t byte_offset = 0) const {
     return reinterpret_cast<T*>(static_cast<uint8_t*>(ptr_) + byte_offset);
   }
+  // The device's pointer to the same bytes (AllocateMapped only; null otherwise).
+  template <typename T>
+  T* device_as(size_t byte_offset = 0) const {
+    return device_ptr_ == nullptr
+               ? nullptr
+               : reinterpret_cast<T*>(static_cast<uint8_t*>(device_ptr_) + byte_offset);
+  }
   size_t capacity() const { return capacity_; }
 
  private:
   void* ptr_ = nullptr;
+  void* device_ptr_ = nullptr;
   size_t capacity_ = 0;
 };
 

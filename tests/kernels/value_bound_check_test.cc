@@ -1,6 +1,8 @@
 // SPEC §1 on the device (kernels/value_bound_check.h): the first out-of-bound element of a tensor
-// with its value, exactly as the host's FirstOutOfBound finds it, and the NaN fill of a refused
-// call's outputs, which leaves a clean call's outputs untouched.
+// with its value, exactly as the host's FirstOutOfBound finds it, also with the slot-table scatter
+// in the same launch; and the NaN fill of a refused call's outputs, which leaves a clean call's
+// outputs untouched and hands the words to the host, re-arming them.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -23,6 +25,29 @@ std::vector<bf16_bits> InsideBound(std::mt19937_64& rng, int64_t n) {
     x = static_cast<bf16_bits>((sign(rng) << 15) | (exponent(rng) << 7) | mantissa(rng));
   }
   return v;
+}
+
+const bf16_bits kBad[] = {0x7F80, 0xFF80, 0x7FC1, 0x4781, 0xC900};  // ±Inf, NaN, past 2^16
+
+// Three bad values at random places of v (none when v is empty).
+void PlantBad(std::mt19937_64& rng, std::vector<bf16_bits>& v) {
+  if (v.empty()) return;
+  std::uniform_int_distribution<size_t> at(0, v.size() - 1);
+  for (int k = 0; k < 3; ++k) v[at(rng)] = kBad[rng() % 5];
+}
+
+// found[t] is what the host's FirstOutOfBound finds in *tensors[t]: its index and value, or none.
+void ExpectFirsts(const unsigned long long found[2], const std::vector<bf16_bits>* tensors[2]) {
+  for (int t = 0; t < 2; ++t) {
+    const std::vector<bf16_bits>& v = *tensors[t];
+    const int64_t want = v.empty() ? -1 : FirstOutOfBound(v.data(), static_cast<int64_t>(v.size()));
+    if (want < 0) {
+      EXPECT_EQ(found[t], kNoneOutOfBound) << "tensor " << t << " is clean";
+    } else {
+      EXPECT_EQ(OutOfBoundIndex(found[t]), want) << "tensor " << t;
+      EXPECT_EQ(OutOfBoundBits(found[t]), v[static_cast<size_t>(want)]) << "tensor " << t;
+    }
+  }
 }
 
 unsigned long long RunFirst(const std::vector<bf16_bits>& data) {
@@ -51,9 +76,7 @@ TEST(ValueBoundCheck, FindsTheFirstBadElementAndItsValueAsTheHostDoes) {
     std::vector<bf16_bits> data = InsideBound(rng, n);
     EXPECT_EQ(RunFirst(data), kNoneOutOfBound) << "n = " << n << ": a clean tensor";
     // Several bad values (+Inf, -Inf, NaN, just past 2^16, far past): the first one wins.
-    const bf16_bits bad[] = {0x7F80, 0xFF80, 0x7FC1, 0x4781, 0xC900};
-    std::uniform_int_distribution<int64_t> at(0, n - 1);
-    for (int k = 0; k < 3; ++k) data[static_cast<size_t>(at(rng))] = bad[rng() % 5];
+    PlantBad(rng, data);
     const int64_t want = FirstOutOfBound(data.data(), n);
     ASSERT_GE(want, 0);
     const unsigned long long found = RunFirst(data);
@@ -73,16 +96,13 @@ TEST(ValueBoundCheck, TwoTensorsInOneLaunchAnswerEachAsAlone) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  const bf16_bits bad[] = {0x7F80, 0xFF80, 0x7FC1, 0x4781, 0xC900};
   for (auto [na, nb] : {std::pair<int64_t, int64_t>{16 * 8 * 576, 16 * 576},
                         {16 * 576 + 3, 33 * 64 * 576},
                         {577, 0}}) {
     for (int dirty = 0; dirty < 4; ++dirty) {  // bit 0: a has bad values, bit 1: b has
       std::vector<bf16_bits> a = InsideBound(rng, na), b = InsideBound(rng, nb);
-      std::uniform_int_distribution<int64_t> at_a(0, na - 1), at_b(0, nb > 0 ? nb - 1 : 0);
-      for (int k = 0; k < 3 && (dirty & 1); ++k) a[static_cast<size_t>(at_a(rng))] = bad[rng() % 5];
-      for (int k = 0; k < 3 && (dirty & 2) && nb > 0; ++k)
-        b[static_cast<size_t>(at_b(rng))] = bad[rng() % 5];
+      if (dirty & 1) PlantBad(rng, a);
+      if (dirty & 2) PlantBad(rng, b);
       DeviceBuffer d_a, d_b, d_firsts;
       ASSERT_TRUE(d_a.Allocate(a.size() * 2 + 16).ok() && d_a.Upload(a.data(), a.size() * 2).ok());
       ASSERT_TRUE(d_b.Allocate(b.size() * 2 + 16).ok());
@@ -97,57 +117,234 @@ TEST(ValueBoundCheck, TwoTensorsInOneLaunchAnswerEachAsAlone) {
       unsigned long long found[2] = {0, 0};
       ASSERT_EQ(cudaMemcpy(found, firsts, 16, cudaMemcpyDeviceToHost), cudaSuccess);
       const std::vector<bf16_bits>* tensors[2] = {&a, &b};
-      for (int t = 0; t < 2; ++t) {
-        const std::vector<bf16_bits>& v = *tensors[t];
-        const int64_t want =
-            v.empty() ? -1 : FirstOutOfBound(v.data(), static_cast<int64_t>(v.size()));
-        if (want < 0) {
-          EXPECT_EQ(found[t], kNoneOutOfBound) << "tensor " << t << " is clean";
-        } else {
-          EXPECT_EQ(OutOfBoundIndex(found[t]), want) << "tensor " << t;
-          EXPECT_EQ(OutOfBoundBits(found[t]), v[static_cast<size_t>(want)]) << "tensor " << t;
-        }
-      }
+      ExpectFirsts(found, tensors);
     }
   }
 }
 
+// A slot-table upload as the backend packs it: runs over disjoint places of an arena, each run's
+// values random; `want` is the arena after placing it over `arena`.
+struct ScatterUpload {
+  SlotScatterHeader header;
+  std::vector<SlotScatterRun> runs;
+  std::vector<int32_t> values;
+  std::vector<int32_t> want;
+};
+
+ScatterUpload RandomScatter(std::mt19937_64& rng, int num_values,
+                            const std::vector<int32_t>& arena) {
+  ScatterUpload u;
+  u.want = arena;
+  const int64_t arena_n = static_cast<int64_t>(arena.size());
+  // Split [0, num_values) into runs; give each a disjoint place, in shuffled order, with gaps.
+  std::vector<int> lengths;
+  for (int left = num_values; left > 0;) {
+    const int len = std::min<int>(left, 1 + static_cast<int>(rng() % 700));
+    lengths.push_back(len);
+    left -= len;
+  }
+  std::vector<int> order(lengths.size());
+  for (size_t r = 0; r < order.size(); ++r) order[r] = static_cast<int>(r);
+  std::shuffle(order.begin(), order.end(), rng);
+  const int64_t slack = arena_n - num_values;
+  std::vector<int64_t> place(lengths.size());
+  int64_t at = 0;
+  for (int r : order) {
+    at += static_cast<int64_t>(rng() % static_cast<uint64_t>(slack / (2 * lengths.size()) + 1));
+    place[static_cast<size_t>(r)] = at;
+    at += lengths[static_cast<size_t>(r)];
+  }
+  EXPECT_LE(at, arena_n);
+  int begin = 0;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    u.runs.push_back(SlotScatterRun{static_cast<int32_t>(place[r]), begin});
+    for (int k = 0; k < lengths[r]; ++k) {
+      const int32_t v = static_cast<int32_t>(rng() % (1u << 30));
+      u.values.push_back(v);
+      u.want[static_cast<size_t>(place[r] + k)] = v;
+    }
+    begin += lengths[r];
+  }
+  u.header = SlotScatterHeader{static_cast<int32_t>(u.runs.size()), num_values};
+  return u;
+}
+
+// The slot-table scatter rides in the check's launch (plans/0031, change 2): one launch gives the
+// words of the check alone and the arena of the scatter alone (and of the host's placement), every
+// element compared, clean tensors or not.
+TEST(ValueBoundCheck, ScatterAndCheckInOneLaunchAnswerEachAsAlone) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  struct Case {
+    int num_values;
+    int64_t na, nb;
+  };
+  for (const Case c :
+       {Case{1, 16 * 8 * 576, 16 * 576}, Case{300, 577, 0},
+        Case{100000, 16 * 576 + 3, 33 * 64 * 576}, Case{4097, 1024 * 256 * 8 + 13, 5}}) {
+    for (int dirty = 0; dirty < 4; ++dirty) {  // bit 0: a has bad values, bit 1: b has
+      SCOPED_TRACE("num_values=" + std::to_string(c.num_values) + " na=" + std::to_string(c.na) +
+                   " nb=" + std::to_string(c.nb) + " dirty=" + std::to_string(dirty));
+      std::vector<bf16_bits> a = InsideBound(rng, c.na), b = InsideBound(rng, c.nb);
+      if (dirty & 1) PlantBad(rng, a);
+      if (dirty & 2) PlantBad(rng, b);
+      std::vector<int32_t> arena(static_cast<size_t>(3 * c.num_values + 1000));
+      for (auto& x : arena) x = -static_cast<int32_t>(rng() % 1000) - 1;
+      const ScatterUpload upload = RandomScatter(rng, c.num_values, arena);
+
+      DeviceBuffer d_a, d_b, d_header, d_runs, d_values;
+      ASSERT_TRUE(d_a.Allocate(a.size() * 2 + 16).ok() && d_a.Upload(a.data(), a.size() * 2).ok());
+      ASSERT_TRUE(d_b.Allocate(b.size() * 2 + 16).ok());
+      if (c.nb > 0) ASSERT_TRUE(d_b.Upload(b.data(), b.size() * 2).ok());
+      ASSERT_TRUE(d_header.Allocate(sizeof(SlotScatterHeader)).ok() &&
+                  d_header.Upload(&upload.header, sizeof(SlotScatterHeader)).ok());
+      ASSERT_TRUE(
+          d_runs.Allocate(upload.runs.size() * sizeof(SlotScatterRun)).ok() &&
+          d_runs.Upload(upload.runs.data(), upload.runs.size() * sizeof(SlotScatterRun)).ok());
+      ASSERT_TRUE(d_values.Allocate(upload.values.size() * 4).ok() &&
+                  d_values.Upload(upload.values.data(), upload.values.size() * 4).ok());
+      const FirstOutOfBoundArgs check_of = {static_cast<const bf16_bits*>(d_a.get()), c.na,
+                                            static_cast<const bf16_bits*>(d_b.get()), c.nb,
+                                            nullptr};
+      // Runs one launch: the scatter (into a fresh copy of `arena`) and/or the check.
+      auto run = [&](bool scatter, bool check, std::vector<int32_t>* arena_out,
+                     unsigned long long* words_out) {
+        DeviceBuffer d_arena, d_firsts;
+        ASSERT_TRUE(d_arena.Allocate(arena.size() * 4).ok() &&
+                    d_arena.Upload(arena.data(), arena.size() * 4).ok());
+        ASSERT_TRUE(d_firsts.Allocate(16).ok());
+        ASSERT_EQ(cudaMemset(d_firsts.get(), 0xff, 16), cudaSuccess);
+        SlotScatterArgs scatter_args;
+        if (scatter) {
+          scatter_args = {static_cast<const SlotScatterHeader*>(d_header.get()),
+                          static_cast<const SlotScatterRun*>(d_runs.get()),
+                          static_cast<const int32_t*>(d_values.get()),
+                          static_cast<int32_t*>(d_arena.get())};
+        }
+        FirstOutOfBoundArgs check_args;
+        if (check) {
+          check_args = check_of;
+          check_args.firsts = static_cast<unsigned long long*>(d_firsts.get());
+        }
+        ASSERT_TRUE(LaunchSlotScatterAndFirstOutOfBound(scatter_args, check_args, nullptr).ok());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        arena_out->resize(arena.size());
+        ASSERT_EQ(
+            cudaMemcpy(arena_out->data(), d_arena.get(), arena.size() * 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(words_out, d_firsts.get(), 16, cudaMemcpyDeviceToHost), cudaSuccess);
+      };
+      std::vector<int32_t> fused_arena, scatter_arena, check_arena;
+      unsigned long long fused_words[2], scatter_words[2], check_words[2];
+      run(true, true, &fused_arena, fused_words);
+      run(true, false, &scatter_arena, scatter_words);
+      run(false, true, &check_arena, check_words);
+      EXPECT_EQ(fused_arena, scatter_arena) << "the fused launch's arena is the scatter's alone";
+      EXPECT_EQ(fused_arena, upload.want) << "the arena is the host's placement";
+      EXPECT_EQ(check_arena, arena) << "a check alone leaves the arena";
+      EXPECT_EQ(scatter_words[0], kNoneOutOfBound) << "a scatter alone leaves the words armed";
+      EXPECT_EQ(scatter_words[1], kNoneOutOfBound) << "a scatter alone leaves the words armed";
+      for (int t = 0; t < 2; ++t) {
+        EXPECT_EQ(fused_words[t], check_words[t]) << "tensor " << t << ": the check's words alone";
+      }
+      const std::vector<bf16_bits>* tensors[2] = {&a, &b};
+      ExpectFirsts(fused_words, tensors);
+    }
+  }
+}
+
+// Mapped pinned host memory for the fill's hand-off: the host's pointer and the device's.
+class MappedWords {
+ public:
+  MappedWords() {
+    EXPECT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&host_), 16, cudaHostAllocMapped),
+              cudaSuccess);
+    EXPECT_EQ(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0), cudaSuccess);
+  }
+  ~MappedWords() { cudaFreeHost(host_); }
+  MappedWords(const MappedWords&) = delete;
+  MappedWords& operator=(const MappedWords&) = delete;
+  volatile unsigned long long* host() const { return host_; }
+  unsigned long long* device() const { return device_; }
+
+ private:
+  unsigned long long* host_ = nullptr;
+  unsigned long long* device_ = nullptr;
+};
+
+// The fill: NaN over a refused call's outputs (a clean call's untouched); and, whatever it found,
+// the words handed to the host's mapped copy and re-armed on the device (all 0xff, the arrival
+// counter back at 0), so that a second run of the same launch (a graph's replay) starts armed:
+// it hands over "none" and fills nothing. Grids of one CTA (nothing to fill) up to a full one.
 TEST(ValueBoundCheck, NanFillOnlyWhenACheckFoundSomething) {
   if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(TestSeed());
-  const int64_t out_n = 33 * 8 * 512, lse_n = 33 * 8;
-  const std::vector<bf16_bits> out = InsideBound(rng, out_n);
-  std::vector<float> lse(static_cast<size_t>(lse_n));
-  for (auto& x : lse) x = std::uniform_real_distribution<float>(-50, 50)(rng);
-  for (bool bad : {false, true}) {
-    DeviceBuffer d_out, d_lse, d_firsts;
-    ASSERT_TRUE(d_out.Allocate(out.size() * 2).ok() &&
-                d_out.Upload(out.data(), out.size() * 2).ok());
-    ASSERT_TRUE(d_lse.Allocate(lse.size() * 4).ok() &&
-                d_lse.Upload(lse.data(), lse.size() * 4).ok());
-    const unsigned long long firsts[2] = {kNoneOutOfBound,
-                                          bad ? (uint64_t{12345} << 16) | 0x7F80 : kNoneOutOfBound};
-    ASSERT_TRUE(d_firsts.Allocate(16).ok() && d_firsts.Upload(firsts, 16).ok());
-    ASSERT_TRUE(LaunchNanIfOutOfBound(static_cast<const unsigned long long*>(d_firsts.get()), 2,
-                                      static_cast<bf16_bits*>(d_out.get()), out_n,
-                                      static_cast<float*>(d_lse.get()), lse_n, nullptr)
-                    .ok());
-    std::vector<bf16_bits> got_out(out.size());
-    std::vector<float> got_lse(lse.size());
-    ASSERT_EQ(cudaMemcpy(got_out.data(), d_out.get(), out.size() * 2, cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(got_lse.data(), d_lse.get(), lse.size() * 4, cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    int64_t wrong = 0;
-    for (int64_t i = 0; i < out_n; ++i) {
-      const bool nan = (got_out[i] & 0x7F80) == 0x7F80 && (got_out[i] & 0x7F) != 0;
-      wrong += bad ? !nan : got_out[i] != out[i];
+  for (auto [out_n, lse_n] : {std::pair<int64_t, int64_t>{33 * 8 * 512, 33 * 8},
+                              {0, 0},
+                              {5, 0},
+                              {int64_t{1024} * 256 * 3 + 7, 1024}}) {
+    const std::vector<bf16_bits> out = InsideBound(rng, out_n);
+    std::vector<float> lse(static_cast<size_t>(lse_n));
+    for (auto& x : lse) x = std::uniform_real_distribution<float>(-50, 50)(rng);
+    for (int bad = 0; bad < 4; ++bad) {  // bit 0: q's word found something, bit 1: tree_kv's
+      SCOPED_TRACE("out_n=" + std::to_string(out_n) + " bad=" + std::to_string(bad));
+      DeviceBuffer d_out, d_lse, d_firsts, d_arrivals;
+      ASSERT_TRUE(d_out.Allocate(out.size() * 2 + 2).ok());
+      if (out_n > 0) ASSERT_TRUE(d_out.Upload(out.data(), out.size() * 2).ok());
+      ASSERT_TRUE(d_lse.Allocate(lse.size() * 4 + 4).ok());
+      if (lse_n > 0) ASSERT_TRUE(d_lse.Upload(lse.data(), lse.size() * 4).ok());
+      const unsigned long long firsts[2] = {
+          bad & 1 ? (uint64_t{77} << 16) | 0xFF80 : kNoneOutOfBound,
+          bad & 2 ? (uint64_t{12345} << 16) | 0x7F80 : kNoneOutOfBound};
+      ASSERT_TRUE(d_firsts.Allocate(16).ok() && d_firsts.Upload(firsts, 16).ok());
+      ASSERT_TRUE(d_arrivals.Allocate(4).ok());
+      ASSERT_EQ(cudaMemset(d_arrivals.get(), 0, 4), cudaSuccess);
+      MappedWords host_words;
+      for (int replay = 0; replay < 2; ++replay) {
+        SCOPED_TRACE("replay=" + std::to_string(replay));
+        host_words.host()[0] = 0x5a5a5a5a5a5a5a5aull;
+        host_words.host()[1] = 0x5a5a5a5a5a5a5a5aull;
+        ASSERT_TRUE(LaunchNanIfOutOfBound(static_cast<unsigned long long*>(d_firsts.get()), 2,
+                                          host_words.device(),
+                                          static_cast<unsigned int*>(d_arrivals.get()),
+                                          static_cast<bf16_bits*>(d_out.get()), out_n,
+                                          static_cast<float*>(d_lse.get()), lse_n, nullptr)
+                        .ok());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        // The first run hands over what the check found; the replay, the re-armed words.
+        for (int k = 0; k < 2; ++k) {
+          EXPECT_EQ(host_words.host()[k], replay == 0 ? firsts[k] : kNoneOutOfBound)
+              << "the host's copy of word " << k;
+        }
+        unsigned long long device_words[2] = {0, 0};
+        uint32_t arrivals = 1;
+        ASSERT_EQ(cudaMemcpy(device_words, d_firsts.get(), 16, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(&arrivals, d_arrivals.get(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_EQ(device_words[0], kNoneOutOfBound) << "the device's words are re-armed";
+        EXPECT_EQ(device_words[1], kNoneOutOfBound) << "the device's words are re-armed";
+        EXPECT_EQ(arrivals, 0u) << "the arrival counter is back at 0";
+      }
+      // The outputs after both runs: NaN if the first found something, else as they were.
+      std::vector<bf16_bits> got_out(out.size());
+      std::vector<float> got_lse(lse.size());
+      ASSERT_EQ(cudaMemcpy(got_out.data(), d_out.get(), out.size() * 2, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(got_lse.data(), d_lse.get(), lse.size() * 4, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < out_n; ++i) {
+        const bool nan = (got_out[i] & 0x7F80) == 0x7F80 && (got_out[i] & 0x7F) != 0;
+        wrong += bad ? !nan : got_out[i] != out[i];
+      }
+      for (int64_t i = 0; i < lse_n; ++i) {
+        wrong += bad ? !std::isnan(got_lse[i]) : std::memcmp(&got_lse[i], &lse[i], 4) != 0;
+      }
+      EXPECT_EQ(wrong, 0) << (bad ? "a refused call's outputs must all be NaN"
+                                  : "a clean call's outputs must stay as they were");
     }
-    for (int64_t i = 0; i < lse_n; ++i) {
-      wrong += bad ? !std::isnan(got_lse[i]) : std::memcmp(&got_lse[i], &lse[i], 4) != 0;
-    }
-    EXPECT_EQ(wrong, 0) << (bad ? "a refused call's outputs must all be NaN"
-                                : "a clean call's outputs must stay as they were");
   }
 }
 

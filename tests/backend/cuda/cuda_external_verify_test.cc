@@ -4,8 +4,9 @@
 // on its own stream (a delay kernel before each layer's copies, then the ready flag; a wait for
 // the done flag). Checked: every layer against the float64 oracle, the tree KV in the pool, a
 // failing call in the middle of a step (the step completes, that layer's outputs are all NaN, the
-// error names the field), graphs on and off give identical bytes, and the bad-input refusals of
-// OpenExternalRegion and ComputeVerifyExternal.
+// error names the field), graphs on and off give identical bytes, the bad-input refusals of
+// OpenExternalRegion and ComputeVerifyExternal, and a call refused by the device's value check
+// with the good calls after it.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@
 #include "tests/backend/cuda/ipc_producer.h"
 #include "tests/testing/problem_builder.h"
 #include "verify/mla_dims.h"
+#include "verify/value_bound.h"
 
 namespace verifyd {
 namespace {
@@ -112,6 +114,21 @@ struct StepResult {
   std::vector<std::vector<float>> lse;      // per layer
 };
 
+// A call of `layer` on the tensors placed at `base` (index arrays from `p`, which must outlive
+// it), the tree slots `tree`; no flags.
+ExternalVerify CallOn(int layer, HostProblem& p, uint8_t* base, const Placement& pl,
+                      absl::Span<const int32_t> tree) {
+  ExternalVerify call;
+  call.layer = layer;
+  call.problem = p.problem();
+  call.problem.q = reinterpret_cast<const bf16_bits*>(base + pl.q);
+  call.problem.out = reinterpret_cast<bf16_bits*>(base + pl.out);
+  call.problem.lse = reinterpret_cast<float*>(base + pl.lse);
+  call.tree_kv = reinterpret_cast<const bf16_bits*>(base + pl.kv);
+  call.tree_slots = tree;
+  return call;
+}
+
 // Serves one step: the producer enqueues it (flags value base+1 .. base+kLayers), this side
 // enqueues every layer's ComputeVerifyExternal without waiting, then both wait. `bad_layer`
 // (-1: none) gets a wrong tree slot.
@@ -145,17 +162,9 @@ StepResult ServeStep(test::BackendWithStorage& b, IpcProducer& producer, uint8_t
   EXPECT_TRUE(producer.SendStep(in_path, out_path, kDelayUs, layers).ok());
   for (int layer = 0; layer < kLayers; ++layer) {
     HostProblem p = step.problems[layer];  // host index arrays; tensors in the region
-    const Placement& pl = step.placed[layer];
-    ExternalVerify call;
-    call.layer = layer;
-    call.problem = p.problem();
-    call.problem.q = reinterpret_cast<const bf16_bits*>(region + pl.q);
-    call.problem.out = reinterpret_cast<bf16_bits*>(region + pl.out);
-    call.problem.lse = reinterpret_cast<float*>(region + pl.lse);
-    call.tree_kv = reinterpret_cast<const bf16_bits*>(region + pl.kv);
     std::vector<int32_t> tree = step.trees[layer];
     if (layer == bad_layer) tree[tree.size() / 2] = static_cast<int32_t>(p.num_slots) + 5;
-    call.tree_slots = tree;
+    ExternalVerify call = CallOn(layer, p, region, step.placed[layer], tree);
     call.order.ready = {reinterpret_cast<uint32_t*>(region + step.ready), layers[layer].value};
     call.order.done = {reinterpret_cast<uint32_t*>(region + step.done), layers[layer].value};
     result.statuses.push_back(b.backend->ComputeVerifyExternal(call, {}));
@@ -336,13 +345,7 @@ TEST_F(CudaExternalVerifyTest, MisalignedFlagOrTensorIsRefusedWithoutEnqueueing)
   ASSERT_EQ(cudaMalloc(&device, step.bytes), cudaSuccess);
   auto* base = static_cast<uint8_t*>(device);
   HostProblem p = step.problems[0];
-  ExternalVerify call;
-  call.problem = p.problem();
-  call.problem.q = reinterpret_cast<const bf16_bits*>(base + step.placed[0].q);
-  call.problem.out = reinterpret_cast<bf16_bits*>(base + step.placed[0].out);
-  call.problem.lse = reinterpret_cast<float*>(base + step.placed[0].lse);
-  call.tree_kv = reinterpret_cast<const bf16_bits*>(base + step.placed[0].kv);
-  call.tree_slots = step.trees[0];
+  ExternalVerify call = CallOn(0, p, base, step.placed[0], step.trees[0]);
   call.order.ready = {reinterpret_cast<uint32_t*>(base + step.ready + 2), 1};
   absl::Status s = made->backend->ComputeVerifyExternal(call, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
@@ -390,13 +393,7 @@ TEST_F(CudaExternalVerifyTest, ReleaseExternalWaitUnblocksTheStream) {
             cudaSuccess);
   auto* ready = reinterpret_cast<uint32_t*>(base + step.ready);
   auto* done = reinterpret_cast<uint32_t*>(base + step.done);
-  ExternalVerify call;
-  call.problem = p.problem();
-  call.problem.q = reinterpret_cast<const bf16_bits*>(base + pl.q);
-  call.problem.out = reinterpret_cast<bf16_bits*>(base + pl.out);
-  call.problem.lse = reinterpret_cast<float*>(base + pl.lse);
-  call.tree_kv = reinterpret_cast<const bf16_bits*>(base + pl.kv);
-  call.tree_slots = step.trees[0];
+  ExternalVerify call = CallOn(0, p, base, pl, step.trees[0]);
   call.order = {{ready, 7}, {done, 7}};
   ASSERT_TRUE(made->backend->ComputeVerifyExternal(call, {}).ok());
   const Placement& failed = step.placed[1];
@@ -444,6 +441,106 @@ TEST_F(CudaExternalVerifyTest, ReleaseExternalWaitUnblocksTheStream) {
   ASSERT_EQ(cudaMemcpy(&done_value, done, 4, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(done_value, 9u);
   ASSERT_EQ(cudaFree(device), cudaSuccess);
+}
+
+// SPEC §1 on the device, then the calls after it: a call refused by the value check (out-of-bound
+// or NaN values in q, then in tree_kv) answers INVALID_ARGUMENT naming the first bad element as
+// the host's check would, and its outputs are all NaN; then more than a ring's worth of good calls
+// on the same layer and graph bucket each answer OK and match the float64 oracle. The check's
+// device words are re-armed by every call's NaN fill, not by a memset in the graph (plans/0031,
+// change 2): a fill that forgot would refuse the good calls (their words still the refused
+// call's) and NaN their outputs; a host copy that is not the fill's would answer them wrongly.
+TEST_F(CudaExternalVerifyTest, RefusedValuesLeaveNothingForTheCallsAfterThem) {
+  const uint64_t seed = test::TestSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937_64 rng(seed);
+  const Step step = MakeStep(seed);
+  const HostProblem& p0 = step.problems[0];
+  const Placement& pl = step.placed[0];
+  const test::ReferenceF64 reference = test::ComputeReferenceF64(HostProblem(p0).problem());
+  const int64_t tq = p0.total_q();
+  const std::vector<int64_t> q_shape = {tq, kHeads, kKvDim}, tree_kv_shape = {tq, kKvDim};
+  for (const bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs on" : "graphs off");
+    auto made = test::MakeBackend(graphs, kLayers, p0.num_slots);
+    ASSERT_TRUE(made.ok()) << made.status();
+    ASSERT_TRUE(FillPool(*made->storage, step).ok());
+    void* device = nullptr;
+    ASSERT_EQ(cudaMalloc(&device, step.bytes), cudaSuccess);
+    auto* base = static_cast<uint8_t*>(device);
+    auto upload = [&](const std::vector<bf16_bits>& q, const std::vector<bf16_bits>& tree_kv) {
+      ASSERT_EQ(cudaMemcpy(base + pl.q, q.data(), q.size() * 2, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_EQ(
+          cudaMemcpy(base + pl.kv, tree_kv.data(), tree_kv.size() * 2, cudaMemcpyHostToDevice),
+          cudaSuccess);
+    };
+    // One call on layer 0 (same tensors, same bucket each time), its outputs poisoned first and
+    // read back after it: the device's answer.
+    std::vector<bf16_bits> out(p0.out.size());
+    std::vector<float> lse(p0.lse.size());
+    auto call = [&]() -> absl::Status {
+      EXPECT_EQ(cudaMemset(base + pl.out, 0xFF, pl.end - pl.out), cudaSuccess);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      HostProblem p = p0;
+      ExternalVerify c = CallOn(0, p, base, pl, step.trees[0]);
+      std::shared_ptr<ExternalValueCheck> check;
+      c.value_check = &check;
+      if (absl::Status enqueued = made->backend->ComputeVerifyExternal(c, {}); !enqueued.ok()) {
+        return enqueued;
+      }
+      if (check == nullptr) return absl::InternalError("no value check was handed back");
+      const absl::Status answer = check->Wait();
+      EXPECT_TRUE(made->backend->stream().Synchronize().ok());
+      EXPECT_EQ(cudaMemcpy(out.data(), base + pl.out, out.size() * 2, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(lse.data(), base + pl.lse, lse.size() * 4, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      return answer;
+    };
+    auto expect_good = [&](int n, const char* when) {
+      for (int k = 0; k < n; ++k) {
+        const absl::Status answer = call();
+        ASSERT_TRUE(answer.ok()) << when << ", good call " << k << ": " << answer;
+        const test::Accuracy acc = test::Compare(reference, out, lse);
+        ASSERT_LT(acc.out, kTolerance) << when << ", good call " << k;
+        ASSERT_LT(acc.lse, kTolerance) << when << ", good call " << k;
+      }
+    };
+    upload(p0.q, step.tree_kv[0]);
+    expect_good(3, "before any refusal");  // graphs: warm-up, capture, replay
+    const bf16_bits bad[] = {0x7F80, 0xFF80, 0x7FC1, 0x4781, 0xC900};
+    for (const char* field : {"q", "tree_kv"}) {
+      SCOPED_TRACE(field);
+      const bool in_q = std::string(field) == "q";
+      std::vector<bf16_bits> q = p0.q, tree_kv = step.tree_kv[0];
+      std::vector<bf16_bits>& target = in_q ? q : tree_kv;
+      std::uniform_int_distribution<size_t> at(0, target.size() - 1);
+      for (int k = 0; k < 3; ++k) target[at(rng)] = bad[rng() % 5];
+      const absl::Status want =
+          CheckValueBound(target.data(), in_q ? q_shape : tree_kv_shape, field);
+      ASSERT_FALSE(want.ok());
+      upload(q, tree_kv);
+      const absl::Status refused = call();
+      EXPECT_EQ(refused, want) << "the device's answer is the host check's";
+      EXPECT_TRUE(AllNan(out, lse)) << "a refused call's outputs are all NaN";
+      upload(p0.q, step.tree_kv[0]);
+      expect_good(CudaBackend::kExternalStagingRing + 2, "after the refusal");
+    }
+    // The good calls' tree rows are what the pool holds: nothing of the refused ones stayed.
+    std::vector<bf16_bits> rows(step.tree_kv[0].size());
+    ASSERT_TRUE(made->storage->ReadRows(0, step.trees[0], rows.data()).ok());
+    EXPECT_EQ(rows, step.tree_kv[0]);
+    EXPECT_EQ(made->backend->external_counters().calls,
+              3 + 2 * (CudaBackend::kExternalStagingRing + 3));
+    if (graphs) {
+      const GraphCounters counters = made->backend->graph_counters();
+      EXPECT_EQ(counters.captures, 1) << "one bucket, one graph, replayed";
+      EXPECT_EQ(counters.fallbacks, 0);
+      EXPECT_GT(counters.replays, 2 * CudaBackend::kExternalStagingRing);
+    }
+    ASSERT_EQ(cudaFree(device), cudaSuccess);
+  }
 }
 
 TEST_F(CudaExternalVerifyTest, MpsAttributeIsReadable) {
