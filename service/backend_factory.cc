@@ -12,20 +12,7 @@ namespace verifyd {
 #ifdef VERIFYD_HAVE_CUDA_BACKEND
 namespace {
 
-// The cuda backend's fp8 pool (its storage, device quantizer and copy kernels; the portable
-// kernel's fp8 load passed on the H200, plans/0032) has not yet passed its own GPU tests
-// (cuda_fp8_storage_test, cuda_fp8_backend_test, kv_fp8_write_test, the fp8 run of
-// run_cuda_integration.sh): no device was lent after it was written (plans/0030). Until they pass
-// the daemon refuses the combination at start rather than serve results nobody has checked on a
-// GPU; the session that runs them sets this to true.
-constexpr bool kCudaFp8PoolVerifiedOnGpu = false;
-
 absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const ServiceOptions& options) {
-  if (options.kv_dtype == KvDtype::kFp8 && !kCudaFp8PoolVerifiedOnGpu) {
-    return absl::FailedPreconditionError(
-        "--kv_dtype=fp8 on the cuda backend is built but has not yet passed its GPU tests "
-        "(issue 34; plans/0030-fp8-store.md): use --kv_dtype=bf16, or --backend=cpu");
-  }
   CudaBackendOptions cuda;
   cuda.device = options.device;
   cuda.cuda_graphs = options.cuda_graphs;

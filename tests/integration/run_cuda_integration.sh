@@ -84,19 +84,6 @@ fi
 
 # An fp8 pool (plans/0030): the fake scheduler reads the dtype from Stats and checks every output
 # against its reference over rows quantized the daemon's way; the device quantizes bf16 rows.
-# Until the cuda fp8 pool has passed its GPU tests the daemon refuses it at start, naming why
-# (service/backend_factory.cc); then this part reports the refusal instead of running.
-daemon_start "$VERIFYD" --listen="unix://$work/probe.sock" --metrics= --backend=cuda --layers=1 \
-  --kv_capacity_tokens=1024 --kv_dtype=fp8 >"$work/probe.log" 2>&1
-probe_rc=0
-daemon_wait_healthy "$VERIFYCTL" "unix://$work/probe.sock" "$DAEMON_PID" 60 || probe_rc=$?
-if ((probe_rc == 1)) && grep -q "has not yet passed its GPU tests" "$work/probe.log"; then
-  daemon_reap "$DAEMON_PID" || true
-  echo "fp8 on cuda: refused at start until its GPU tests pass (plans/0030)"
-  echo "cuda integration: OK"
-  exit 0
-fi
-daemon_stop "$DAEMON_PID" || true
 start_daemon --kv_dtype=fp8
 drive fp8.log
 "$VERIFYCTL" --target="$target" stats | tee "$work/stats_fp8.txt" || fail "verifyctl stats (fp8)"

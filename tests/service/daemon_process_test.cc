@@ -61,22 +61,6 @@ TEST(DaemonProcessTest, InvalidFlagsExitTwo) {
   EXPECT_THAT(output, HasSubstr("--kv_dtype = 'fp16' must be bf16"));
 }
 
-// The cuda backend's fp8 pool is refused at start until its GPU tests have passed
-// (service/backend_factory.cc): the combination never serves, whichever build and machine.
-TEST(DaemonProcessTest, CudaFp8PoolIsRefusedAtStart) {
-  std::string output;
-  EXPECT_NE(testing::RunToExit(kBinary,
-                               {"--listen=" + testing::TempSocketAddress("cudafp8"),
-                                "--metrics=", "--backend=cuda", "--kv_dtype=fp8", "--layers=1",
-                                "--kv-capacity-tokens=1024"},
-                               &output),
-            0);
-  EXPECT_THAT(output, ::testing::AnyOf(HasSubstr("has not yet passed its GPU tests"),
-                                       HasSubstr("this build has no CUDA backend"),
-                                       HasSubstr("is not visible")))
-      << output;
-}
-
 TEST(DaemonProcessTest, HealthGoesNotServingOnSigterm) {
   const std::string address = testing::TempSocketAddress("health");
   // Health is polled from before the process starts: it may be unreachable or NOT_SERVING, then
