@@ -32,6 +32,11 @@ absl::StatusOr<std::unique_ptr<CapturedStep>> CapturedStep::Prepare(
     return absl::Status(area.status().code(),
                         absl::StrCat("PrepareCapture: ", area.status().message()));
   }
+  // What a fault NaN-fills: the bucket's whole outputs, unless the caller said less.
+  const uint64_t rows = uint64_t{area->header().max_batch} * area->header().max_q * info->heads();
+  // 512: the output row (SPEC §1; the client library does not link verify/).
+  if (targets.out != nullptr && targets.out_elements == 0) targets.out_elements = rows * 512;
+  if (targets.lse != nullptr && targets.lse_elements == 0) targets.lse_elements = rows;
   return std::unique_ptr<CapturedStep>(
       new CapturedStep(*std::move(info), *std::move(area), targets));
 }

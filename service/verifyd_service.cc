@@ -394,6 +394,7 @@ grpc::ServerUnaryReactor* VerifydService::PrepareCapture(grpc::CallbackServerCon
     response->set_step_area_bytes(info.bytes);
     response->set_layer_begin(info.layer_begin);
     response->set_num_layers(info.num_layers);
+    response->set_heads(static_cast<uint32_t>(limits_.heads));
     return absl::OkStatus();
   });
 }
