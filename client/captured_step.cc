@@ -51,12 +51,13 @@ uint64_t CapturedStep::PublishHost(const std::vector<Channel::Sequence>& sequenc
     channel::StepEntry* e = channel::StepEntryAt(area_.data(), h.entry_bytes, b);
     e->sequence_id = s.sequence_id;
     e->q_len = static_cast<int32_t>(s.parents.size());
-    std::memcpy(channel::StepParents(e), s.parents.data(),
-                4 * std::min<size_t>(s.parents.size(), max_q));
+    // copy_n, not memcpy: an empty vector's data() may be null, which memcpy may not take.
+    std::copy_n(s.parents.data(), std::min<size_t>(s.parents.size(), max_q),
+                channel::StepParents(e));
     if (s.commit_previous.has_value()) {
       e->commit_len = static_cast<int32_t>(s.commit_previous->size());
-      std::memcpy(channel::StepPath(e, max_q), s.commit_previous->data(),
-                  4 * std::min<size_t>(s.commit_previous->size(), max_q));
+      std::copy_n(s.commit_previous->data(), std::min<size_t>(s.commit_previous->size(), max_q),
+                  channel::StepPath(e, max_q));
     } else {
       e->commit_len = channel::kNoCommit;
     }

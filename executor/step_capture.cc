@@ -136,13 +136,14 @@ absl::Status StepCapture::CopyRecord(std::vector<channel::SequenceEntry>* sequen
     channel::SequenceEntry& s = (*sequences)[b];
     s.sequence_id = e.sequence_id;
     s.parents.resize(static_cast<size_t>(e.q_len));
-    std::memcpy(s.parents.data(), channel::StepParents(shared), 4 * s.parents.size());
+    std::copy_n(channel::StepParents(shared), s.parents.size(), s.parents.data());
     s.has_commit = e.commit_len != channel::kNoCommit;
     if (s.has_commit) {
       s.commit_length = static_cast<uint32_t>(e.commit_len);
       s.accepted_path.resize(static_cast<size_t>(e.commit_len));
-      std::memcpy(s.accepted_path.data(), channel::StepPath(shared, spec_.max_q),
-                  4 * s.accepted_path.size());
+      // copy_n, not memcpy: an empty path's data() may be null, which memcpy may not take.
+      std::copy_n(channel::StepPath(shared, spec_.max_q), s.accepted_path.size(),
+                  s.accepted_path.data());
     }
   }
   return absl::OkStatus();
