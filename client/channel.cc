@@ -154,6 +154,16 @@ absl::Status Client::CloseChannel(uint64_t channel, const CallOptions& call) {
   });
 }
 
+absl::StatusOr<v1::PrepareCaptureResponse> Client::PrepareCapture(
+    const v1::PrepareCaptureRequest& request, const CallOptions& call) {
+  v1::PrepareCaptureResponse response;
+  absl::Status status = Call("PrepareCapture", false, call, [&](grpc::ClientContext& context) {
+    return FromGrpcStatus(stub_->PrepareCapture(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
 absl::StatusOr<v1::RegisterExternalMemoryResponse> Client::RegisterExternalMemory(
     std::string handle, uint64_t bytes, uint32_t device, const CallOptions& call) {
   v1::RegisterExternalMemoryRequest request;

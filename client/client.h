@@ -188,6 +188,10 @@ class Client {
                                                        const CallOptions& call = {});
   // What Channel::Close calls.
   absl::Status CloseChannel(uint64_t channel, const CallOptions& call = {});
+  // A captured bucket on a channel (plans/0033); CapturedStep::Prepare (client/captured_step.h)
+  // calls it and maps the step area.
+  absl::StatusOr<v1::PrepareCaptureResponse> PrepareCapture(
+      const v1::PrepareCaptureRequest& request, const CallOptions& call = {});
 
   // grpc.health.v1.Health/Check; service "" is the whole daemon.
   absl::StatusOr<HealthStatus> Health(const std::string& service = "",

@@ -45,6 +45,8 @@ struct ChannelServer::Shared {
     uint64_t number = 0;
     uint64_t id = 0;
     std::shared_ptr<ExternalValueCheck> check;
+    // A captured step's layer answers through this instead of a ring record (empty: the ring).
+    std::function<void(const absl::Status&)> answer;
   };
   std::deque<Deferred> deferred;  // guarded by mu
   bool closed = false;            // guarded by mu
@@ -55,6 +57,10 @@ struct ChannelServer::Shared {
   void WriteRecord(const Deferred& d, const absl::Status& status) {
     if (!status.ok()) counters->failed.fetch_add(1, std::memory_order_relaxed);
     if (on_completion) on_completion(status.ok());
+    if (d.answer) {
+      d.answer(status);
+      return;
+    }
     mapping.view().WriteCompletion(d.number, d.id, static_cast<uint32_t>(status.code()),
                                    status.message().data(), status.message().size(), 0);
   }
@@ -106,205 +112,10 @@ namespace {
 using channel::Descriptor;
 using channel::DescriptorKind;
 
-// What one descriptor asks the executor to do.
-struct Work {
-  DescriptorKind kind = DescriptorKind::kVerify;
-  VerifyCall verify;
-  CommitCall commit;
-  ExternalOrder order;
-  ExternalFailure failure;  // what a refused or failed call NaN-fills, and its flags
-  ExternalPins pins;        // the regions the pointers point into, open until the task ends
-  absl::Status refused;     // not OK: fail the call instead of running it
-};
-
-struct Range {
-  const char* field;
-  uint64_t region, offset, length;
-};
-
-// Resolves the refs of one descriptor in the owner's regions, keeping the first error.
-class RefResolver {
- public:
-  RefResolver(ExternalRegionTable* regions, const std::string& owner, ExternalPins* pins)
-      : regions_(regions), owner_(owner), pins_(pins) {}
-
-  absl::StatusOr<uint8_t*> Tensor(const channel::TensorRef& ref, uint64_t length,
-                                  const char* field) {
-    absl::StatusOr<uint8_t*> data =
-        regions_->Resolve(owner_, ref.region, ref.offset, length, 64, field, pins_);
-    if (data.ok()) ranges_.push_back(Range{field, ref.region, ref.offset, length});
-    return data;
-  }
-  // At most `length` bytes, fewer where the region ends first (whole `unit`s): the outputs of a
-  // descriptor whose size is only a guess (ClaimedNodes).
-  absl::StatusOr<uint8_t*> TensorUpTo(const channel::TensorRef& ref, uint64_t* length,
-                                      uint64_t unit, const char* field) {
-    absl::StatusOr<std::shared_ptr<const OpenExternalRegion>> region =
-        regions_->Find(owner_, ref.region, absl::StrCat(field, ".region"));
-    if (region.ok() && ref.offset < (*region)->bytes()) {
-      *length = std::min(*length, ((*region)->bytes() - ref.offset) / unit * unit);
-    }
-    return Tensor(ref, *length, field);
-  }
-  // Region 0: no flag.
-  absl::StatusOr<ExternalFlag> Flag(const channel::FlagRef& ref, const char* field) {
-    if (ref.region == 0) return ExternalFlag{};
-    absl::StatusOr<uint8_t*> data =
-        regions_->Resolve(owner_, ref.region, ref.offset, 4, 4, field, pins_);
-    if (!data.ok()) return data.status();
-    ranges_.push_back(Range{field, ref.region, ref.offset, 4});
-    return ExternalFlag{reinterpret_cast<uint32_t*>(*data), ref.value};
-  }
-  // Outputs (named in `outputs`) against every other range resolved.
-  absl::Status CheckOutputsDisjoint(std::initializer_list<const char*> outputs) const {
-    for (const Range& a : ranges_) {
-      bool is_output = false;
-      for (const char* o : outputs) is_output |= std::string_view(a.field) == o;
-      if (!is_output) continue;
-      for (const Range& b : ranges_) {
-        if (&a == &b || a.region != b.region) continue;
-        if (a.offset < b.offset + b.length && b.offset < a.offset + a.length) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              a.field, " [", a.offset, ", ", a.offset + a.length, ") overlaps ", b.field, " [",
-              b.offset, ", ", b.offset + b.length, ") in region ", a.region,
-              "; an output may not overlap another output, an input or a flag"));
-        }
-      }
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  ExternalRegionTable* regions_;
-  const std::string& owner_;
-  ExternalPins* pins_;
-  std::vector<Range> ranges_;
-};
-
-void Keep(absl::Status* first, const absl::Status& status) {
-  if (first->ok() && !status.ok()) *first = status;
-}
-
-// What a refused call writes (its outputs' NaN, its done flag) and waits for first (its ready
-// flag: until then the outputs are the scheduler's), resolved before any check so that every
-// refusal can complete. `rows` = tree nodes x heads; `guessed`: the descriptor did not decode, its
-// outputs are cut where their region ends. The resolutions are returned for the caller's errors.
-struct FailureTargets {
-  absl::StatusOr<ExternalFlag> ready, done;
-  absl::StatusOr<uint8_t*> out;
-  std::optional<absl::StatusOr<uint8_t*>> lse;  // when the call names one
-};
-FailureTargets ResolveFailure(const channel::TensorRef& out, const channel::TensorRef* lse,
-                              const channel::FlagRef& ready, const channel::FlagRef& done,
-                              uint64_t rows, bool guessed, RefResolver& refs, Work* work) {
-  FailureTargets t;
-  t.done = refs.Flag(done, "done");
-  if (t.done.ok()) work->failure.order.done = *t.done;
-  t.ready = refs.Flag(ready, "ready");
-  if (t.ready.ok()) work->failure.order.ready = *t.ready;
-  uint64_t out_bytes = rows * kVDim * 2;
-  t.out = guessed ? refs.TensorUpTo(out, &out_bytes, kVDim * 2, "out")
-                  : refs.Tensor(out, out_bytes, "out");
-  if (t.out.ok()) {
-    work->failure.out = reinterpret_cast<bf16_bits*>(*t.out);
-    work->failure.out_elements = static_cast<int64_t>(out_bytes / 2);
-  }
-  if (lse != nullptr) {
-    uint64_t lse_bytes = rows * 4;
-    t.lse =
-        guessed ? refs.TensorUpTo(*lse, &lse_bytes, 4, "lse") : refs.Tensor(*lse, lse_bytes, "lse");
-    if (t.lse->ok()) {
-      work->failure.lse = reinterpret_cast<float*>(**t.lse);
-      work->failure.lse_elements = static_cast<int64_t>(lse_bytes / 4);
-    }
-  }
-  return t;
-}
-
-// Builds the work of a Verify descriptor. Everything the failure path needs (out, lse, ready,
-// done) is resolved even when an earlier check failed, so that a refused call still completes.
-void PrepareVerify(const Descriptor& d, const ValidationLimits& limits, RefResolver& refs,
-                   Work* work) {
-  VerifyHeaderView view;
-  view.layer = d.layer;
-  view.return_lse = d.return_lse;
-  view.softmax_scale = d.scale;
-  uint64_t total_q = 0;  // as the descriptor says, before validation: what the outputs hold
-  for (const channel::SequenceEntry& s : d.sequences) {
-    VerifySequenceView& v = view.sequences.emplace_back();
-    v.sequence_id = s.sequence_id;
-    v.parents = s.parents;
-    if (s.has_commit) v.commit_previous = CommitSpecView{s.commit_length, s.accepted_path};
-    total_q += s.parents.size();
-  }
-  // The failure path's targets first, so that any refusal below NaN-fills what the descriptor
-  // names as outputs and writes its done flag.
-  const uint64_t rows = total_q * static_cast<uint64_t>(limits.heads);
-  FailureTargets targets = ResolveFailure(d.out, d.return_lse ? &d.lse : nullptr, d.ready, d.done,
-                                          rows, /*guessed=*/false, refs, work);
-  // The first error in the order of the gRPC request's fields.
-  absl::StatusOr<VerifyCall> call = ValidateVerifyHeader(view, limits);
-  if (!call.ok()) {
-    work->refused = call.status();
-    return;
-  }
-  absl::Status status;
-  absl::StatusOr<uint8_t*> q = refs.Tensor(d.q, rows * kKvDim * 2, "q");
-  Keep(&status, q.status());
-  absl::StatusOr<uint8_t*> tree_kv = refs.Tensor(d.tree_kv, total_q * kKvDim * 2, "tree_kv");
-  Keep(&status, tree_kv.status());
-  Keep(&status, targets.out.status());
-  if (!d.return_lse && d.lse.region != 0) {
-    Keep(&status, absl::InvalidArgumentError(
-                      "lse.region is set but return_lse is false; set both or neither"));
-  }
-  if (targets.lse.has_value()) Keep(&status, targets.lse->status());
-  Keep(&status, targets.ready.status());
-  Keep(&status, targets.done.status());
-  if (status.ok()) status = refs.CheckOutputsDisjoint({"out", "lse"});
-  if (!status.ok()) {
-    work->refused = status;
-    return;
-  }
-  work->verify = *std::move(call);
-  VerifyCall& c = work->verify;
-  c.q = reinterpret_cast<const bf16_bits*>(*q);
-  c.tree_kv = reinterpret_cast<const bf16_bits*>(*tree_kv);
-  c.out_destination = work->failure.out;
-  c.lse_destination = work->failure.lse;
-  work->order.ready = *targets.ready;
-  work->order.done = *targets.done;
-  work->failure.order = work->order;
-}
-
-void PrepareCommit(const Descriptor& d, const ValidationLimits& limits, Work* work) {
-  const bool names_memory = d.q.region != 0 || d.tree_kv.region != 0 || d.out.region != 0 ||
-                            d.lse.region != 0 || d.ready.region != 0 || d.done.region != 0;
-  if (names_memory) {
-    work->refused = absl::InvalidArgumentError(
-        "a Commit descriptor names no tensors and no flags; its completion record is the answer");
-    return;
-  }
-  const channel::SequenceEntry& s = d.sequences[0];
-  if (!s.has_commit || !s.parents.empty()) {
-    work->refused = absl::InvalidArgumentError(
-        "commit is missing (commit_length = 0 with an empty accepted_path rejects the tree)");
-    return;
-  }
-  work->commit.sequence = s.sequence_id;
-  absl::StatusOr<CommitPath> path = DecodeCommit(CommitSpecView{s.commit_length, s.accepted_path},
-                                                 "commit", limits.max_tree_nodes);
-  if (!path.ok()) {
-    work->refused = path.status();
-    return;
-  }
-  work->commit.path = *std::move(path);
-}
-
 // ChannelOptions::wait_ready for the call's ready flag, on the channel's thread; a flag that
 // never came makes the call a refusal that waits no more.
 void WaitReady(const decltype(ChannelOptions::wait_ready)& wait_ready,
-               const std::atomic<bool>* cancelled, Work& work) {
+               const std::atomic<bool>* cancelled, ChannelWork& work) {
   ExternalFlag& ready = work.refused.ok() ? work.order.ready : work.failure.order.ready;
   if (ready.word == nullptr) return;
   const absl::Status waited = wait_ready(ready, cancelled);
@@ -358,7 +169,7 @@ void ChannelServer::Loop() {
       spin_until = Clock::now() + spin;
       continue;
     }
-    if (shared_->WriteAnswered()) {
+    if (shared_->WriteAnswered() || PollCapture()) {
       spin_until = Clock::now() + spin;
       continue;
     }
@@ -375,9 +186,15 @@ void ChannelServer::Loop() {
       continue;
     }
     // While the device owes answers, a short nap: each is a record the client may wait for.
-    consumer_.Sleep(shared_->deferred_count.load(std::memory_order_acquire) > 0
-                        ? std::chrono::nanoseconds(std::chrono::microseconds(50))
-                        : absl::ToChronoNanoseconds(options_.sleep_slice));
+    // With a capture attached, naps as short as its poll: a step rings no doorbell.
+    auto nap = absl::ToChronoNanoseconds(options_.sleep_slice);
+    if (shared_->deferred_count.load(std::memory_order_acquire) > 0) {
+      nap = std::min<std::chrono::nanoseconds>(nap, std::chrono::microseconds(50));
+    }
+    if (has_capture_.load(std::memory_order_acquire)) {
+      nap = std::min(nap, absl::ToChronoNanoseconds(options_.capture_poll));
+    }
+    consumer_.Sleep(nap);
     spin_until = Clock::now() + spin;
   }
 }
@@ -394,9 +211,11 @@ bool ChannelServer::ExpireIfIdle(std::chrono::steady_clock::time_point now) {
     return true;
   }
   const channel::RingHeader& header = shared_->mapping.view().header();
-  const uint64_t activity = header.submit_tail.load(std::memory_order_relaxed) +
-                            header.complete_head.load(std::memory_order_relaxed) +
-                            header.heartbeat.load(std::memory_order_relaxed);
+  const uint64_t activity =
+      header.submit_tail.load(std::memory_order_relaxed) +
+      header.complete_head.load(std::memory_order_relaxed) +
+      header.heartbeat.load(std::memory_order_relaxed) +
+      (has_capture_.load(std::memory_order_acquire) ? capture()->published() : 0);
   if (activity != seen_activity_ || last_activity_ == std::chrono::steady_clock::time_point{}) {
     seen_activity_ = activity;
     last_activity_ = now;
@@ -414,7 +233,7 @@ bool ChannelServer::ExpireIfIdle(std::chrono::steady_clock::time_point now) {
 
 void ChannelServer::Handle(const uint8_t* copy, uint64_t number, bool closing) {
   const channel::DescriptorHeader header = channel::PeekHeader(copy);
-  auto work = std::make_shared<Work>();
+  auto work = std::make_shared<ChannelWork>();
   RefResolver refs(regions_, options_.owner, &work->pins);
   absl::StatusOr<Descriptor> d = channel::Decode(copy);
   if (!d.ok()) {
@@ -476,33 +295,115 @@ void ChannelServer::Handle(const uint8_t* copy, uint64_t number, bool closing) {
                                            status.message().data(), status.message().size(),
                                            committed);
   };
+  Submit(std::move(task), closing, [&](const absl::Status& queued) {
+    counters_->failed.fetch_add(1, std::memory_order_relaxed);
+    shared_->mapping.view().WriteCompletion(number, header.id, static_cast<uint32_t>(queued.code()),
+                                            queued.message().data(), queued.message().size(), 0);
+  });
+}
+
+void ChannelServer::Submit(std::function<void(DeviceOperations&)> task, bool closing,
+                           const std::function<void(const absl::Status&)>& refused) {
   // The executor's queue is bounded: a full queue holds this channel (back-pressure) rather than
-  // dropping a descriptor that must complete.
+  // dropping a call that must complete.
   for (;;) {
     const absl::Status queued = device_->Submit(task);
     if (queued.ok()) return;
-    if (queued.code() != absl::StatusCode::kResourceExhausted) {
-      // Draining: the executor runs nothing more. The record still says why.
-      counters_->failed.fetch_add(1, std::memory_order_relaxed);
-      shared_->mapping.view().WriteCompletion(number, header.id,
-                                              static_cast<uint32_t>(queued.code()),
-                                              queued.message().data(), queued.message().size(), 0);
-      return;
-    }
-    if (stop_.load(std::memory_order_acquire) && !closing) {
-      // Closing while the queue is full: the record says why; the close fails the rest.
-      shared_->mapping.view().WriteCompletion(number, header.id,
-                                              static_cast<uint32_t>(queued.code()),
-                                              queued.message().data(), queued.message().size(), 0);
+    // Draining: the executor runs nothing more; or closing while the queue is full (the close
+    // fails the rest). The caller's record still says why.
+    if (queued.code() != absl::StatusCode::kResourceExhausted ||
+        (stop_.load(std::memory_order_acquire) && !closing)) {
+      refused(queued);
       return;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
+std::shared_ptr<StepCapture> ChannelServer::capture() const {
+  std::lock_guard<std::mutex> lock(capture_mu_);
+  return capture_;
+}
+
+absl::Status ChannelServer::AttachCapture(std::shared_ptr<StepCapture> capture) {
+  std::lock_guard<std::mutex> lock(capture_mu_);
+  if (capture_closed_ || finished()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("channel = ", id_, " is closed; open another for the capture"));
+  }
+  if (capture_ != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("channel = ", id_, " already serves a captured bucket (epoch ",
+                     capture_->info().epoch, "); open a channel per captured bucket"));
+  }
+  capture_ = std::move(capture);
+  has_capture_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+uint64_t ChannelServer::capture_bytes() const {
+  std::shared_ptr<StepCapture> c = capture();
+  return c == nullptr ? 0 : c->info().bytes;
+}
+
+bool ChannelServer::PollCapture() {
+  if (!has_capture_.load(std::memory_order_acquire)) return false;
+  std::shared_ptr<StepCapture> capture = this->capture();
+  std::optional<StepCapture::Step> step = capture->Take();
+  if (!step.has_value()) return false;
+  // Every layer, in order, exactly as a descriptor's call: the same waits, task and failures;
+  // only the answer goes to the step's status instead of a ring record.
+  for (uint32_t i = 0; i < step->layers.size(); ++i) {
+    std::shared_ptr<ChannelWork> work = step->layers[i];
+    work->order.cancelled = &shared_->cancelled;
+    work->failure.order.cancelled = &shared_->cancelled;
+    if (options_.wait_ready) WaitReady(options_.wait_ready, &shared_->cancelled, *work);
+    auto answer = [capture, seq = step->seq, i](const absl::Status& status) {
+      capture->LayerDone(seq, i, status);
+    };
+    auto task = [shared = shared_, counters = counters_, work, answer, capture, seq = step->seq,
+                 on_completion = options_.on_completion](DeviceOperations& ops) {
+      absl::Status status;
+      if (work->refused.ok() && capture->StepFailed(seq)) {
+        // All or nothing past the first failure: a layer after a refused one (its riding commit,
+        // say) would leave the sequence's pending tree half written.
+        work->refused = absl::AbortedError(absl::StrCat("an earlier layer of step ", seq,
+                                                        " failed; its later layers are not "
+                                                        "computed"));
+      }
+      if (!work->refused.ok()) {
+        shared->RecordEnqueued(work->failure.order.ready, work->pins);
+        status = ops.FailExternal(work->failure, work->refused);
+      } else {
+        shared->RecordEnqueued(work->order.ready, work->pins);
+        absl::StatusOr<VerifyResult> verified = ops.VerifyExternal(work->verify, work->order);
+        counters->verifies.fetch_add(1, std::memory_order_relaxed);
+        if (verified.ok() && verified->value_check != nullptr) {
+          shared->Defer({0, 0, std::move(verified->value_check), answer});
+          shared->mapping.view().WakeConsumer();
+          return;
+        }
+        status = verified.status();
+      }
+      if (!status.ok()) counters->failed.fetch_add(1, std::memory_order_relaxed);
+      if (on_completion) on_completion(status.ok());
+      answer(status);
+    };
+    Submit(std::move(task), /*closing=*/false, [&](const absl::Status& queued) {
+      counters_->failed.fetch_add(1, std::memory_order_relaxed);
+      answer(queued);
+    });
+  }
+  return true;
+}
+
 void ChannelServer::Close(absl::StatusCode reason) {
   if (closed_) return;
   closed_ = true;
+  {
+    std::lock_guard<std::mutex> lock(capture_mu_);
+    capture_closed_ = true;  // no capture attaches from now on
+  }
   // The client's next enqueue fails; a channel that stopped on its own keeps its own reason.
   if (!finished()) consumer_.Close(reason);
   shared_->cancelled.store(true, std::memory_order_relaxed);
@@ -511,6 +412,9 @@ void ChannelServer::Close(absl::StatusCode reason) {
   header.doorbell.fetch_add(1, std::memory_order_seq_cst);
   channel::FutexWake(&header.doorbell);
   if (thread_.joinable()) thread_.join();
+  // A graph still replaying learns from the epoch that the capture is over (its waits give up,
+  // its outputs are NaN); the engine raises and prepares again.
+  if (std::shared_ptr<StepCapture> c = capture(); c != nullptr) c->End();
   shared_->AnswerAllNow();
   // What was published before the close completes with ABORTED, so no done flag stays unwritten.
   std::vector<uint8_t> copy(channel::kDescriptorBytes);

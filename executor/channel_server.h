@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -22,8 +23,10 @@
 #include "channel/descriptor.h"
 #include "channel/ring_ends.h"
 #include "channel/ring_file.h"
+#include "executor/channel_work.h"
 #include "executor/device.h"
 #include "executor/external_regions.h"
+#include "executor/step_capture.h"
 #include "executor/verify_validation.h"
 
 namespace verifyd {
@@ -38,6 +41,9 @@ struct ChannelOptions {
   absl::Duration spin = absl::Microseconds(50);
   // The longest futex sleep: how soon an idle channel notices close.
   absl::Duration sleep_slice = absl::Milliseconds(100);
+  // The longest sleep while a captured bucket is attached: the engine's graph publishes a step
+  // with a store into host memory, which rings no futex, so the thread polls its step area.
+  absl::Duration capture_poll = absl::Microseconds(20);
   // Called on the executor for every completed descriptor (metrics); may be empty.
   std::function<void(bool ok)> on_completion;
   // At close: releases a backend's device-side wait for a ready flag of a call already handed to
@@ -86,6 +92,13 @@ class ChannelServer {
   uint32_t entries() const { return options_.entries; }
   const ChannelCounters& counters() const { return *counters_; }
 
+  // A captured bucket (plans/0033) for this channel to serve: its thread polls the step area and
+  // runs each step's layers as it runs descriptors. One per channel: FAILED_PRECONDITION for a
+  // second (an engine opens a channel per captured bucket) or once the channel is closed.
+  absl::Status AttachCapture(std::shared_ptr<StepCapture> capture);
+  // The attached capture's step area bytes (0: none), counted against the table's byte bound.
+  uint64_t capture_bytes() const;
+
  private:
   struct Shared;  // the mapping and what the executor's tasks need after the thread stopped
   ChannelServer(uint64_t id, std::string name, ChannelOptions options, Device* device,
@@ -93,6 +106,14 @@ class ChannelServer {
   void Loop();
   // One taken descriptor, from the private copy: validates and queues its work.
   void Handle(const uint8_t* copy, uint64_t number, bool closing);
+  // The attached capture, if any (any thread).
+  std::shared_ptr<StepCapture> capture() const;
+  // Takes a step the engine published, if any, and queues its layers; true when it did.
+  bool PollCapture();
+  // Hands `task` to the executor, holding this channel while the queue is full (back-pressure);
+  // a refusal it cannot queue (draining, closing) goes to `refused`.
+  void Submit(std::function<void(DeviceOperations&)> task, bool closing,
+              const std::function<void(const absl::Status&)>& refused);
 
   const uint64_t id_;
   const std::string name_;
@@ -108,6 +129,10 @@ class ChannelServer {
   // ExpireIfIdle's (the sweeper's) view of the client's activity.
   uint64_t seen_activity_ = 0;
   std::chrono::steady_clock::time_point last_activity_{};
+  mutable std::mutex capture_mu_;
+  std::shared_ptr<StepCapture> capture_;  // guarded by capture_mu_
+  bool capture_closed_ = false;           // guarded by capture_mu_: Close began
+  std::atomic<bool> has_capture_{false};
   std::thread thread_;
 };
 

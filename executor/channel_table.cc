@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/random.h"
+#include "base/status_macros.h"
 
 namespace verifyd {
 ChannelTable::ChannelTable(ChannelTableOptions options, Device* device,
@@ -59,6 +60,7 @@ absl::StatusOr<ChannelInfo> ChannelTable::Open(const std::string& owner, uint32_
   channel.on_completion = options_.on_completion;
   channel.release_wait = options_.release_wait;
   channel.wait_ready = options_.wait_ready;
+  channel.capture_poll = options_.capture_poll;
   channel.sleep_slice = std::min(absl::Milliseconds(100), options_.lease / 4);
   // 128 random bits: the ring's name cannot be guessed by another local user (mode 0600 already
   // keeps them out) nor reopened by a stale client after the daemon reused an id.
@@ -82,31 +84,66 @@ absl::StatusOr<ChannelInfo> ChannelTable::Open(const std::string& owner, uint32_
   return info;
 }
 
-void ChannelTable::Unhold(uint32_t entries) {
+void ChannelTable::Unhold(uint32_t entries, uint64_t area_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   --held_channels_;
-  held_ring_bytes_ -= channel::RingFileBytes(entries);
+  held_ring_bytes_ -= channel::RingFileBytes(entries) + area_bytes;
+}
+
+absl::StatusOr<CaptureInfo> ChannelTable::PrepareCapture(const std::string& owner, uint64_t id,
+                                                         const CaptureSpec& spec) {
+  // Under the lock throughout: a rare call, and the channel can neither close nor take a second
+  // capture meanwhile.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closing_) return absl::UnavailableError("verifyd is shutting down");
+  VERIFYD_ASSIGN_OR_RETURN(auto it, FindOwned(owner, id));
+  if (it->second->capture_bytes() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "channel = ", id, " already serves a captured bucket; open a channel per captured bucket"));
+  }
+  const std::string name = absl::StrCat("/", options_.name_prefix, "step-", RandomHex());
+  absl::StatusOr<std::shared_ptr<StepCapture>> capture =
+      StepCapture::Create(spec, options_.limits, regions_, owner, name);
+  if (!capture.ok()) return capture.status();
+  const uint64_t bytes = (*capture)->info().bytes;
+  if (held_ring_bytes_ + bytes > options_.max_ring_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_batch = ", spec.max_batch, " and max_q = ", spec.max_q, " take a step area of ", bytes,
+        " bytes; the open channels' rings and step areas hold ", held_ring_bytes_,
+        " of --max-channel-bytes = ", options_.max_ring_bytes,
+        "; close a channel or capture a smaller bucket"));  // `capture` ends, its name unlinked
+  }
+  const CaptureInfo info = (*capture)->info();
+  VERIFYD_RETURN_IF_ERROR(it->second->AttachCapture(*std::move(capture)));
+  held_ring_bytes_ += bytes;
+  return info;
+}
+
+absl::StatusOr<ChannelTable::Channels::iterator> ChannelTable::FindOwned(const std::string& owner,
+                                                                         uint64_t id) {
+  auto it = channels_.find(id);
+  if (it == channels_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("channel = ", id, " is not open (closed, expired, or never opened)"));
+  }
+  if (it->second->owner() != owner) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("channel = ", id, " belongs to another client"));
+  }
+  return it;
 }
 
 absl::Status ChannelTable::Close(const std::string& owner, uint64_t id) {
   std::unique_ptr<ChannelServer> server;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = channels_.find(id);
-    if (it == channels_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("channel = ", id, " is not open (closed, expired, or never opened)"));
-    }
-    if (it->second->owner() != owner) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("channel = ", id, " belongs to another client"));
-    }
+    VERIFYD_ASSIGN_OR_RETURN(auto it, FindOwned(owner, id));
     server = std::move(it->second);
     channels_.erase(it);
   }
   server->Close(absl::StatusCode::kCancelled);  // outside the lock: it joins a thread
   Closed(*server, "closed by its client");
-  Unhold(server->entries());
+  Unhold(server->entries(), server->capture_bytes());
   return absl::OkStatus();
 }
 
@@ -121,7 +158,7 @@ void ChannelTable::CloseAll(absl::StatusCode reason) {
   if (sweeper_.joinable()) sweeper_.join();
   for (auto& [_, server] : all) {
     server->Close(reason);
-    Unhold(server->entries());
+    Unhold(server->entries(), server->capture_bytes());
     Closed(*server, "the daemon stops");
   }
 }
@@ -148,7 +185,7 @@ int ChannelTable::ReapFinished() {
   for (auto& server : done) {
     server->Close(absl::StatusCode::kDeadlineExceeded);
     Closed(*server, "its lease expired (no heartbeat or descriptor within the lease)");
-    Unhold(server->entries());
+    Unhold(server->entries(), server->capture_bytes());
   }
   return static_cast<int>(done.size());
 }

@@ -449,4 +449,27 @@ absl::StatusOr<GetCompactionCall> ValidateGetCompaction(const v1::GetCompactionR
   return GetCompactionCall{request.operation_id()};
 }
 
+CaptureSpec DecodeCapture(const v1::PrepareCaptureRequest& request) {
+  auto tensor = [](const v1::ExternalMemoryRef& r) {
+    return channel::TensorRef{r.region(), r.offset()};
+  };
+  auto flag = [](const v1::ExternalMemoryRef& r) {
+    return channel::FlagRef{r.region(), r.offset(), 0, 0};
+  };
+  CaptureSpec spec;
+  spec.layer_begin = request.layer_begin();
+  spec.num_layers = request.num_layers();
+  spec.max_batch = request.max_batch();
+  spec.max_q = request.max_q();
+  spec.q = tensor(request.q());
+  spec.tree_kv = tensor(request.tree_kv());
+  spec.out = tensor(request.out());
+  spec.lse = tensor(request.lse());
+  spec.ready = flag(request.ready());
+  spec.done = flag(request.done());
+  spec.return_lse = request.return_lse();
+  if (request.has_softmax_scale()) spec.softmax_scale = request.softmax_scale();
+  return spec;
+}
+
 }  // namespace verifyd

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "executor/external_regions.h"
 #include "executor/request_types.h"
+#include "executor/step_capture.h"
 #include "executor/verify_validation.h"
 #include "service/service_options.h"
 #include "service/shared_memory_registry.h"
@@ -66,6 +67,9 @@ int64_t MaxListedSequences(const ValidationLimits& limits);
 absl::StatusOr<ListSequencesCall> ValidateListSequences(const v1::ListSequencesRequest& request,
                                                         const ValidationLimits& limits);
 absl::StatusOr<CompactCall> ValidateCompact(const v1::CompactRequest& request);
+// PrepareCapture's fields as the executor's CaptureSpec; every rule (the bucket against the
+// daemon's limits, the memory it names) is StepCapture::Create's, which knows the regions.
+CaptureSpec DecodeCapture(const v1::PrepareCaptureRequest& request);
 absl::StatusOr<GetCompactionCall> ValidateGetCompaction(const v1::GetCompactionRequest& request);
 
 }  // namespace verifyd

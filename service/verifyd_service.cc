@@ -377,6 +377,28 @@ grpc::ServerUnaryReactor* VerifydService::CloseChannel(grpc::CallbackServerConte
                    [&]() { return device->channels().Close(owner, request->channel()); });
 }
 
+grpc::ServerUnaryReactor* VerifydService::PrepareCapture(grpc::CallbackServerContext* context,
+                                                         const v1::PrepareCaptureRequest* request,
+                                                         v1::PrepareCaptureResponse* response) {
+  const char* method = "PrepareCapture";
+  Device* device = nullptr;
+  std::string owner;
+  const absl::Status admitted =
+      DataPlaneOwner(method, *context, request->ByteSizeLong(), &device, &owner);
+  return ServeHere(method, context, absl::Now(), admitted, [&]() -> absl::Status {
+    VERIFYD_ASSIGN_OR_RETURN(
+        CaptureInfo info,
+        device->channels().PrepareCapture(owner, request->channel(), DecodeCapture(*request)));
+    response->set_epoch(info.epoch);
+    response->set_step_area(info.path);
+    response->set_step_area_bytes(info.bytes);
+    response->set_layer_begin(info.layer_begin);
+    response->set_num_layers(info.num_layers);
+    response->set_heads(static_cast<uint32_t>(limits_.heads));
+    return absl::OkStatus();
+  });
+}
+
 grpc::ServerUnaryReactor* VerifydService::Compact(grpc::CallbackServerContext* context,
                                                   const v1::CompactRequest* request,
                                                   v1::CompactResponse* response) {

@@ -41,7 +41,8 @@ using VerifydServiceBase = v1::Verifyd::WithCallbackMethod_Append<
                                     v1::Verifyd::WithCallbackMethod_OpenChannel<
                                         v1::Verifyd::WithCallbackMethod_CloseChannel<
                                             v1::Verifyd::WithCallbackMethod_ListSequences<
-                                                v1::Verifyd::Service>>>>>>>>>>>>>>>;
+                                                v1::Verifyd::WithCallbackMethod_PrepareCapture<
+                                                    v1::Verifyd::Service>>>>>>>>>>>>>>>>;
 
 class VerifydService final : public VerifydServiceBase {
  public:
@@ -110,6 +111,10 @@ class VerifydService final : public VerifydServiceBase {
   grpc::ServerUnaryReactor* CloseChannel(grpc::CallbackServerContext* context,
                                          const v1::CloseChannelRequest* request,
                                          v1::CloseChannelResponse* response) override;
+  // Answered on the handler thread: the bucket and its memory are checked, the step area made.
+  grpc::ServerUnaryReactor* PrepareCapture(grpc::CallbackServerContext* context,
+                                           const v1::PrepareCaptureRequest* request,
+                                           v1::PrepareCaptureResponse* response) override;
   // Read-only, queued like any call (it is no liveness probe, so it does not jump the queue).
   // Gated over TCP although it changes nothing: per-sequence lengths and idle times are per-request
   // traffic (prompt lengths, when each user last spoke), which Stats only gives in aggregate; and

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "client/c_api/verifyd_dataplane.h"
+#include "client/captured_step.h"
 #include "client/channel.h"
 #include "client/client.h"
 
@@ -20,7 +21,20 @@ struct vd_channel {
   std::deque<verifyd::Channel::Completion> pending;
 };
 
+struct vd_capture {
+  std::unique_ptr<verifyd::CapturedStep> step;
+  // CUDA (vd_capture_enable_device): the step area registered with cudaHostRegister and its
+  // device address, the device step counter and fault word, the WaitDone bound.
+  bool device = false;
+  void* area_device = nullptr;
+  void* state = nullptr;
+  uint64_t done_timeout_ns = 0;
+};
+
 namespace verifyd::c_api {
+
+// What vd_capture_enable_device made (cuda_calls.cc; nothing without CUDA).
+void ReleaseCaptureDevice(vd_capture* capture);
 
 // Records `status` as the thread's last error and returns -(its code); OK returns 0.
 int Fail(const absl::Status& status);

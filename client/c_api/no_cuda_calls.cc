@@ -15,6 +15,12 @@ int NoCuda(const char* function) {
 
 }  // namespace
 
+namespace verifyd::c_api {
+
+void ReleaseCaptureDevice(vd_capture* capture) { (void)capture; }  // nothing was made
+
+}  // namespace verifyd::c_api
+
 extern "C" {
 
 int vd_has_cuda(void) { return 0; }
@@ -26,5 +32,25 @@ int vd_register_cuda(vd_client*, uint64_t, uint64_t, uint64_t*, uint64_t*) {
 int vd_stream_write_value32(void*, uint64_t, uint32_t) { return NoCuda("vd_stream_write_value32"); }
 
 int vd_stream_wait_value32(void*, uint64_t, uint32_t) { return NoCuda("vd_stream_wait_value32"); }
+
+int vd_capture_enable_device(vd_capture*, double) { return NoCuda("vd_capture_enable_device"); }
+
+int vd_capture_step_publish(vd_capture*, void*, const vd_step_tensors*) {
+  return NoCuda("vd_capture_step_publish");
+}
+
+int vd_capture_signal_ready(vd_capture*, void*, uint32_t) {
+  return NoCuda("vd_capture_signal_ready");
+}
+
+int vd_capture_wait_done(vd_capture*, void*, uint32_t) { return NoCuda("vd_capture_wait_done"); }
+
+// Without CUDA only the host versions run: their fault word.
+int vd_capture_error(vd_capture* capture, void*, uint32_t* error) {
+  if (capture == nullptr) return verifyd::c_api::NullArgument("vd_capture_error", "capture");
+  if (error == nullptr) return verifyd::c_api::NullArgument("vd_capture_error", "error");
+  *error = capture->step->error();
+  return 0;
+}
 
 }  // extern "C"

@@ -42,6 +42,7 @@ extern "C" {
 
 typedef struct vd_client vd_client;
 typedef struct vd_channel vd_channel;
+typedef struct vd_capture vd_capture;
 
 /* A byte offset in a registered region (a multiple of 64); region 0: not given. */
 typedef struct {
@@ -156,6 +157,75 @@ int vd_wait_completion(vd_channel* channel, double timeout_seconds, vd_completio
  * can be captured into a CUDA graph. */
 int vd_stream_write_value32(void* stream, uint64_t device_pointer, uint32_t value);
 int vd_stream_wait_value32(void* stream, uint64_t device_pointer, uint32_t value);
+
+/* ---- A decode step captured in a CUDA graph (SPEC §3.1 "Inside the engine's CUDA graph",
+ * plans/0033; the protocol: channel/step_area.h). Additions only: the functions above and their
+ * structs are unchanged, so VD_ABI_VERSION stays; a loader tests for vd_capture_prepare.
+ *
+ * vd_capture_prepare names the bucket and its memory on a channel (the daemon refuses here what
+ * it cannot serve) and maps the step area. Then per replay the engine's graph runs, on CUDA:
+ * vd_capture_step_publish (the step's record from the engine's device tensors into the area),
+ * and per captured layer i vd_capture_signal_ready / vd_capture_wait_done, all recorded on the
+ * capturing stream (kernels: their values move with every replay). The *_host versions do the
+ * same on host memory (the cpu backend). After a replay: vd_capture_error (0, or a fault: the
+ * capture ended / the daemon restarted = 1, a done flag timed out = 2; the outputs are NaN then)
+ * and vd_capture_wait_step (the daemon's word on the step). */
+typedef struct {
+  uint32_t layer_begin;
+  uint32_t num_layers;                /* 0: every layer from layer_begin on */
+  uint32_t max_batch;                 /* <= 1024 */
+  uint32_t max_q;                     /* <= the daemon's --max-tree-nodes */
+  vd_tensor_ref q, tree_kv, out, lse; /* each large enough for max_batch x max_q rows */
+  vd_tensor_ref ready, done;          /* uint32 words, offsets multiples of 4 */
+  uint32_t return_lse;
+  uint32_t has_softmax_scale;
+  float softmax_scale;
+  uint32_t reserved; /* 0 */
+  /* The same memory as this process addresses it (device pointers on cuda, host pointers on the
+   * cpu backend): what SignalReady writes, WaitDone reads and a fault NaN-fills (lse: 0 without
+   * return_lse). */
+  uint64_t ready_pointer, done_pointer, out_pointer, lse_pointer;
+} vd_capture_desc;
+
+/* The engine's device tensors StepPublish copies each replay (device pointers, fixed for the
+ * graph's life): num_seqs int32 [1]; sequence_ids int64 [max_batch]; q_lens int32 [max_batch];
+ * parents int32 [max_batch][max_q]; commit_lens int32 [max_batch] (-1: nothing rides, 0: reject
+ * the previous tree); paths int32 [max_batch][max_q] (the previous tree's accepted path). */
+typedef struct {
+  uint64_t num_seqs, sequence_ids, q_lens, parents, commit_lens, paths;
+} vd_step_tensors;
+
+int vd_capture_prepare(vd_client* client, vd_channel* channel, const vd_capture_desc* desc,
+                       vd_capture** out);
+/* Unregisters and frees what the capture holds in this process (the daemon's side ends with the
+ * channel). */
+void vd_capture_free(vd_capture* capture);
+uint64_t vd_capture_epoch(const vd_capture* capture);
+uint32_t vd_capture_num_layers(const vd_capture* capture);
+uint32_t vd_capture_max_batch(const vd_capture* capture);
+uint32_t vd_capture_max_q(const vd_capture* capture);
+
+/* Host memory (the cpu backend): parents and paths are [num_seqs][max_q] (only the first q_len /
+ * commit_len of each row are read). *step gets the step published. */
+int vd_capture_publish_host(vd_capture* capture, uint32_t num_seqs, const uint64_t* sequence_ids,
+                            const int32_t* q_lens, const int32_t* parents,
+                            const int32_t* commit_lens, const int32_t* paths, uint64_t* step);
+int vd_capture_signal_ready_host(vd_capture* capture, uint32_t layer_index);
+int vd_capture_wait_done_host(vd_capture* capture, uint32_t layer_index, double timeout_seconds);
+/* The fault word: the host versions' own, or with CUDA enabled the device's (read on `stream`
+ * after the work queued there, which it waits for). */
+int vd_capture_error(vd_capture* capture, void* stream, uint32_t* error);
+/* Waits until the daemon completed step `step`; 0, or -(code) with its message (the step's first
+ * failure), DEADLINE_EXCEEDED, FAILED_PRECONDITION once the capture ended. */
+int vd_capture_wait_step(vd_capture* capture, uint64_t step, double timeout_seconds);
+
+/* CUDA only (FAILED_PRECONDITION otherwise). Registers the step area with cudaHostRegister (the
+ * kernels write it directly), allocates the device step counter and fault word. done_timeout:
+ * how long a WaitDone spins before it declares the daemon dead (<= 0: 10 s). */
+int vd_capture_enable_device(vd_capture* capture, double done_timeout_seconds);
+int vd_capture_step_publish(vd_capture* capture, void* stream, const vd_step_tensors* tensors);
+int vd_capture_signal_ready(vd_capture* capture, void* stream, uint32_t layer_index);
+int vd_capture_wait_done(vd_capture* capture, void* stream, uint32_t layer_index);
 
 #ifdef __cplusplus
 }

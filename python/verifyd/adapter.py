@@ -51,9 +51,9 @@ call waits for its completion.
   refuses to run inside a capture (it raises, as on the host transports) and the engine runs it
   piecewise: the per-layer engine work captured, forward_verify eager between the pieces — which
   costs one ring store and two stream operations per layer on the host, no blocking. Capturing
-  the whole step would need flags the graph itself advances (a captured increment kernel and a
-  wait on a device-side counter) plus the host enqueueing each replay's descriptors before the
-  replay: not built.
+  the whole step is `CapturedVerify`'s (verifyd.captured, plans/0033): the step's record lives
+  in a step area the graph's own kernel fills, and the per-layer flags are kernels whose values
+  move with every replay.
 * Either way: begin_step / end_step are host work outside any capture; forward_verify must never
   be called while torch.cuda.is_current_stream_capturing() is true — it raises instead of
   silently recording nothing.
@@ -65,13 +65,14 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import grpc
 import numpy as np
 
+from .captured import CapturedVerify  # the captured-graph way (plans/0033)
 from .client import Client, VerifySequence
 from .dataplane_tensors import is_cuda
 from .errors import ResourceExhausted, VerifydError, invalid_argument, make_error
 from .shared_memory import SharedMemoryRegion, shared_verify_layout
 from .tensors import ROW, copy_bf16_into, is_torch
 
-__all__ = ["VerifyAttention"]
+__all__ = ["CapturedVerify", "VerifyAttention"]
 
 
 def on_device_memory(x: Any) -> bool:

@@ -43,6 +43,22 @@ class CompletionRecord(ctypes.Structure):
                 ("code", ctypes.c_int32), ("reserved", ctypes.c_uint32),
                 ("message", ctypes.c_char * MESSAGE_BYTES)]
 
+class CaptureDesc(ctypes.Structure):
+    _fields_ = [("layer_begin", ctypes.c_uint32), ("num_layers", ctypes.c_uint32),
+                ("max_batch", ctypes.c_uint32), ("max_q", ctypes.c_uint32),
+                ("q", TensorRef), ("tree_kv", TensorRef), ("out", TensorRef),
+                ("lse", TensorRef), ("ready", TensorRef), ("done", TensorRef),
+                ("return_lse", ctypes.c_uint32), ("has_softmax_scale", ctypes.c_uint32),
+                ("softmax_scale", ctypes.c_float), ("reserved", ctypes.c_uint32),
+                ("ready_pointer", ctypes.c_uint64), ("done_pointer", ctypes.c_uint64),
+                ("out_pointer", ctypes.c_uint64), ("lse_pointer", ctypes.c_uint64)]
+
+
+class StepTensors(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("num_seqs", "sequence_ids", "q_lens", "parents",
+                                               "commit_lens", "paths")]
+
+
 P = ctypes.c_void_p
 U64 = ctypes.c_uint64
 U32 = ctypes.c_uint32
@@ -72,5 +88,21 @@ SIGNATURES = {
     "vd_wait_completion": (ctypes.c_int, [P, ctypes.c_double, ctypes.POINTER(CompletionRecord)]),
     "vd_stream_write_value32": (ctypes.c_int, [P, U64, U32]),
     "vd_stream_wait_value32": (ctypes.c_int, [P, U64, U32]),
+    # A captured decode step (plans/0033).
+    "vd_capture_prepare": (ctypes.c_int, [P, P, ctypes.POINTER(CaptureDesc), ctypes.POINTER(P)]),
+    "vd_capture_free": (None, [P]),
+    "vd_capture_epoch": (U64, [P]),
+    "vd_capture_num_layers": (U32, [P]),
+    "vd_capture_max_batch": (U32, [P]),
+    "vd_capture_max_q": (U32, [P]),
+    "vd_capture_publish_host": (ctypes.c_int, [P, U32, P, P, P, P, P, ctypes.POINTER(U64)]),
+    "vd_capture_signal_ready_host": (ctypes.c_int, [P, U32]),
+    "vd_capture_wait_done_host": (ctypes.c_int, [P, U32, ctypes.c_double]),
+    "vd_capture_error": (ctypes.c_int, [P, P, ctypes.POINTER(U32)]),
+    "vd_capture_wait_step": (ctypes.c_int, [P, U64, ctypes.c_double]),
+    "vd_capture_enable_device": (ctypes.c_int, [P, ctypes.c_double]),
+    "vd_capture_step_publish": (ctypes.c_int, [P, P, ctypes.POINTER(StepTensors)]),
+    "vd_capture_signal_ready": (ctypes.c_int, [P, P, U32]),
+    "vd_capture_wait_done": (ctypes.c_int, [P, P, U32]),
 }
 

@@ -41,7 +41,7 @@ run_test() {  # name, log suffix
   grep -E 'FAILED|Failure|error|MPS active' "$log" | head -20
 }
 export VERIFYD_BINARY="$PWD/$B/bin/verifyd"
-for t in ${TESTS:-cuda_external_verify_test data_plane_gpu_test cuda_kv_storage_test cuda_kv_store_test cuda_backend_test cuda_decode_mirror_test}; do
+for t in ${TESTS:-cuda_external_verify_test data_plane_gpu_test data_plane_captured_gpu_test cuda_kv_storage_test cuda_kv_store_test cuda_backend_test cuda_decode_mirror_test}; do
   run_test "$t" ""
 done
 if [ "${INITCHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
