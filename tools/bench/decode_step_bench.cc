@@ -13,7 +13,9 @@
 //                    ComputeVerifyExternal ahead; the streams order each other through the flags:
 //                    the co-located data plane's device-tensor + stream-order way, driven directly
 //                    (the channel will feed the same calls)
-// each with graphs on and off. Run it once plain and once under MPS (tools/device/decode_step.sh);
+// each with graphs on and off; then through a verifyd daemon (decode_step_daemon.h), the last
+// ways with the whole step captured once in a CUDA graph and replayed (decode_step_captured.h).
+// Run it once plain and once under MPS (tools/device/dataplane_gpu.sh);
 // the server inherits the environment, so both processes are MPS clients or neither.
 // Prints one table: ms per step, p50 / p99 of the per-layer time (CUDA events on the model's
 // stream between consecutive layers), ÷ in-process, per-layer cost over in-process.
@@ -32,16 +34,19 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kv_storage.h"
 #include "base/cuda_check.h"
 #include "base/cuda_driver.h"
 #include "base/status_macros.h"
+#include "tools/bench/decode_step_captured.h"
 #include "tools/bench/decode_step_daemon.h"
 #include "tools/bench/decode_step_fill.h"
 #include "tools/bench/decode_step_model.h"
@@ -64,10 +69,17 @@ ABSL_FLAG(
     "kernel); the daemon ways run bf16 only");
 ABSL_FLAG(int, warmup, 5, "untimed steps first (graph warm-up and capture)");
 ABSL_FLAG(int, gemm_n, 1024, "the model GEMM is 4096 x gemm_n x 4096 bf16 (1024: ~50 us)");
-ABSL_FLAG(std::string, ways, "model,inproc,flags,twoproc,grpc,shm,channel,stream",
-          "ways to run, comma-separated (grpc, shm, channel, stream: through a verifyd daemon)");
+ABSL_FLAG(std::string, ways,
+          "model,inproc,flags,twoproc,grpc,shm,channel,stream,captured,captured_inplace",
+          "ways to run, comma-separated (grpc, shm, channel, stream, captured, captured_inplace: "
+          "through a verifyd daemon; captured: the step captured once in a CUDA graph, each "
+          "layer's tensors copied into the bucket and back; captured_inplace: the same on the "
+          "bucket in place)");
 ABSL_FLAG(std::string, verifyd, "",
           "the verifyd binary for the daemon ways (default: verifyd next to this binary)");
+ABSL_FLAG(std::string, captured_engine, "",
+          "the captured ways' engine process (default: decode_step_captured_engine next to this "
+          "binary)");
 ABSL_FLAG(std::string, role, "model", "model | server (internal: the two-process way's server)");
 ABSL_FLAG(std::string, handle, "", "server: the region's IPC handle, hex");
 ABSL_FLAG(bool, graphs, true, "server: CUDA graphs");
@@ -353,8 +365,9 @@ int Model(const char* self) {
       d.layers, d.heads, d.nodes, d.prefix, d.accept, d.steps, d.warmup, *mps ? "on" : "off",
       absl::GetFlag(FLAGS_kv_dtype).c_str());
   std::fflush(stdout);
-  const std::string ways = absl::GetFlag(FLAGS_ways);
-  auto wants = [&](const char* w) { return ways.find(w) != std::string::npos; };
+  const absl::flat_hash_set<std::string> ways =
+      absl::StrSplit(absl::GetFlag(FLAGS_ways), ',', absl::SkipWhitespace());
+  auto wants = [&](const char* w) { return ways.contains(w); };
   std::vector<Row> rows;
   auto run = [&](const std::string& name, absl::StatusOr<Timing> t) {
     if (!t.ok()) {
@@ -376,11 +389,11 @@ int Model(const char* self) {
     if (wants("twoproc")) run(absl::StrCat("two processes, ", g), RunTwoProcesses(d, graphs, self));
   }
   // Through a daemon (graphs on, as deployed): what a scheduler process reaches.
+  const std::string dir = std::string(self).substr(0, std::string(self).rfind('/') + 1);
   std::string verifyd = absl::GetFlag(FLAGS_verifyd);
-  if (verifyd.empty()) {
-    verifyd = self;
-    verifyd = verifyd.substr(0, verifyd.rfind('/') + 1) + "verifyd";
-  }
+  if (verifyd.empty()) verifyd = dir + "verifyd";
+  std::string engine = absl::GetFlag(FLAGS_captured_engine);
+  if (engine.empty()) engine = dir + "decode_step_captured_engine";
   const std::pair<const char*, DaemonWay> daemon_ways[] = {
       {"grpc", DaemonWay::kGrpcInline},
       {"shm", DaemonWay::kGrpcSharedMemory},
@@ -395,6 +408,18 @@ int Model(const char* self) {
     if (wants(flag))
       run(DaemonWayName(way),
           RunThroughDaemon(d, way, true, verifyd, absl::GetFlag(FLAGS_flash_kernel)));
+  }
+  const std::pair<const char*, CapturedIo> captured_ways[] = {
+      {"captured", CapturedIo::kBucketCopies}, {"captured_inplace", CapturedIo::kInPlace}};
+  for (const auto& [flag, io] : captured_ways) {
+    if (!wants(flag)) continue;
+    if (absl::GetFlag(FLAGS_kv_dtype) != "bf16") {
+      std::printf("%-28s skipped: the daemon ways prefill bf16 rows; --kv_dtype=bf16 runs them\n",
+                  CapturedWayName(io));
+      continue;
+    }
+    run(CapturedWayName(io),
+        RunCaptured(d, io, verifyd, engine, absl::GetFlag(FLAGS_flash_kernel)));
   }
   // Ratios against the in-process way with graphs of this run.
   const Row* base = nullptr;
@@ -423,6 +448,13 @@ int Model(const char* self) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  int devices = 0;
+  const cudaError_t counted = cudaGetDeviceCount(&devices);
+  if (counted != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "decode_step_bench: needs a CUDA device (%s)\n",
+                 counted != cudaSuccess ? cudaGetErrorString(counted) : "none found");
+    return 1;
+  }
   if (absl::GetFlag(FLAGS_role) == "server") return verifyd::Server();
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);

@@ -1,9 +1,5 @@
 #include "tools/bench/decode_step_daemon.h"
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -13,148 +9,18 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "base/cuda_driver.h"
 #include "client/channel.h"
 #include "client/client.h"
 #include "client/shared_memory_region.h"
+#include "tools/bench/decode_step_daemon_process.h"
+#include "tools/bench/decode_step_trees.h"
 #include "verify/mla_dims.h"
 
 ABSL_DECLARE_FLAG(int, gemm_n);
 
 namespace verifyd::decode_step {
 namespace {
-
-constexpr uint64_t kSequence = 1;
-constexpr int kPrefillChunk = 8192;  // tokens per Append (x layers x 1152 bytes in one region)
-
-// The daemon process; stopped (SIGTERM, then waited for) when this goes away.
-class Daemon {
- public:
-  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const std::string& path, const Dims& d,
-                                                       bool graphs,
-                                                       const std::string& flash_kernel) {
-    auto daemon = std::unique_ptr<Daemon>(new Daemon());
-    daemon->socket_ = absl::StrCat("/tmp/verifyd-decode-step-", getpid(), ".sock");
-    std::vector<std::string> args = {path,
-                                     "--backend=cuda",
-                                     absl::StrCat("--listen=unix://", daemon->socket_),
-                                     "--metrics=",
-                                     absl::StrCat("--layers=", d.layers),
-                                     absl::StrCat("--heads=", d.heads),
-                                     absl::StrCat("--max-tree-nodes=", std::max(d.nodes, 64)),
-                                     absl::StrCat("--kv-capacity-tokens=", d.capacity()),
-                                     absl::StrCat("--cuda-graphs=", graphs ? "on" : "off"),
-                                     absl::StrCat("--flash-kernel=", flash_kernel),
-                                     "--drain-seconds=1"};
-    daemon->pid_ = fork();
-    if (daemon->pid_ < 0) return absl::InternalError("fork failed");
-    if (daemon->pid_ == 0) {
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(path.c_str(), argv.data());
-      _exit(127);
-    }
-    ClientOptions options;
-    options.client_id = "decode-step-bench";
-    const absl::Time deadline = absl::Now() + absl::Seconds(120);
-    while (absl::Now() < deadline) {
-      absl::StatusOr<std::unique_ptr<Client>> client =
-          Client::Connect(absl::StrCat("unix://", daemon->socket_), options);
-      if (client.ok() && (*client)->Stats().ok()) {
-        daemon->client_ = *std::move(client);
-        return daemon;
-      }
-      int status = 0;
-      if (waitpid(daemon->pid_, &status, WNOHANG) == daemon->pid_) {
-        daemon->pid_ = -1;
-        return absl::InternalError(absl::StrCat(path, " exited (status ", status, ") at start"));
-      }
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    return absl::DeadlineExceededError("the daemon did not answer Stats within 120 s");
-  }
-  ~Daemon() {
-    client_.reset();
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  Client& client() { return *client_; }
-
- private:
-  Daemon() = default;
-  pid_t pid_ = -1;
-  std::string socket_;
-  std::unique_ptr<Client> client_;
-};
-
-// The tree of every step (as the in-process ways use) and the path the commit accepts: a root,
-// then each node's first child, at most `accept` nodes.
-std::vector<int32_t> TreeParents(const Dims& d) {
-  std::vector<int32_t> parents(d.nodes);
-  for (int i = 0; i < d.nodes; ++i) parents[i] = i == 0 ? -1 : (i * 7 + 3) % i;
-  return parents;
-}
-std::vector<int32_t> AcceptedPath(const std::vector<int32_t>& parents, int accept) {
-  std::vector<int32_t> path = {0};
-  while (static_cast<int>(path.size()) < accept) {
-    int32_t child = -1;
-    for (int32_t j = path.back() + 1; j < static_cast<int32_t>(parents.size()); ++j) {
-      if (parents[j] == path.back()) {
-        child = j;
-        break;
-      }
-    }
-    if (child < 0) break;
-    path.push_back(child);
-  }
-  return path;
-}
-
-absl::StatusOr<uint64_t> Register(Client& client, void* device_memory, uint64_t bytes) {
-  cudaIpcMemHandle_t handle;
-  VERIFYD_CUDA_CHECK(cudaIpcGetMemHandle(&handle, device_memory));
-  VERIFYD_ASSIGN_OR_RETURN(
-      v1::RegisterExternalMemoryResponse registered,
-      client.RegisterExternalMemory(
-          std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)), bytes));
-  return registered.region();
-}
-
-// L tokens x every layer from a device buffer of kPrefillChunk tokens, Append by Append.
-absl::Status Prefill(Client& client, const Dims& d, cudaStream_t stream) {
-  const uint64_t bytes = uint64_t{kPrefillChunk} * d.layers * kKvDim * 2;
-  void* chunk = nullptr;
-  VERIFYD_CUDA_CHECK(cudaMalloc(&chunk, bytes));
-  VERIFYD_RETURN_IF_ERROR(FillRandom(chunk, static_cast<int64_t>(bytes / 2), 7, 1.f, stream));
-  VERIFYD_CUDA_CHECK(cudaStreamSynchronize(stream));
-  VERIFYD_ASSIGN_OR_RETURN(uint64_t region, Register(client, chunk, bytes));
-  for (int at = 0; at < d.prefix; at += kPrefillChunk) {
-    const int tokens = std::min(kPrefillChunk, d.prefix - at);
-    v1::AppendRequest request;
-    request.set_sequence_id(kSequence);
-    request.set_layer_begin(0);
-    if (at == 0) {
-      request.set_create(true);
-    } else {
-      request.set_expected_fill(static_cast<uint64_t>(at));
-    }
-    v1::Tensor* kv = request.mutable_kv();
-    kv->set_dtype(v1::DTYPE_BF16);
-    kv->add_shape(d.layers);
-    kv->add_shape(tokens);
-    kv->add_shape(kKvDim);
-    kv->mutable_external_memory()->set_region(region);
-    kv->mutable_external_memory()->set_offset(0);
-    VERIFYD_RETURN_IF_ERROR(client.Append(request).status());
-  }
-  VERIFYD_RETURN_IF_ERROR(client.ReleaseExternalMemory(region).status());
-  VERIFYD_CUDA_CHECK(cudaFree(chunk));
-  return absl::OkStatus();
-}
 
 // One layer's Verify of the bench's sequence, the commit riding when given; tensors are the
 // caller's to add.
@@ -331,7 +197,7 @@ absl::StatusOr<Timing> RunThroughDaemon(const Dims& d, DaemonWay way, bool graph
   VERIFYD_RETURN_IF_ERROR(gemm.Init(absl::GetFlag(FLAGS_gemm_n), model));
   LayerClock clock;
   VERIFYD_RETURN_IF_ERROR(clock.Init(d));
-  const std::vector<int32_t> parents = TreeParents(d);
+  const std::vector<int32_t> parents = TreeParents(d.nodes);
   const std::vector<int32_t> path = AcceptedPath(parents, d.accept);
   size_t mark = 0;
   uint64_t id = 0;

@@ -1,7 +1,6 @@
 // The decode-step bench's ways through a real verifyd daemon (SPEC §5, issue 14): the bench is
-// the model process; it starts `verifyd --backend=cuda` on the same GPU (the daemon inherits the
-// environment, so under MPS both are MPS clients), prefills one sequence from device memory
-// (Append naming a registered region: no host copy), then per layer runs its GEMM and Verify:
+// the model process; it starts `verifyd --backend=cuda` on the same GPU and prefills one sequence
+// from device memory (decode_step_daemon_process.h), then per layer runs its GEMM and Verify:
 //   gRPC inline         q and tree KV copied to the host, a Verify RPC, out copied back: the
 //                       model's CPU blocks every layer (today's reference path)
 //   gRPC shared memory  the same, but q and tree KV copied straight into a daemon-made host

@@ -79,9 +79,20 @@ class Gemm {
     VERIFYD_RETURN_IF_ERROR(FillRandom(b_, int64_t{4096} * n, 2, 1.f, stream));
     return absl::OkStatus();
   }
+  // A workspace of its own (the captured way's): a GEMM captured into a CUDA graph then
+  // allocates nothing inside the capture, and every replay uses the same memory.
+  absl::Status UseWorkspace(size_t bytes) {
+    VERIFYD_CUDA_CHECK(cudaMalloc(&workspace_, bytes));
+    workspace_bytes_ = bytes;
+    return absl::OkStatus();
+  }
   absl::Status Run(cudaStream_t stream) {
     const float one = 1.f, zero = 0.f;
     VERIFYD_RETURN_IF_ERROR(CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"));
+    if (workspace_ != nullptr) {  // after cublasSetStream, which resets it to cuBLAS's own
+      VERIFYD_RETURN_IF_ERROR(CublasStatus(
+          cublasSetWorkspace(handle_, workspace_, workspace_bytes_), "cublasSetWorkspace"));
+    }
     return CublasStatus(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, 4096, n_, 4096, &one, a_,
                                      CUDA_R_16BF, 4096, b_, CUDA_R_16BF, 4096, &zero, c_,
                                      CUDA_R_16BF, 4096, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -89,13 +100,14 @@ class Gemm {
   }
   ~Gemm() {
     if (handle_ != nullptr) cublasDestroy(handle_);
-    cudaFree(a_), cudaFree(b_), cudaFree(c_);
+    cudaFree(a_), cudaFree(b_), cudaFree(c_), cudaFree(workspace_);
   }
 
  private:
   int n_ = 0;
   cublasHandle_t handle_ = nullptr;
-  void *a_ = nullptr, *b_ = nullptr, *c_ = nullptr;
+  void *a_ = nullptr, *b_ = nullptr, *c_ = nullptr, *workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
 };
 
 // Per-layer and per-step times from events recorded on the model's stream after every layer.
@@ -117,6 +129,8 @@ class LayerClock {
     VERIFYD_CUDA_CHECK(cudaEventRecord(events_[n], stream));
     return absl::OkStatus();
   }
+  // Event n itself, for a way that records it from inside a CUDA graph (decode_step_step_graph.h).
+  cudaEvent_t event(size_t n) const { return events_[n]; }
   absl::StatusOr<Timing> Read(const Dims& d) {
     VERIFYD_CUDA_CHECK(cudaEventSynchronize(events_.back()));
     std::vector<double> layer_us;

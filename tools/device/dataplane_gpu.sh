@@ -5,10 +5,15 @@
 #   1. the CUDA backend's GPU tests that cover the external path and the refactored Verify path,
 #      the device-row Append, and the data plane end to end (data_plane_gpu_test: the daemon
 #      binary on cuda, this bundle's verifyd); initcheck over the backend's oracle test
-#   2. MPS on a private pipe directory: the same external test (IPC handles under MPS, the MPS
+#   2. the bench without MPS
+#   3. MPS on a private pipe directory: the same external test (IPC handles under MPS, the MPS
 #      attribute), then the bench; MPS is stopped before the script ends, whatever happened
-#   3. the bench without MPS
-# Full logs under $OUT; the tables last. BENCH_ARGS passes flags to the bench (e.g. --prefix=20000).
+# The bench runs every way by default, the captured-graph ways last (captured, captured_inplace:
+# the whole step captured once in a CUDA graph and replayed; their engine process,
+# bundle/bin/decode_step_captured_engine, logs its checks to the bench's stderr: "captured
+# engine: ..."). Full logs under $OUT; the tables last. BENCH_ARGS passes flags to the bench (e.g.
+# --prefix=20000, or --ways=model,inproc,stream,captured,captured_inplace for the captured rows
+# and what they are compared with); BENCH_TIMEOUT (280 s) bounds each bench.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/verifyd-gpu-out}
@@ -51,14 +56,14 @@ if [ "${INITCHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   grep -E "Uninitialized" -A3 "$OUT/initcheck.txt" | grep -E "Uninitialized|at 0x|by thread" | sort | uniq -c | sort -rn | head -8
 fi
 daemon_report plain
-timeout -s KILL 280 "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_plain.txt" 2>"$OUT/bench_plain.err"
+timeout -s KILL ${BENCH_TIMEOUT:-280} "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_plain.txt" 2>"$OUT/bench_plain.err"
 echo "bench (no MPS) rc=$?"
 
 source tools/device/mps.sh
 if start_mps; then
   run_test cuda_external_verify_test "_mps"
   daemon_report mps
-  timeout -s KILL 280 "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_mps.txt" 2>"$OUT/bench_mps.err"
+  timeout -s KILL ${BENCH_TIMEOUT:-280} "$B/bin/decode_step_bench" ${BENCH_ARGS:-} >"$OUT/bench_mps.txt" 2>"$OUT/bench_mps.err"
   echo "bench (MPS) rc=$?"
   # SMALL_ARGS: a second bench where attention is short, so the per-layer overheads stand out.
   if [ -n "${SMALL_ARGS:-}" ]; then
@@ -70,6 +75,7 @@ if start_mps; then
   stop_mps
 fi
 echo "== bench logs (short)"; grep -E "failed|rror" "$OUT/bench_plain.err" "$OUT/bench_mps.err" 2>/dev/null | head -5
+echo "== captured engine"; grep -h "captured engine" "$OUT/bench_plain.err" "$OUT/bench_mps.err" 2>/dev/null
 echo "== tests"; printf '%s' "$summary"
 echo "== bench logs"; cat "$OUT/bench_plain.err" "$OUT/bench_mps.err" 2>/dev/null | grep -v '^$' | tail -30
 echo "== bench, no MPS"; cat "$OUT/bench_plain.txt"

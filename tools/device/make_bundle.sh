@@ -20,6 +20,7 @@ default_targets=(wgmma_unit_test wgmma_rate_bench mla_verify_flash_test mla_veri
   mla_verify_bench cuda_kv_storage_test cuda_fp8_storage_test cuda_kv_store_test cuda_backend_test cuda_fp8_backend_test cuda_verify_staging_test
   cuda_backend_bench cuda_decode_mirror_test cuda_host_registration_test compaction_bench verifyd verifyctl fake_scheduler verifyd_load verifyd_service_tests
   verifyd_dying_client verifyd_executor_tests cuda_external_verify_test cuda_ipc_producer decode_step_bench
+  decode_step_captured_engine
   data_plane_gpu_test data_plane_captured_gpu_test verifyd_dataplane)
 read -r -a targets <<<"${TARGETS:-${default_targets[*]}}"
 cmake --build "$BUILD" -j "${JOBS:-2}" --target "${targets[@]}"
