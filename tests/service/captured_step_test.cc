@@ -472,8 +472,13 @@ TEST(CapturedStepTest, ASchedulerThatDiesMidStepLeavesNoWaitBehind) {
   EXPECT_TRUE(other->Stats().ok());
   const absl::Status status = e.capture->WaitStep(step, absl::Seconds(10));
   EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
-  PollUntil([&] { return h.Stats().channels() == 0; }, std::chrono::seconds(10),
-            std::chrono::milliseconds(50));
+  // The channel leaves the table before its close ends the capture (epoch 0): wait for both.
+  PollUntil(
+      [&] {
+        return h.Stats().channels() == 0 &&
+               channel::StepAreaMapping::Load(e.capture->area().header().epoch) == 0;
+      },
+      std::chrono::seconds(10), std::chrono::milliseconds(50));
   EXPECT_EQ(channel::StepAreaMapping::Load(e.capture->area().header().epoch), 0u);
   EXPECT_EQ(h.Stats().channels(), 0u);
 }
