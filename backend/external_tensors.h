@@ -92,6 +92,8 @@ struct ExternalVerify {
   const bf16_bits* tree_kv = nullptr;
   absl::Span<const int32_t> tree_slots;
   ExternalOrder order;
+  // VerifyCall::reserved_sms: SMs the attention's grid leaves to the caller's resident kernel.
+  int reserved_sms = 0;
   // Out, optional: a backend that checks q and tree_kv on the device sets it when the call was
   // enqueued; its answer is the call's (OK means: computed; INVALID_ARGUMENT: its outputs are
   // NaN and its tree rows must not be committed). Left null, the returned Status is the answer.

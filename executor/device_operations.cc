@@ -230,6 +230,7 @@ absl::StatusOr<VerifyResult> DeviceOperations::VerifyExternal(const VerifyCall& 
   external.tree_kv = call.tree_kv;
   external.tree_slots = tree_slots_;
   external.order = order;
+  external.reserved_sms = call.reserved_sms;
   std::shared_ptr<ExternalValueCheck> value_check;
   external.value_check = &value_check;
   const absl::Time start = absl::Now();

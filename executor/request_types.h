@@ -47,6 +47,10 @@ struct VerifyCall {
   // q or tree_kv lies in memory the client may rewrite while the call runs (shared memory): the
   // executor copies both and checks SPEC §1's bound on the copies it computes from (issue 33 N8).
   bool inputs_shared = false;
+  // SMs the caller keeps busy with a kernel of its own while this call runs (a captured graph's
+  // WaitDone, resident on one SM under MPS): the attention's grid is planned on the others, so
+  // none of its CTAs waits for that SM and doubles the call's time.
+  int reserved_sms = 0;
 };
 
 struct CommitCall {

@@ -189,6 +189,9 @@ std::shared_ptr<ChannelWork> StepCapture::LayerWork(
   d.ready = ready;
   d.done = done;
   PrepareVerify(d, limits_, refs, work.get());
+  // The engine's WaitDone kernel sits on one SM for the whole call (under MPS, beside this
+  // call's kernels); a grid of one CTA per SM would leave one CTA waiting for that SM.
+  work->verify.reserved_sms = 1;
   return work;
 }
 

@@ -139,7 +139,7 @@ void CudaBackend::ForgetSequence(SequenceId sequence) {
 absl::StatusOr<CudaBackend::PlannedCall> CudaBackend::PlanCall(
     int layer, VerifyProblem& problem, absl::Span<const VerifySlotList> slot_lists,
     absl::FunctionRef<absl::Status(absl::Span<const VerifySlotList>)> check_lists,
-    std::chrono::steady_clock::time_point* clock) {
+    std::chrono::steady_clock::time_point* clock, int reserved_sms) {
   if (storage_ == nullptr) return absl::FailedPreconditionError("CudaBackend has no storage");
   if (layer < 0 || layer >= storage_->num_layers()) {
     return absl::InvalidArgumentError(
@@ -187,7 +187,7 @@ absl::StatusOr<CudaBackend::PlannedCall> CudaBackend::PlanCall(
   }
   VERIFYD_ASSIGN_OR_RETURN(
       planned.plan, plans_.Get(absl::MakeConstSpan(problem.prefix_len, problem.batch), q_len_,
-                               problem.num_heads));
+                               problem.num_heads, reserved_sms));
   VERIFYD_ASSIGN_OR_RETURN(planned.slots, mirror_->Plan(planned.lists, storage_->capacity_slots()));
   Lap(clock, &phase_times_.plan_ns);
   return planned;

@@ -223,7 +223,7 @@ class CudaBackend : public ComputeBackend {
   absl::StatusOr<PlannedCall> PlanCall(
       int layer, VerifyProblem& problem, absl::Span<const VerifySlotList> slot_lists,
       absl::FunctionRef<absl::Status(absl::Span<const VerifySlotList>)> check_lists,
-      std::chrono::steady_clock::time_point* clock);
+      std::chrono::steady_clock::time_point* clock, int reserved_sms = 0);
   // Everything after the mirror planned the call, in two paths over the shared steps below; a
   // failure here leaves the arena unknown. The host path synchronizes and copies out; the
   // external path (cuda_backend_external.cc) waits for nothing and signals through the flags.

@@ -307,7 +307,7 @@ absl::Status CudaBackend::ComputeVerifyExternal(const ExternalVerify& call,
         [&](absl::Span<const VerifySlotList> lists) {
           return CheckTreeSlots(call.tree_slots, lists);
         },
-        &clock);
+        &clock, call.reserved_sms);
     if (!planned.ok()) {
       status = planned.status();
     } else {

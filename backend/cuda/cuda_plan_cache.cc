@@ -8,9 +8,10 @@ namespace verifyd {
 
 absl::StatusOr<const CachedPlan*> SplitPlanCache::Get(absl::Span<const int32_t> prefix_len,
                                                       absl::Span<const int32_t> q_len,
-                                                      int num_heads) {
+                                                      int num_heads, int reserved_sms) {
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->num_heads == num_heads && absl::MakeConstSpan(it->prefix_len) == prefix_len &&
+    if (it->num_heads == num_heads && it->reserved_sms == reserved_sms &&
+        absl::MakeConstSpan(it->prefix_len) == prefix_len &&
         absl::MakeConstSpan(it->q_len) == q_len) {
       if (it != entries_.begin()) {
         CachedPlan hit = std::move(*it);
@@ -21,9 +22,11 @@ absl::StatusOr<const CachedPlan*> SplitPlanCache::Get(absl::Span<const int32_t> 
     }
   }
   CachedPlan fresh;
-  VERIFYD_ASSIGN_OR_RETURN(fresh.plan, PlanSplits(prefix_len, q_len, num_heads, num_sms_));
+  VERIFYD_ASSIGN_OR_RETURN(
+      fresh.plan, PlanSplits(prefix_len, q_len, num_heads, std::max(1, num_sms_ - reserved_sms)));
   fresh.id = next_id_++;
   fresh.num_heads = num_heads;
+  fresh.reserved_sms = reserved_sms;
   fresh.prefix_len.assign(prefix_len.begin(), prefix_len.end());
   fresh.q_len.assign(q_len.begin(), q_len.end());
   fresh.layout = LayoutWorkspace(fresh.plan);

@@ -15,6 +15,7 @@ namespace verifyd {
 struct CachedPlan {
   uint64_t id = 0;  // unique per planned shape (graphs key on item counts, not on this)
   int num_heads = 0;
+  int reserved_sms = 0;
   std::vector<int32_t> prefix_len, q_len;
   SplitPlan plan;
   WorkspaceLayout layout;
@@ -26,10 +27,11 @@ class SplitPlanCache {
   // capacity: shapes remembered (least recently used goes first).
   SplitPlanCache(int num_sms, int capacity) : num_sms_(num_sms), capacity_(capacity) {}
 
-  // The plan for these shapes, planned now if not remembered. The reference stays valid until the
-  // next Get.
+  // The plan for these shapes, planned now if not remembered, on the device's SMs less
+  // `reserved_sms` (at least one). The reference stays valid until the next Get.
   absl::StatusOr<const CachedPlan*> Get(absl::Span<const int32_t> prefix_len,
-                                        absl::Span<const int32_t> q_len, int num_heads);
+                                        absl::Span<const int32_t> q_len, int num_heads,
+                                        int reserved_sms = 0);
 
   int64_t plans_made() const { return plans_made_; }
 

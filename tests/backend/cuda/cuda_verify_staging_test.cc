@@ -227,6 +227,37 @@ TEST(SplitPlanCache, HitsReturnTheRememberedPlanAndMissesPlanAnew) {
   EXPECT_EQ(cache.plans_made(), 6);
 }
 
+// A captured layer's call leaves SMs to the engine's resident kernel: its plan is the planner's
+// on the SMs left, keyed apart from the same shape's full-device plan, and never on zero SMs.
+TEST(SplitPlanCache, ReservedSmsArePlannedAroundAndKeyedApart) {
+  const uint64_t seed = test::TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  SplitPlanCache cache(/*num_sms=*/132, /*capacity=*/4);
+  const std::vector<int32_t> prefix = {static_cast<int32_t>(60000 + rng() % 150000)};
+  const std::vector<int32_t> q = {static_cast<int32_t>(1 + rng() % 64)};
+  absl::StatusOr<const CachedPlan*> full = cache.Get(prefix, q, 8);
+  ASSERT_TRUE(full.ok()) << full.status();
+  const uint64_t full_id = (*full)->id;
+  absl::StatusOr<const CachedPlan*> reserved = cache.Get(prefix, q, 8, /*reserved_sms=*/1);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  EXPECT_NE((*reserved)->id, full_id);
+  absl::StatusOr<SplitPlan> fresh = PlanSplits(prefix, q, 8, 131);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ((*reserved)->packed, PackPlan(*fresh, LayoutWorkspace(*fresh)));
+  // The full plan is still remembered under its own key.
+  absl::StatusOr<const CachedPlan*> again = cache.Get(prefix, q, 8);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->id, full_id);
+  // More reserved than the device has: one SM is planned on, not none.
+  absl::StatusOr<const CachedPlan*> all = cache.Get(prefix, q, 8, /*reserved_sms=*/500);
+  ASSERT_TRUE(all.ok()) << all.status();
+  absl::StatusOr<SplitPlan> one = PlanSplits(prefix, q, 8, 1);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ((*all)->packed, PackPlan(*one, LayoutWorkspace(*one)));
+  EXPECT_EQ(cache.plans_made(), 3);
+}
+
 TEST(VerifyStaging, CopySizesCoverTheBytesWithAtMostAnEighthMore) {
   const uint64_t seed = test::TestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
