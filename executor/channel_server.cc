@@ -353,8 +353,8 @@ bool ChannelServer::PollCapture() {
   if (!step.has_value()) return false;
   // Every layer, in order, exactly as a descriptor's call: the same waits, task and failures;
   // only the answer goes to the step's status instead of a ring record.
-  for (uint32_t i = 0; i < step->num_layers; ++i) {
-    std::shared_ptr<ChannelWork> work = capture->Layer(*step, i);
+  for (uint32_t i = 0; i < step->layers.size(); ++i) {
+    std::shared_ptr<ChannelWork> work = step->layers[i];
     work->order.cancelled = &shared_->cancelled;
     work->failure.order.cancelled = &shared_->cancelled;
     if (options_.wait_ready) WaitReady(options_.wait_ready, &shared_->cancelled, *work);

@@ -199,20 +199,19 @@ std::optional<StepCapture::Step> StepCapture::Take() {
   const uint64_t seq = published();
   if (seq == taken_) return std::nullopt;
   taken_ = seq;
+  std::vector<channel::SequenceEntry> sequences;
+  const absl::Status record = CopyRecord(&sequences);
+  channel::StepAreaMapping::Store(area_.header().planned_step, seq);
   Step step;
   step.seq = seq;
-  step.record = CopyRecord(&step.sequences);
-  step.num_layers = spec_.num_layers;
-  channel::StepAreaMapping::Store(area_.header().planned_step, seq);
+  for (uint32_t i = 0; i < spec_.num_layers; ++i) {
+    step.layers.push_back(LayerWork(seq, i, sequences, record));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   progress_.push_back(Progress{seq, spec_.num_layers, absl::OkStatus()});
   // Bounded: a step's layers all complete (a refused one too), so only steps whose layers are
   // still queued stay; a client cannot publish ahead of its own done waits.
   return step;
-}
-
-std::shared_ptr<ChannelWork> StepCapture::Layer(const Step& step, uint32_t i) const {
-  return LayerWork(step.seq, i, step.sequences, step.record);
 }
 
 void StepCapture::LayerDone(uint64_t seq, uint32_t i, const absl::Status& status) {

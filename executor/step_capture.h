@@ -67,20 +67,15 @@ class StepCapture {
 
   struct Step {
     uint64_t seq = 0;
-    std::vector<channel::SequenceEntry> sequences;  // the record, copied
-    // The record's form: a record the daemon refuses (num_seqs, q_len or commit_len out of the
-    // bucket) refuses every layer, which then NaN-fills the bucket's whole out (and lse) and
-    // writes its done flag.
-    absl::Status record;
-    uint32_t num_layers = 0;
+    // One per captured layer, in order. A record the daemon refuses (num_seqs, q_len or
+    // commit_len out of the bucket) refuses every layer, which then NaN-fills the bucket's
+    // whole out (and lse) and writes its done flag.
+    std::vector<std::shared_ptr<ChannelWork>> layers;
   };
-  // The step the engine published since the last Take, if any, its record copied. Channel thread
-  // only.
+  // The step the engine published since the last Take, if any: its record copied, its layers'
+  // work built (refs resolved again, so a region released since fails the step, naming it).
+  // Channel thread only.
   std::optional<Step> Take();
-  // Layer i's work for `step` (refs resolved again, so a region released since fails the step,
-  // naming it). Built one layer at a time so that layer 0 is enqueued before the step's later
-  // layers are prepared: the engine's graph is already waiting for it.
-  std::shared_ptr<ChannelWork> Layer(const Step& step, uint32_t i) const;
   // Layer i of step `seq` completed with `status`. When every layer of the step has, the area
   // gets the step's status (the first failure's code and message) and completed_step = seq.
   void LayerDone(uint64_t seq, uint32_t i, const absl::Status& status);
