@@ -1,7 +1,7 @@
 // The mma.sync ceiling (SPEC §5, the portable kernel's floor): chains of mma.sync m16n8k16 bf16
-// with fp32 accumulation on every SM, with B brought from shared memory by one ldmatrix.x4 per two
-// mma (the operand path of the portable flash kernel's S loop, its heavier one; A in registers), or
-// with both operands in registers (the tensor pipe alone).
+// with fp32 accumulation on every SM, with B from shared memory by ldmatrix.x4 at addresses that
+// do not move with the loop (so ptxas may hoist them: plans/0034 counted one per 16 mma), or with
+// both operands in registers (the tensor pipe alone). The bench takes the faster as the floor.
 #pragma once
 
 #include <cuda_runtime_api.h>
