@@ -25,6 +25,11 @@ the daemon (`client.register(pool)` on CUDA, `client.host_buffer(...)` views on 
 backend), [B x Q rows, ...]; a step uses the first sum-of-Q rows. forward_verify(layer, q, ...)
 also takes the engine's own tensors and copies them in and out (captured copies).
 
+Run the engine and the daemon under MPS (a private or the host's control daemon): the graph's
+WaitDone kernels spin on the device while the daemon's kernels run beside them, which MPS allows
+and time-slicing does not (the headline step: 1.02-1.04x in-process with MPS, 26x without it,
+plans/0033).
+
 On the cpu backend there is no graph: the same calls run the protocol's host versions (the
 daemon polls the same step area), which is how the tests check it without a GPU.
 """
