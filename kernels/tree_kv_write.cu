@@ -1,6 +1,6 @@
-// bf16 pool: one 16-byte chunk per thread, as kv_slot_write.cu. fp8 pool: one warp per node
-// (kernels/kv_fp8_quantize_warp.cuh). Each thread finds its node's sequence by a linear scan of
-// qo_indptr (batch is small and the array sits in L1 after the first warp).
+// fp8 pool: one warp per node (kernels/kv_fp8_quantize_warp.cuh). (A bf16 pool's write rides in
+// the scatter and check's launch: tree_row_write.cuh.) Each thread finds its node's sequence by a
+// linear scan of qo_indptr (batch is small and the array sits in L1 after the first warp).
 #include "kernels/tree_kv_write.h"
 
 #include "absl/strings/str_cat.h"
@@ -14,7 +14,6 @@
 namespace verifyd {
 namespace {
 
-constexpr int kChunksPerRow = kKvDim / 8;
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / 32;
 
@@ -25,22 +24,6 @@ __device__ __forceinline__ int32_t TreeRowSlot(int r, int batch, const int32_t* 
   int b = 0;
   while (b + 1 < batch && qo_indptr[b + 1] <= r) ++b;
   return slots[slot_indptr[b] + prefix_len[b] + (r - qo_indptr[b])];
-}
-
-__global__ void __launch_bounds__(kThreads)
-    TreeKvWriteKernel(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows, int total_q,
-                      int batch, const int32_t* qo_indptr, const int32_t* prefix_len,
-                      const int32_t* slot_indptr, const int32_t* slots) {
-  pdl::WaitForPriorGrid();
-  pdl::AllowDependentLaunch();
-  const int64_t chunk = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (chunk >= static_cast<int64_t>(total_q) * kChunksPerRow) return;
-  const int r = static_cast<int>(chunk / kChunksPerRow);
-  const int cc = static_cast<int>(chunk % kChunksPerRow);
-  const int32_t slot = TreeRowSlot(r, batch, qo_indptr, prefix_len, slot_indptr, slots);
-  if (slot < 0 || slot >= num_slots) return;
-  reinterpret_cast<uint4*>(kv + static_cast<int64_t>(slot) * kKvDim)[cc] =
-      reinterpret_cast<const uint4*>(rows + static_cast<int64_t>(r) * kKvDim)[cc];
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -77,25 +60,6 @@ absl::Status CheckTreeWrite(const void* kv, const bf16_bits* rows, int total_q, 
 }
 
 }  // namespace
-
-absl::Status LaunchTreeKvWrite(bf16_bits* kv, int64_t num_slots, const bf16_bits* rows, int total_q,
-                               int batch, const int32_t* qo_indptr, const int32_t* prefix_len,
-                               const int32_t* slot_indptr, const int32_t* slots,
-                               cudaStream_t stream) {
-  if (absl::Status s =
-          CheckTreeWrite(kv, rows, total_q, batch, qo_indptr, prefix_len, slot_indptr, slots);
-      !s.ok() || total_q == 0) {
-    return s;
-  }
-  const int64_t chunks = static_cast<int64_t>(total_q) * kChunksPerRow;
-  const unsigned blocks = static_cast<unsigned>((chunks + kThreads - 1) / kThreads);
-  // Programmatic where the device has it: its launch overlaps the value check's tail
-  // (programmatic_launch.cuh; the kernel waits for that grid before it reads).
-  VERIFYD_CUDA_CHECK(pdl::LaunchMaybeProgrammatic(
-      TreeKvWriteKernel, dim3(blocks), dim3(kThreads), 0, stream, ProgrammaticLaunchRunsHere(), kv,
-      num_slots, rows, total_q, batch, qo_indptr, prefix_len, slot_indptr, slots));
-  return absl::OkStatus();
-}
 
 absl::Status LaunchTreeKvWriteFp8(uint8_t* kv, int64_t num_slots, const bf16_bits* rows,
                                   int total_q, int batch, const int32_t* qo_indptr,

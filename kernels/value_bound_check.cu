@@ -5,7 +5,8 @@
 // Tiling: one 16-byte word (8 bf16) per thread per step, a grid-stride loop over n / 8 words, the
 // tail (n % 8) by the first thread of a tensor's blocks; the launch's blocks are split by
 // blockIdx.x: the first kSlotScatterBlocks place the slot-table upload when there is one
-// (slot_table_scatter.cuh), then each checked tensor gets the same number of blocks (up to two
+// (slot_table_scatter.cuh), then the tree-KV write's blocks when it rides along
+// (tree_row_write.cuh), then each checked tensor gets the same number of blocks (up to two
 // tensors per launch). The fill: one element per thread per step. Schedule: a bounded grid (at most
 // 1024 CTAs of 256 threads per tensor); a CTA skips its atomic when it found nothing, so a clean
 // tensor costs one read of its bytes, and the fill one read of `count` words per CTA. Why the fill
@@ -21,12 +22,14 @@
 #include "kernels/mla_verify_launch.h"
 #include "kernels/programmatic_launch.cuh"
 #include "kernels/slot_table_scatter.cuh"
+#include "kernels/tree_row_write.cuh"
 #include "verify/value_bound.h"
 
 namespace verifyd {
 namespace {
 
 constexpr int kThreads = 256;
+static_assert(kThreads == kTreeRowThreads, "the tree write's blocks are this launch's");
 constexpr int kMaxBlocks = 1024;
 
 __device__ __forceinline__ bool Bad(uint32_t half_bits) {
@@ -60,22 +63,30 @@ __device__ __forceinline__ void FirstOutOfBoundBlock(const bf16_bits* data, int6
   if (found != ~0ull) atomicMin(first, found);
 }
 
-// Blocks [0, scatter_blocks) place the slot-table upload; then check_blocks blocks per tensor:
-// (data0, n0) into firsts[0], (data1, n1) into firsts[1].
+// Blocks [0, scatter_blocks) place the slot-table upload; then tree_blocks blocks write the tree
+// rows (tree_row_write.cuh); then check_blocks blocks per tensor: (data0, n0) into firsts[0],
+// (data1, n1) into firsts[1].
 __global__ void __launch_bounds__(kThreads)
     ScatterAndFirstOutOfBoundKernel(SlotScatterArgs scatter, int scatter_blocks,
-                                    const bf16_bits* data0, int64_t n0, const bf16_bits* data1,
-                                    int64_t n1, unsigned long long* firsts, int check_blocks) {
+                                    TreeRowWriteArgs tree, int tree_blocks, const bf16_bits* data0,
+                                    int64_t n0, const bf16_bits* data1, int64_t n1,
+                                    unsigned long long* firsts, int check_blocks) {
   pdl::WaitForPriorGrid();
   pdl::AllowDependentLaunch();
-  const int block = static_cast<int>(blockIdx.x);
+  int block = static_cast<int>(blockIdx.x);
   if (block < scatter_blocks) {
     SlotScatterBlock(scatter, block, scatter_blocks);
     return;
   }
-  const int tensor = (block - scatter_blocks) / check_blocks;
+  block -= scatter_blocks;
+  if (block < tree_blocks) {
+    TreeRowWriteBlock(tree, block);
+    return;
+  }
+  block -= tree_blocks;
+  const int tensor = block / check_blocks;
   FirstOutOfBoundBlock(tensor == 0 ? data0 : data1, tensor == 0 ? n0 : n1, firsts + tensor,
-                       (block - scatter_blocks) % check_blocks, check_blocks);
+                       block % check_blocks, check_blocks);
 }
 
 constexpr int kMaxFillWords = 2;
@@ -150,7 +161,8 @@ absl::Status CheckTensor(const char* name, const bf16_bits* data, int64_t n) {
 
 absl::Status LaunchSlotScatterAndFirstOutOfBound(const SlotScatterArgs& scatter,
                                                  const FirstOutOfBoundArgs& check,
-                                                 cudaStream_t stream) {
+                                                 cudaStream_t stream,
+                                                 const TreeRowWriteArgs& tree) {
   const bool place = scatter.header != nullptr || scatter.runs != nullptr ||
                      scatter.values != nullptr || scatter.arena != nullptr;
   if (place && (scatter.header == nullptr || scatter.runs == nullptr || scatter.values == nullptr ||
@@ -163,15 +175,23 @@ absl::Status LaunchSlotScatterAndFirstOutOfBound(const SlotScatterArgs& scatter,
   if (check_rows > 0 && check.firsts == nullptr) {
     return absl::InvalidArgumentError("firsts must be set");
   }
+  if (tree.total_q < 0 ||
+      (tree.total_q > 0 && (tree.kv == nullptr || tree.rows == nullptr || tree.slots == nullptr ||
+                            reinterpret_cast<uintptr_t>(tree.rows) % 16 != 0))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tree write: total_q = ", tree.total_q,
+                     " must be >= 0, and with rows the pool, 16-byte aligned rows and slots set"));
+  }
   const int scatter_blocks = place ? kSlotScatterBlocks : 0;
+  const int tree_blocks = TreeRowWriteBlocks(tree);
   const int64_t longest = check.na > check.nb ? check.na : check.nb;
   const int check_blocks = check_rows > 0 ? static_cast<int>(BlocksFor((longest + 7) / 8)) : 1;
-  const int blocks = scatter_blocks + check_rows * check_blocks;
+  const int blocks = scatter_blocks + tree_blocks + check_rows * check_blocks;
   if (blocks == 0) return absl::OkStatus();
   VERIFYD_CUDA_CHECK(pdl::LaunchMaybeProgrammatic(
       ScatterAndFirstOutOfBoundKernel, dim3(blocks), dim3(kThreads), 0, stream,
-      ProgrammaticLaunchRunsHere(), scatter, scatter_blocks, check.a, check.na, check.b, check.nb,
-      check.firsts, check_blocks));
+      ProgrammaticLaunchRunsHere(), scatter, scatter_blocks, tree, tree_blocks, check.a, check.na,
+      check.b, check.nb, check.firsts, check_blocks));
   return absl::OkStatus();
 }
 

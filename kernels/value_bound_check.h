@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/slot_table_scatter.h"
+#include "kernels/tree_kv_write.h"
 #include "verify/bf16.h"
 
 namespace verifyd {
@@ -48,9 +49,16 @@ struct FirstOutOfBoundArgs {
 // launch: both read only what a verify call's one upload brought, so its graph needs one node
 // after the upload, not two. Either part may be empty; the launch completes both (a later kernel
 // in stream order sees the arena placed and the words final).
+// `tree`, when given (an external call on a bf16 pool), writes the call's tree KV into the pool in
+// the same launch (kernels/tree_kv_write.h): it reads its slots from the upload and its rows from
+// the tensor the check reads, so it needs neither part's result. A refused call's rows are
+// written as they were when the write had its own launch after the check: the store keeps that
+// layer unwritten until the check's answer (executor/device_operations.cc), so no Commit takes
+// them.
 absl::Status LaunchSlotScatterAndFirstOutOfBound(const SlotScatterArgs& scatter,
                                                  const FirstOutOfBoundArgs& check,
-                                                 cudaStream_t stream);
+                                                 cudaStream_t stream,
+                                                 const TreeRowWriteArgs& tree = {});
 
 // A refused call's outputs, and the hand-off of the check's answer. When any of firsts[0, count)
 // (device, count <= 2, set by a check above) found a bad value, out[0, out_n) (bf16) and

@@ -255,7 +255,8 @@ absl::StatusOr<CudaBackend::StagedCall> CudaBackend::Stage(
 }
 
 absl::Status CudaBackend::EnqueueUpload(const StagedCall& staged, cudaStream_t stream,
-                                        const FirstOutOfBoundArgs& check) {
+                                        const FirstOutOfBoundArgs& check,
+                                        const TreeRowWriteArgs& tree) {
   const VerifyStagingLayout& layout = staged.layout;
   VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(staged.upload.offset),
                                      staged.staging->as<void>(staged.upload.offset),
@@ -263,7 +264,7 @@ absl::Status CudaBackend::EnqueueUpload(const StagedCall& staged, cudaStream_t s
   const SlotScatterArgs scatter{inputs_.as<SlotScatterHeader>(layout.slot_header),
                                 inputs_.as<SlotScatterRun>(layout.slot_runs),
                                 inputs_.as<int32_t>(layout.slot_values), staged.arena};
-  return LaunchSlotScatterAndFirstOutOfBound(scatter, check, stream);
+  return LaunchSlotScatterAndFirstOutOfBound(scatter, check, stream, tree);
 }
 
 VerifyGraphBucket CudaBackend::GraphBucket(int layer, const VerifyProblem& problem,

@@ -266,7 +266,8 @@ class CudaBackend : public ComputeBackend {
   // the slot scatter into the arena, with the value check of `check` (external calls) riding in
   // it (kernels/value_bound_check.h).
   absl::Status EnqueueUpload(const StagedCall& staged, cudaStream_t stream,
-                             const FirstOutOfBoundArgs& check = {});
+                             const FirstOutOfBoundArgs& check = {},
+                             const TreeRowWriteArgs& tree = {});
   // The graph's bucket and parameters of the call (an external call adds its tensors to both).
   VerifyGraphBucket GraphBucket(int layer, const VerifyProblem& problem, const CachedPlan& plan,
                                 const StagedCall& staged, bool external) const;

@@ -2,6 +2,7 @@
 // tensors that live there (cuda_backend.h's class comment; plans/0018-data-plane-gpu.md).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 
@@ -189,6 +190,15 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
   staged.device_problem.q = problem.q;
   staged.device_problem.out = problem.out;
   staged.device_problem.lse = problem.lse;
+  // The tree rows' slots, batch order (the lists' tree entries, which CheckTreeSlots matched
+  // against the store's), for the tree-KV write that rides in the scatter's launch.
+  {
+    int32_t* tree_slots = ring.buffer.as<int32_t>(layout.tree_slots);
+    for (const VerifySlotList& list : lists) {
+      tree_slots = std::copy(list.tree_slots.begin(), list.tree_slots.end(), tree_slots);
+    }
+  }
+  const int32_t* device_tree_slots = inputs_.as<int32_t>(layout.tree_slots);
   Lap(&clock, &phase_times_.stage_ns);
 
   const VerifyProblem& device_problem = staged.device_problem;
@@ -200,20 +210,23 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
     // (the words were armed by Create or by the last fill of this ring position); a refused
     // call's outputs become NaN below and its answer reaches the host through the mapped copy
     // that the fill writes (CudaValueCheck).
+    // A bf16 pool's tree KV rides in the same launch (its slots uploaded with the call, so it
+    // waits for neither the scatter nor the check: plans/0031, change 4); the attention reads it
+    // after that launch (stream order). An fp8 pool quantizes it in a launch of its own, after
+    // the check (the quantizer expects values inside the bound).
+    TreeRowWriteArgs tree;
+    if (problem.kv_fp8 == nullptr) {
+      tree = TreeRowWriteArgs{const_cast<bf16_bits*>(problem.kv), problem.num_slots, tree_kv,
+                              problem.total_q, device_tree_slots};
+    }
     VERIFYD_RETURN_IF_ERROR(
         EnqueueUpload(staged, stream,
                       FirstOutOfBoundArgs{problem.q, rows * kKvDim, tree_kv,
-                                          int64_t{problem.total_q} * kKvDim, value_words}));
-    // The tree KV goes into the pool before the attention reads it (stream order); an fp8 pool
-    // quantizes it on the way (the bf16 values were checked just above, as for a bf16 pool).
+                                          int64_t{problem.total_q} * kKvDim, value_words},
+                      tree));
     if (problem.kv_fp8 != nullptr) {
       VERIFYD_RETURN_IF_ERROR(LaunchTreeKvWriteFp8(
           const_cast<uint8_t*>(problem.kv_fp8), problem.num_slots, tree_kv, problem.total_q,
-          problem.batch, device_problem.qo_indptr, device_problem.prefix_len,
-          device_problem.slot_indptr, device_problem.slots, stream));
-    } else {
-      VERIFYD_RETURN_IF_ERROR(LaunchTreeKvWrite(
-          const_cast<bf16_bits*>(problem.kv), problem.num_slots, tree_kv, problem.total_q,
           problem.batch, device_problem.qo_indptr, device_problem.prefix_len,
           device_problem.slot_indptr, device_problem.slots, stream));
     }

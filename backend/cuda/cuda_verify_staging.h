@@ -39,6 +39,10 @@ namespace verifyd {
 
 struct VerifyStagingLayout {
   size_t q = 0, qo_indptr = 0, prefix_len = 0, slot_indptr = 0;
+  // The tree rows' pool slots (int32, total_q, batch order): an external call's tree-KV write
+  // reads them from here, so it can ride in the scatter's launch (it must not wait for the arena
+  // that launch fills; plans/0031, change 4). Filled by the caller that uses them.
+  size_t tree_slots = 0;
   size_t q_bytes = 0;  // the q region starts at 0 and ends before qo_indptr
   size_t slot_header = 0, slot_runs = 0, slot_values = 0;  // the slot upload
   size_t mask_indptr = 0, mask_bits = 0;

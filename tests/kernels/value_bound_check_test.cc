@@ -255,6 +255,100 @@ TEST(ValueBoundCheck, ScatterAndCheckInOneLaunchAnswerEachAsAlone) {
   }
 }
 
+// The bf16 tree-KV write rides in the same launch (plans/0031, change 4): with the scatter and
+// the check, or alone, the pool holds each tree row at its slot (every element of every row of
+// the pool compared: the written ones equal the rows, the others unchanged, out-of-range slots
+// skipped), and the check's words are the check's alone, clean or not.
+TEST(ValueBoundCheck, TreeWriteInTheLaunchPlacesEveryRowAndLeavesTheRest) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (const int total_q : {1, 16, 129, 1024}) {
+    for (const bool dirty : {false, true}) {
+      SCOPED_TRACE("total_q=" + std::to_string(total_q) + " dirty=" + std::to_string(dirty));
+      const int64_t num_slots = 3 * total_q + 17;
+      std::vector<bf16_bits> pool = InsideBound(rng, num_slots * 576);
+      std::vector<bf16_bits> rows = InsideBound(rng, int64_t{total_q} * 576);
+      if (dirty) PlantBad(rng, rows);
+      // Distinct slots in random order, one of them out of range (skipped by the write).
+      std::vector<int32_t> order(static_cast<size_t>(num_slots));
+      for (int64_t i = 0; i < num_slots; ++i) order[static_cast<size_t>(i)] = int32_t(i);
+      std::shuffle(order.begin(), order.end(), rng);
+      std::vector<int32_t> slots(order.begin(), order.begin() + total_q);
+      if (total_q > 1) slots[rng() % slots.size()] = int32_t(num_slots + rng() % 5);
+      std::vector<bf16_bits> want = pool;
+      for (int r = 0; r < total_q; ++r) {
+        const int32_t s = slots[static_cast<size_t>(r)];
+        if (s < 0 || s >= num_slots) continue;
+        std::copy_n(rows.begin() + int64_t{r} * 576, 576, want.begin() + int64_t{s} * 576);
+      }
+      DeviceBuffer d_pool, d_rows, d_slots, d_firsts, d_arena, d_header, d_runs, d_values;
+      ASSERT_TRUE(d_pool.Allocate(pool.size() * 2).ok() &&
+                  d_pool.Upload(pool.data(), pool.size() * 2).ok());
+      ASSERT_TRUE(d_rows.Allocate(rows.size() * 2).ok() &&
+                  d_rows.Upload(rows.data(), rows.size() * 2).ok());
+      ASSERT_TRUE(d_slots.Allocate(slots.size() * 4).ok() &&
+                  d_slots.Upload(slots.data(), slots.size() * 4).ok());
+      ASSERT_TRUE(d_firsts.Allocate(16).ok());
+      ASSERT_EQ(cudaMemset(d_firsts.get(), 0xff, 16), cudaSuccess);
+      std::vector<int32_t> arena(static_cast<size_t>(3 * total_q + 1000));
+      for (auto& x : arena) x = -static_cast<int32_t>(rng() % 1000) - 1;
+      const ScatterUpload upload = RandomScatter(rng, total_q, arena);
+      ASSERT_TRUE(d_arena.Allocate(arena.size() * 4).ok() &&
+                  d_arena.Upload(arena.data(), arena.size() * 4).ok());
+      ASSERT_TRUE(d_header.Allocate(sizeof(SlotScatterHeader)).ok() &&
+                  d_header.Upload(&upload.header, sizeof(SlotScatterHeader)).ok());
+      ASSERT_TRUE(
+          d_runs.Allocate(upload.runs.size() * sizeof(SlotScatterRun)).ok() &&
+          d_runs.Upload(upload.runs.data(), upload.runs.size() * sizeof(SlotScatterRun)).ok());
+      ASSERT_TRUE(d_values.Allocate(upload.values.size() * 4).ok() &&
+                  d_values.Upload(upload.values.data(), upload.values.size() * 4).ok());
+      const SlotScatterArgs scatter{static_cast<const SlotScatterHeader*>(d_header.get()),
+                                    static_cast<const SlotScatterRun*>(d_runs.get()),
+                                    static_cast<const int32_t*>(d_values.get()),
+                                    static_cast<int32_t*>(d_arena.get())};
+      const TreeRowWriteArgs tree{static_cast<bf16_bits*>(d_pool.get()), num_slots,
+                                  static_cast<const bf16_bits*>(d_rows.get()), total_q,
+                                  static_cast<const int32_t*>(d_slots.get())};
+      const FirstOutOfBoundArgs check{static_cast<const bf16_bits*>(d_rows.get()),
+                                      int64_t{total_q} * 576, nullptr, 0,
+                                      static_cast<unsigned long long*>(d_firsts.get())};
+      ASSERT_TRUE(LaunchSlotScatterAndFirstOutOfBound(scatter, check, nullptr, tree).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<bf16_bits> got(pool.size());
+      ASSERT_EQ(cudaMemcpy(got.data(), d_pool.get(), got.size() * 2, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      EXPECT_EQ(got, want) << "the pool after the launch";
+      std::vector<int32_t> got_arena(arena.size());
+      ASSERT_EQ(
+          cudaMemcpy(got_arena.data(), d_arena.get(), got_arena.size() * 4, cudaMemcpyDeviceToHost),
+          cudaSuccess);
+      EXPECT_EQ(got_arena, upload.want) << "the scatter beside the write";
+      unsigned long long words[2];
+      ASSERT_EQ(cudaMemcpy(words, d_firsts.get(), 16, cudaMemcpyDeviceToHost), cudaSuccess);
+      const std::vector<bf16_bits>* tensors[2] = {&rows, nullptr};
+      const std::vector<bf16_bits> none;
+      tensors[1] = &none;
+      ExpectFirsts(words, tensors);
+      // The write alone (no scatter, no check) places the same rows.
+      ASSERT_TRUE(d_pool.Upload(pool.data(), pool.size() * 2).ok());
+      ASSERT_TRUE(LaunchSlotScatterAndFirstOutOfBound(SlotScatterArgs{}, FirstOutOfBoundArgs{},
+                                                      nullptr, tree)
+                      .ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(got.data(), d_pool.get(), got.size() * 2, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      EXPECT_EQ(got, want) << "the write alone";
+      TreeRowWriteArgs unaligned = tree;
+      unaligned.rows = static_cast<const bf16_bits*>(d_rows.get()) + 1;
+      EXPECT_FALSE(LaunchSlotScatterAndFirstOutOfBound(SlotScatterArgs{}, FirstOutOfBoundArgs{},
+                                                       nullptr, unaligned)
+                       .ok());
+    }
+  }
+}
+
 // Mapped pinned host memory for the fill's hand-off: the host's pointer and the device's.
 class MappedWords {
  public:
