@@ -7,14 +7,16 @@
 // blockIdx.x: the first kSlotScatterBlocks place the slot-table upload when there is one
 // (slot_table_scatter.cuh), then the tree-KV write's blocks when it rides along
 // (tree_row_write.cuh), then each checked tensor gets the same number of blocks (up to two
-// tensors per launch). The fill: one element per thread per step. Schedule: a bounded grid (at most
-// 1024 CTAs of 256 threads per tensor); a CTA skips its atomic when it found nothing, so a clean
-// tensor costs one read of its bytes, and the fill one read of `count` words per CTA. Why the fill
-// counts its CTAs (one atomicAdd each): the words may be re-armed only after every CTA has read
-// them, and the last CTA to arrive knows that; re-arming there, and writing the host's copy through
-// mapped memory, takes the memset and the copy back out of a call's graph (plans/0031, change 2).
-// Shared memory: one flag.
+// tensors per launch). The fill: one element per thread per step, at most 16 CTAs. Schedule: a
+// bounded grid (at most 1024 CTAs of 256 threads per tensor); a CTA skips its atomic when it found
+// nothing, so a clean tensor costs one read of its bytes, and the fill one read of `count` words
+// per CTA. Why the fill counts its CTAs (one atomicAdd each): the words may be re-armed only after
+// every CTA has read them, and the last CTA to arrive knows that; re-arming there, and writing the
+// host's copy through mapped memory, takes the memset and the copy back out of a call's graph
+// (plans/0031, change 2). Shared memory: one flag.
 #include "kernels/value_bound_check.h"
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "base/cuda_check.h"
@@ -31,6 +33,7 @@ namespace {
 constexpr int kThreads = 256;
 static_assert(kThreads == kTreeRowThreads, "the tree write's blocks are this launch's");
 constexpr int kMaxBlocks = 1024;
+constexpr unsigned kFillBlocks = 16;
 
 __device__ __forceinline__ bool Bad(uint32_t half_bits) {
   return (half_bits & 0x7fffu) > kMaxInputMagnitudeBits;
@@ -220,8 +223,11 @@ absl::Status LaunchNanIfOutOfBound(unsigned long long* firsts, int count,
                      ": firsts, host_firsts, arrivals and every non-empty output must be set"));
   }
   const int64_t longest = out_n > lse_n ? out_n : lse_n;
-  // One CTA at least: the hand-off and the re-arm run whatever there is to fill.
-  const unsigned blocks = longest > 0 ? BlocksFor(longest) : 1u;
+  // One CTA at least: the hand-off and the re-arm run whatever there is to fill. At most
+  // kFillBlocks: a clean call (nearly every call) fills nothing, and each CTA costs it an atomic on
+  // one counter and a read of the words (ncu: 4.5 us for SH's 256 CTAs, plans/0031); a refused
+  // call's fill strides over the outputs with the few.
+  const unsigned blocks = longest > 0 ? std::min(BlocksFor(longest), kFillBlocks) : 1u;
   VERIFYD_CUDA_CHECK(pdl::LaunchMaybeProgrammatic(
       NanIfOutOfBoundKernel, dim3(blocks), dim3(kThreads), 0, stream, ProgrammaticLaunchRunsHere(),
       firsts, count, host_firsts, arrivals, out, out_n, lse, lse_n));
