@@ -14,6 +14,13 @@ namespace verifyd::test {
 
 absl::StatusOr<std::unique_ptr<IpcProducer>> IpcProducer::Start(const std::string& binary,
                                                                 size_t bytes) {
+  // A missing producer (a bundle built without it) is a clear failure, not a SIGPIPE when the
+  // destructor tells a child that never ran to quit.
+  if (access(binary.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("the IPC producer ", binary,
+                                            " is not an executable (build cuda_ipc_producer)"));
+  }
+  signal(SIGPIPE, SIG_IGN);
   int down[2], up[2];
   if (pipe(down) != 0 || pipe(up) != 0) return absl::InternalError("pipe failed");
   const std::string size = std::to_string(bytes);
