@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# On the GPU machine (run tool, carry ["bundle.tgz", "bundle-before.tgz"]): a per-layer change of
+# the decode step measured the way plans/0031 records its changes (session 26, changes 3-6).
+#   1. the GPU tests named in TESTS (default: the data plane's and the value check's) from the new
+#      bundle; cuda_ipc_producer must be in it for cuda_external_verify_test
+#   2. the in-process step (decode_step_bench --ways=model,inproc --steps 20), the two bundles
+#      interleaved RUNS times (default 3): the change's effect is the pairs' difference, since a
+#      machine's step drifts by more than a change's few microseconds between calls
+#   3. the headline of the new bundle: the SH kernel bench before and after the five ways with MPS
+#      on (in-process ÷ (GEMMs + 61 x SH flash + combine), SPEC §5; both SH readings printed)
+# Make the bundles here with tools/device/make_bundle.sh (TARGETS: decode_step_bench
+# decode_step_captured_engine verifyd verifyctl mla_verify_bench cuda_ipc_producer and the tests),
+# `tar czf bundle.tgz --exclude=bundle/pylib --exclude=bundle/wheel bundle`, once before the
+# change (renamed bundle-before.tgz) and once after. The bench links verifyd statically, so the two
+# bundles may share the new one's library path.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p before && tar xzf bundle-before.tgz -C before && tar xzf bundle.tgz
+source tools/device/bundle_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+summary=""
+for t in ${TESTS:-value_bound_check_test cuda_external_verify_test data_plane_gpu_test data_plane_captured_gpu_test}; do
+  [ -x "$B/bin/$t" ] || { summary+="$t: not in the bundle"$'\n'; continue; }
+  timeout -s KILL 150 "$B/bin/$t" --gtest_brief=1 >"$OUT/$t.txt" 2>&1
+  summary+="$t: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/$t.txt" | tr '\n' ' ')"$'\n'
+  grep -E '^\[  FAILED|Failure|Expected|Which is' "$OUT/$t.txt" | head -8
+done
+printf '%s' "$summary"
+for r in $(seq 1 "${RUNS:-3}"); do
+  for b in before/bundle bundle; do
+    log="$OUT/inproc_${r}_${b%%/*}.txt"
+    timeout 100 "$b/bin/decode_step_bench" --ways=model,inproc --steps 20 >"$log" 2>/dev/null
+    echo "$b run $r: $(grep -E '^\| (model|in-process, graphs)' "$log" | awk -F'|' '{printf "%s %s; ", $2, $3}')"
+  done
+done
+timeout 100 "$B/bin/mla_verify_bench" --iters 20 --no-naive --shapes SH 2>&1 | grep -E '^SH  '
+source tools/device/mps.sh
+if start_mps; then
+  timeout -s KILL 150 "$B/bin/decode_step_bench" --ways=model,inproc,stream,captured,captured_inplace \
+    >"$OUT/mps.txt" 2>"$OUT/mps.err"
+  echo "bench (MPS) rc=$?"
+  stop_mps
+fi
+timeout 100 "$B/bin/mla_verify_bench" --iters 20 --no-naive --shapes SH 2>&1 | grep -E '^SH  '
+echo "captured engine checks: $(grep -h 'captured engine' "$OUT/mps.err" | grep -c 'replays checked') of 2 ways"
+grep -E '^\|' "$OUT/mps.txt"
+printf '%s' "$summary"
