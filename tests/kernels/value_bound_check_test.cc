@@ -169,6 +169,24 @@ ScatterUpload RandomScatter(std::mt19937_64& rng, int num_values,
   return u;
 }
 
+// A scatter upload's three arrays in device memory, and the launch's arguments over them.
+struct DeviceScatter {
+  DeviceBuffer header, runs, values;
+  bool Upload(const ScatterUpload& u) {
+    return header.Allocate(sizeof(SlotScatterHeader)).ok() &&
+           header.Upload(&u.header, sizeof(SlotScatterHeader)).ok() &&
+           runs.Allocate(u.runs.size() * sizeof(SlotScatterRun)).ok() &&
+           runs.Upload(u.runs.data(), u.runs.size() * sizeof(SlotScatterRun)).ok() &&
+           values.Allocate(u.values.size() * 4).ok() &&
+           values.Upload(u.values.data(), u.values.size() * 4).ok();
+  }
+  SlotScatterArgs Args(void* arena) const {
+    return SlotScatterArgs{static_cast<const SlotScatterHeader*>(header.get()),
+                           static_cast<const SlotScatterRun*>(runs.get()),
+                           static_cast<const int32_t*>(values.get()), static_cast<int32_t*>(arena)};
+  }
+};
+
 // The slot-table scatter rides in the check's launch (plans/0031, change 2): one launch gives the
 // words of the check alone and the arena of the scatter alone (and of the host's placement), every
 // element compared, clean tensors or not.
@@ -194,17 +212,12 @@ TEST(ValueBoundCheck, ScatterAndCheckInOneLaunchAnswerEachAsAlone) {
       for (auto& x : arena) x = -static_cast<int32_t>(rng() % 1000) - 1;
       const ScatterUpload upload = RandomScatter(rng, c.num_values, arena);
 
-      DeviceBuffer d_a, d_b, d_header, d_runs, d_values;
+      DeviceBuffer d_a, d_b;
+      DeviceScatter d_scatter;
       ASSERT_TRUE(d_a.Allocate(a.size() * 2 + 16).ok() && d_a.Upload(a.data(), a.size() * 2).ok());
       ASSERT_TRUE(d_b.Allocate(b.size() * 2 + 16).ok());
       if (c.nb > 0) ASSERT_TRUE(d_b.Upload(b.data(), b.size() * 2).ok());
-      ASSERT_TRUE(d_header.Allocate(sizeof(SlotScatterHeader)).ok() &&
-                  d_header.Upload(&upload.header, sizeof(SlotScatterHeader)).ok());
-      ASSERT_TRUE(
-          d_runs.Allocate(upload.runs.size() * sizeof(SlotScatterRun)).ok() &&
-          d_runs.Upload(upload.runs.data(), upload.runs.size() * sizeof(SlotScatterRun)).ok());
-      ASSERT_TRUE(d_values.Allocate(upload.values.size() * 4).ok() &&
-                  d_values.Upload(upload.values.data(), upload.values.size() * 4).ok());
+      ASSERT_TRUE(d_scatter.Upload(upload));
       const FirstOutOfBoundArgs check_of = {static_cast<const bf16_bits*>(d_a.get()), c.na,
                                             static_cast<const bf16_bits*>(d_b.get()), c.nb,
                                             nullptr};
@@ -218,10 +231,7 @@ TEST(ValueBoundCheck, ScatterAndCheckInOneLaunchAnswerEachAsAlone) {
         ASSERT_EQ(cudaMemset(d_firsts.get(), 0xff, 16), cudaSuccess);
         SlotScatterArgs scatter_args;
         if (scatter) {
-          scatter_args = {static_cast<const SlotScatterHeader*>(d_header.get()),
-                          static_cast<const SlotScatterRun*>(d_runs.get()),
-                          static_cast<const int32_t*>(d_values.get()),
-                          static_cast<int32_t*>(d_arena.get())};
+          scatter_args = d_scatter.Args(d_arena.get());
         }
         FirstOutOfBoundArgs check_args;
         if (check) {
@@ -283,7 +293,8 @@ TEST(ValueBoundCheck, TreeWriteInTheLaunchPlacesEveryRowAndLeavesTheRest) {
         if (s < 0 || s >= num_slots) continue;
         std::copy_n(rows.begin() + int64_t{r} * 576, 576, want.begin() + int64_t{s} * 576);
       }
-      DeviceBuffer d_pool, d_rows, d_slots, d_firsts, d_arena, d_header, d_runs, d_values;
+      DeviceBuffer d_pool, d_rows, d_slots, d_firsts, d_arena;
+      DeviceScatter d_scatter;
       ASSERT_TRUE(d_pool.Allocate(pool.size() * 2).ok() &&
                   d_pool.Upload(pool.data(), pool.size() * 2).ok());
       ASSERT_TRUE(d_rows.Allocate(rows.size() * 2).ok() &&
@@ -297,17 +308,8 @@ TEST(ValueBoundCheck, TreeWriteInTheLaunchPlacesEveryRowAndLeavesTheRest) {
       const ScatterUpload upload = RandomScatter(rng, total_q, arena);
       ASSERT_TRUE(d_arena.Allocate(arena.size() * 4).ok() &&
                   d_arena.Upload(arena.data(), arena.size() * 4).ok());
-      ASSERT_TRUE(d_header.Allocate(sizeof(SlotScatterHeader)).ok() &&
-                  d_header.Upload(&upload.header, sizeof(SlotScatterHeader)).ok());
-      ASSERT_TRUE(
-          d_runs.Allocate(upload.runs.size() * sizeof(SlotScatterRun)).ok() &&
-          d_runs.Upload(upload.runs.data(), upload.runs.size() * sizeof(SlotScatterRun)).ok());
-      ASSERT_TRUE(d_values.Allocate(upload.values.size() * 4).ok() &&
-                  d_values.Upload(upload.values.data(), upload.values.size() * 4).ok());
-      const SlotScatterArgs scatter{static_cast<const SlotScatterHeader*>(d_header.get()),
-                                    static_cast<const SlotScatterRun*>(d_runs.get()),
-                                    static_cast<const int32_t*>(d_values.get()),
-                                    static_cast<int32_t*>(d_arena.get())};
+      ASSERT_TRUE(d_scatter.Upload(upload));
+      const SlotScatterArgs scatter = d_scatter.Args(d_arena.get());
       const TreeRowWriteArgs tree{static_cast<bf16_bits*>(d_pool.get()), num_slots,
                                   static_cast<const bf16_bits*>(d_rows.get()), total_q,
                                   static_cast<const int32_t*>(d_slots.get())};
