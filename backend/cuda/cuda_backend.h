@@ -27,8 +27,9 @@
 // out and lse lie in another process's device memory, opened from a CUDA IPC handle
 // (cuda_ipc_region.h). ComputeVerifyExternal enqueues, on the same stream and without waiting for
 // it: cuStreamWaitValue32(ready >= value) → the call's one H2D upload of its index arrays → one
-// launch of the slot scatter and the value check of q and tree_kv (SPEC §1) → the tree-KV write
-// from the caller's buffer into the pool → flash + combine reading q and writing out / lse in place
+// launch of the slot scatter, the value check of q and tree_kv (SPEC §1) and, on a bf16 pool, the
+// tree-KV write from the caller's buffer into the pool (an fp8 pool's quantizing write is the next
+// launch) → flash + combine reading q and writing out / lse in place
 // → the NaN fill, which also hands the check's words to the host through mapped memory and re-arms
 // them for the next call → cuStreamWriteValue32(done = value). The middle part is the same graph as
 // ComputeVerify's (the bucket says external; the tensors' addresses are graph parameters, stable

@@ -37,8 +37,8 @@ struct VerifyGraphBucket {
   // own copies then cover only the staged rest (other copy nodes, or none).
   DirectCopies direct;
   // A call on external tensors (ComputeVerifyExternal): q, tree KV, out and lse in a registered
-  // device region, read and written by the kernels in place; one more kernel (the tree-KV write)
-  // and no output copy.
+  // device region, read and written by the kernels in place; the tree-KV write (in the scatter's
+  // launch on a bf16 pool, a kernel of its own on an fp8 pool), the NaN fill, and no output copy.
   bool external = false;
 
   bool operator==(const VerifyGraphBucket&) const = default;
