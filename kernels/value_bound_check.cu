@@ -1,7 +1,7 @@
 // Math: element i is out of bound when (bits & 0x7fff) > 0x4780 (2^16 as bf16), which also
 // catches Inf and NaN; the answer is the smallest such i (atomicMin of (i << 16) | bits, so the
 // value comes with it), as on the host. The NaN fill writes 0xFFFF (bf16 NaN) / 0xFFFFFFFF (fp32
-// NaN) when any check found something, then hands the words to the host and re-arms them.
+// NaN) when any check found something, and then hands the words to the host.
 // Tiling: one 16-byte word (8 bf16) per thread per step, a grid-stride loop over n / 8 words, the
 // tail (n % 8) by the first thread of a tensor's blocks; the launch's blocks are split by
 // blockIdx.x: the first kSlotScatterBlocks place the slot-table upload when there is one
@@ -10,10 +10,10 @@
 // tensors per launch). The fill: one element per thread per step, at most 16 CTAs. Schedule: a
 // bounded grid (at most 1024 CTAs of 256 threads per tensor); a CTA skips its atomic when it found
 // nothing, so a clean tensor costs one read of its bytes, and the fill one read of `count` words
-// per CTA. Why the fill counts its CTAs (one atomicAdd each): the words may be re-armed only after
-// every CTA has read them, and the last CTA to arrive knows that; re-arming there, and writing the
-// host's copy through mapped memory, takes the memset and the copy back out of a call's graph
-// (plans/0031, change 2). Shared memory: one flag.
+// per thread. Why the fill neither counts its CTAs nor re-arms the words: the caller's next upload
+// arms them (they live in its staging), and the host arms its own copy before each call, so a
+// clean call's fill writes nothing at all (plans/0031, change 7; change 2 had taken the memset
+// and the copy back out of the graph by having the last CTA re-arm). Shared memory: none.
 #include "kernels/value_bound_check.h"
 
 #include <algorithm>
@@ -94,49 +94,37 @@ __global__ void __launch_bounds__(kThreads)
 
 constexpr int kMaxFillWords = 2;
 
+// Every thread reads the words itself (two loads that the warp shares): no barrier, no flag in
+// shared memory. A clean call (the usual one) ends here and writes nothing.
 __global__ void __launch_bounds__(kThreads)
-    NanIfOutOfBoundKernel(unsigned long long* firsts, int count, unsigned long long* host_firsts,
-                          unsigned int* arrivals, bf16_bits* out, int64_t out_n, float* lse,
-                          int64_t lse_n) {
+    NanIfOutOfBoundKernel(const unsigned long long* firsts, int count,
+                          unsigned long long* host_firsts, bf16_bits* out, int64_t out_n,
+                          float* lse, int64_t lse_n) {
   pdl::WaitForPriorGrid();
   pdl::AllowDependentLaunch();
-  __shared__ bool bad_shared;
   unsigned long long words[kMaxFillWords];
-  if (threadIdx.x == 0) {
-    bool bad = false;
-    for (int k = 0; k < kMaxFillWords; ++k) {
-      words[k] = k < count ? firsts[k] : kNoneOutOfBound;
-      bad |= words[k] != kNoneOutOfBound;
-    }
-    bad_shared = bad;
+  bool bad = false;
+#pragma unroll
+  for (int k = 0; k < kMaxFillWords; ++k) {
+    words[k] = k < count ? firsts[k] : kNoneOutOfBound;
+    bad |= words[k] != kNoneOutOfBound;
   }
-  __syncthreads();
-  if (bad_shared) {
-    const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < out_n;
-         i += stride) {
-      out[i] = 0xffffu;
-    }
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < lse_n;
-         i += stride) {
-      lse[i] = __int_as_float(-1);
-    }
+  if (!bad) return;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < out_n;
+       i += stride) {
+    out[i] = 0xffffu;
   }
-  if (threadIdx.x != 0) return;
-  // This CTA's read of the words is done (ordered before its arrival); the last CTA to arrive is
-  // the only one that touches them again.
-  __threadfence();
-  if (atomicAdd(arrivals, 1u) != gridDim.x - 1) return;
-  __threadfence();
-  for (int k = 0; k < kMaxFillWords && k < count; ++k) {
-    host_firsts[k] = words[k];
-    firsts[k] = kNoneOutOfBound;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < lse_n;
+       i += stride) {
+    lse[i] = __int_as_float(-1);
   }
-  *arrivals = 0;
-  // No system fence: the host reads its copy only after an event recorded behind this launch has
-  // completed, and a grid's writes to mapped host memory are visible to the host once the host has
-  // synchronized with the grid's completion (the fence cost the last CTA a bus round trip on every
-  // call: plans/0031, change 6).
+  // The host reads its copy only after an event recorded behind this launch has completed, and a
+  // grid's writes to mapped host memory are visible to a host that has synchronized with the
+  // grid's completion: no fence (plans/0031, change 6).
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    for (int k = 0; k < count; ++k) host_firsts[k] = words[k];
+  }
 }
 
 unsigned BlocksFor(int64_t threads_wanted) {
@@ -212,26 +200,23 @@ absl::Status LaunchFirstOutOfBound(const bf16_bits* data, int64_t n, unsigned lo
   return LaunchFirstOutOfBoundOfTwo(data, n, nullptr, 0, first, stream);
 }
 
-absl::Status LaunchNanIfOutOfBound(unsigned long long* firsts, int count,
-                                   unsigned long long* host_firsts, unsigned int* arrivals,
-                                   bf16_bits* out, int64_t out_n, float* lse, int64_t lse_n,
-                                   cudaStream_t stream) {
+absl::Status LaunchNanIfOutOfBound(const unsigned long long* firsts, int count,
+                                   unsigned long long* host_firsts, bf16_bits* out, int64_t out_n,
+                                   float* lse, int64_t lse_n, cudaStream_t stream) {
   if (count <= 0 || count > kMaxFillWords || firsts == nullptr || host_firsts == nullptr ||
-      arrivals == nullptr || out_n < 0 || lse_n < 0 || (out_n > 0 && out == nullptr) ||
-      (lse_n > 0 && lse == nullptr)) {
+      out_n < 0 || lse_n < 0 || (out_n > 0 && out == nullptr) || (lse_n > 0 && lse == nullptr)) {
     return absl::InvalidArgumentError(
         absl::StrCat("count = ", count, " (1 or 2), out_n = ", out_n, ", lse_n = ", lse_n,
-                     ": firsts, host_firsts, arrivals and every non-empty output must be set"));
+                     ": firsts, host_firsts and every non-empty output must be set"));
   }
   const int64_t longest = out_n > lse_n ? out_n : lse_n;
-  // One CTA at least: the hand-off and the re-arm run whatever there is to fill. At most
-  // kFillBlocks: a clean call (nearly every call) fills nothing, and each CTA costs it an atomic on
-  // one counter and a read of the words (ncu: 4.5 us for SH's 256 CTAs, plans/0031); a refused
-  // call's fill strides over the outputs with the few.
+  // At most kFillBlocks: a clean call (nearly every call) fills nothing and each CTA costs it a
+  // read of the words (256 CTAs sat beside SH's combine: plans/0031, change 5); a refused call's
+  // fill strides over the outputs with the few.
   const unsigned blocks = longest > 0 ? std::min(BlocksFor(longest), kFillBlocks) : 1u;
   VERIFYD_CUDA_CHECK(pdl::LaunchMaybeProgrammatic(
       NanIfOutOfBoundKernel, dim3(blocks), dim3(kThreads), 0, stream, ProgrammaticLaunchRunsHere(),
-      firsts, count, host_firsts, arrivals, out, out_n, lse, lse_n));
+      firsts, count, host_firsts, out, out_n, lse, lse_n));
   return absl::OkStatus();
 }
 

@@ -62,20 +62,17 @@ absl::Status LaunchSlotScatterAndFirstOutOfBound(const SlotScatterArgs& scatter,
 
 // A refused call's outputs, and the hand-off of the check's answer. When any of firsts[0, count)
 // (device, count <= 2, set by a check above) found a bad value, out[0, out_n) (bf16) and
-// lse[0, lse_n) (fp32, may be null) become NaN; otherwise nothing of them is written. For calls
-// whose inputs the host cannot see before they run. Then, in the same launch, the words go to
-// host_firsts[0, count) (a device pointer to mapped pinned host memory: visible to the host once
-// an event recorded after the launch has completed) and firsts is re-armed to kNoneOutOfBound, so
-// that a replay of the same launches needs no memset and no copy. arrivals: a device uint32, 0
-// before the launch and 0 after it (the fill's blocks count themselves there: the last one re-arms
-// once every block has read the words). Nothing may read firsts after this launch but another
-// check. The launch runs even with nothing to fill (the hand-off and the re-arm still happen).
+// lse[0, lse_n) (fp32, may be null) become NaN and the words go to host_firsts[0, count) (a device
+// pointer to mapped pinned host memory: visible to the host once an event recorded after the
+// launch has completed); otherwise nothing is written. For calls whose inputs the host cannot see
+// before they run. Nothing is re-armed: the caller arms firsts before the check (an external
+// call's upload carries them) and host_firsts before the launch (kNoneOutOfBound), so a replay of
+// the same launches needs no memset and no copy. The launch runs even with nothing to fill.
 // The check's and the fill's launchers use programmatic dependent launch where the device has it
 // (programmatic_launch.cuh): each kernel waits for the grid before it, so its launch, not its
 // reads, overlaps that grid's tail.
-absl::Status LaunchNanIfOutOfBound(unsigned long long* firsts, int count,
-                                   unsigned long long* host_firsts, unsigned int* arrivals,
-                                   bf16_bits* out, int64_t out_n, float* lse, int64_t lse_n,
-                                   cudaStream_t stream);
+absl::Status LaunchNanIfOutOfBound(const unsigned long long* firsts, int count,
+                                   unsigned long long* host_firsts, bf16_bits* out, int64_t out_n,
+                                   float* lse, int64_t lse_n, cudaStream_t stream);
 
 }  // namespace verifyd

@@ -47,16 +47,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(CudaBackendOpti
   // Made now: creating a stream takes the driver's context lock, which a thread blocked behind a
   // scheduler's device wait may hold when the release is needed (plans/0018).
   VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&backend->rescue_stream_, cudaStreamNonBlocking));
-  // Growing a buffer waits for the stream, which an external call's ready wait may hold: the
-  // value check's words are sized once, here. Zeroed by Reserve (the arrival counters), the words
-  // armed once: from here on each call's NaN fill re-arms the words it read.
-  VERIFYD_RETURN_IF_ERROR(
-      backend->external_value_words_
-          .Reserve(kValueArrivalsOffset + kExternalStagingRing * sizeof(uint32_t),
-                   *backend->stream_)
-          .status());
-  VERIFYD_CUDA_CHECK(cudaMemsetAsync(backend->external_value_words_.get(), 0xff,
-                                     kValueArrivalsOffset, backend->stream_->get()));
+  // Mapped pinned memory cannot grow later (an external call's ready wait may hold the stream
+  // that growing waits for): the value check's host words are sized once, here.
   VERIFYD_RETURN_IF_ERROR(
       backend->external_value_host_.AllocateMapped(kExternalStagingRing * kValueWordsBytes));
   std::memset(backend->external_value_host_.get(), 0xff, kExternalStagingRing * kValueWordsBytes);

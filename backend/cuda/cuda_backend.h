@@ -297,9 +297,6 @@ class CudaBackend : public ComputeBackend {
     // The value check of the call that last used this position: settled before `uploaded` is
     // recorded again (cuda_value_check.h).
     std::shared_ptr<CudaValueCheck> value_check;
-    // A call here failed after part of it may have run (its check without its fill): the next
-    // call re-arms the position's device words before its graph.
-    bool rearm_value_words = false;
   };
   // Waits (counted in staging_waits) until the ring buffer's last upload ran, and settles the
   // value check of the call that last used it.
@@ -327,13 +324,11 @@ class CudaBackend : public ComputeBackend {
   CudaBackendPhaseTimes phase_times_;
   DirectCopyCounters direct_copies_;
   RingStaging external_staging_[kExternalStagingRing];
-  // SPEC §1 on external calls: per ring position, the device's two packed first-bad words
-  // (q, tree_kv; armed to kNoneOutOfBound by Create, re-armed by each call's NaN fill), then the
-  // fill's arrival counters (uint32, one per position, zero); and the words' host copy in mapped
-  // pinned memory, written by the fill (kernels/value_bound_check.h).
+  // SPEC §1 on external calls: per ring position, the host's copy of the two packed first-bad
+  // words (q, tree_kv) in mapped pinned memory, armed to kNoneOutOfBound before each call and
+  // written by the NaN fill only when a check found something (kernels/value_bound_check.h). The
+  // device's words ride in the call's upload (VerifyStagingLayout::value_words).
   static constexpr size_t kValueWordsBytes = 2 * sizeof(unsigned long long);
-  static constexpr size_t kValueArrivalsOffset = kExternalStagingRing * kValueWordsBytes;
-  DeviceBuffer external_value_words_;
   PinnedBuffer external_value_host_;
   ExternalCallCounters external_counters_;
   bool mps_active_ = false;

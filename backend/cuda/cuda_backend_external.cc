@@ -172,17 +172,17 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
   // The layer's ring buffer is free once its last upload ran.
   const int position = layer % kExternalStagingRing;
   RingStaging& ring = external_staging_[position];
-  // Device [2]: q's and tree_kv's first bad word, and the fill's arrival counter; their copy in
-  // mapped pinned memory, as the host reads it and as the fill writes it.
-  unsigned long long* value_words =
-      external_value_words_.as<unsigned long long>(position * kValueWordsBytes);
-  unsigned int* value_arrivals =
-      external_value_words_.as<unsigned int>(kValueArrivalsOffset + position * sizeof(uint32_t));
-  const unsigned long long* value_words_host =
+  // q's and tree_kv's first bad word: the host's copy in mapped pinned memory, as the host reads
+  // it and as the fill writes it (the device's words are in the upload, below).
+  unsigned long long* value_words_host =
       external_value_host_.as<unsigned long long>(position * kValueWordsBytes);
   unsigned long long* value_words_mapped =
       external_value_host_.device_as<unsigned long long>(position * kValueWordsBytes);
   VERIFYD_RETURN_IF_ERROR(AwaitRingStaging(ring, &clock));
+  // The last call here is settled (its answer read): this call's fill writes the copy only if a
+  // check finds something.
+  value_words_host[0] = kNoneOutOfBound;
+  value_words_host[1] = kNoneOutOfBound;
   // External tensors are read and written in place: nothing of q, out or lse is staged.
   VERIFYD_ASSIGN_OR_RETURN(StagedCall staged,
                            Stage(layout, problem, lists, plan, slots,
@@ -199,6 +199,14 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
     }
   }
   const int32_t* device_tree_slots = inputs_.as<int32_t>(layout.tree_slots);
+  // The check's words, armed by the upload: the next call's upload re-arms them, after this call's
+  // fill (the last reader) in stream order.
+  {
+    unsigned long long* armed = ring.buffer.as<unsigned long long>(layout.value_words);
+    armed[0] = kNoneOutOfBound;
+    armed[1] = kNoneOutOfBound;
+  }
+  unsigned long long* value_words = inputs_.as<unsigned long long>(layout.value_words);
   Lap(&clock, &phase_times_.stage_ns);
 
   const VerifyProblem& device_problem = staged.device_problem;
@@ -207,9 +215,8 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
     const int64_t rows = int64_t{problem.total_q} * problem.num_heads;
     // SPEC §1 on tensors the host cannot read: the device finds q's and tree_kv's first value
     // beyond 2^16 (or NaN/Inf), in the slot scatter's launch, before anything else reads them
-    // (the words were armed by Create or by the last fill of this ring position); a refused
-    // call's outputs become NaN below and its answer reaches the host through the mapped copy
-    // that the fill writes (CudaValueCheck).
+    // (the words were armed by the upload); a refused call's outputs become NaN below and its
+    // answer reaches the host through the mapped copy that the fill writes (CudaValueCheck).
     // A bf16 pool's tree KV rides in the same launch (its slots uploaded with the call, so it
     // waits for neither the scatter nor the check: plans/0031, change 4); the attention reads it
     // after that launch (stream order). An fp8 pool quantizes it in a launch of its own, after
@@ -233,19 +240,12 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
     VERIFYD_RETURN_IF_ERROR(LaunchMlaVerify(device_problem, plan.plan, plan.layout,
                                             staged.workspace, stream,
                                             VerifyStages::kFlashAndCombine, options_.flash_path));
-    // The last reader of the words: it hands them to the host and re-arms them, so every replay
-    // of this graph starts armed.
-    return LaunchNanIfOutOfBound(value_words, 2, value_words_mapped, value_arrivals, problem.out,
-                                 rows * kVDim, problem.lse, problem.lse != nullptr ? rows : 0,
-                                 stream);
+    // The last reader of the words: it hands them to the host when they found something.
+    return LaunchNanIfOutOfBound(value_words, 2, value_words_mapped, problem.out, rows * kVDim,
+                                 problem.lse, problem.lse != nullptr ? rows : 0, stream);
   };
   // The flag operations stand outside the graph, where the host call's direct copies stand.
   auto enqueue_all = [&]() -> absl::StatusOr<GraphOutcome> {
-    if (ring.rearm_value_words) {
-      VERIFYD_CUDA_CHECK(cudaMemsetAsync(value_words, 0xff, kValueWordsBytes, stream_->get()));
-      VERIFYD_CUDA_CHECK(cudaMemsetAsync(value_arrivals, 0, sizeof(uint32_t), stream_->get()));
-      ring.rearm_value_words = false;
-    }
     const ExternalFlag& ready = external.call->order.ready;
     if (ready.word != nullptr) {
       VERIFYD_CU_CHECK(external.driver->stream_wait_value32(
@@ -281,9 +281,7 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
   if (!outcome.ok()) {
     // Part of the sequence may be queued. The caller's failure path signals (the stream may be
     // waiting for the ready flag), and the ring buffer is not reused until this stream position
-    // has passed. The check may have run without the fill that re-arms its words: the next call
-    // here re-arms them first.
-    ring.rearm_value_words = true;
+    // has passed. The next call's upload arms the words whatever ran of this one.
     if (cudaEventRecord(ring.uploaded, stream_->get()) == cudaSuccess) {
       ring.pending = true;
     } else {

@@ -43,6 +43,7 @@ VerifyStagingLayout LayoutVerifyStaging(const VerifyProblem& p, size_t slot_valu
   l.prefix_len = take(static_cast<size_t>(p.batch) * sizeof(int32_t));
   l.slot_indptr = take(index_bytes);
   l.tree_slots = take(static_cast<size_t>(p.total_q) * sizeof(int32_t));
+  l.value_words = take(2 * sizeof(uint64_t));
   l.slot_header = take(sizeof(SlotScatterHeader));
   l.slot_runs = take(static_cast<size_t>(p.batch) * sizeof(SlotScatterRun));
   l.slot_value_capacity = CopyBytesFor(slot_values * sizeof(int32_t)) / sizeof(int32_t);

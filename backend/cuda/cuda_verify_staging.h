@@ -43,6 +43,10 @@ struct VerifyStagingLayout {
   // reads them from here, so it can ride in the scatter's launch (it must not wait for the arena
   // that launch fills; plans/0031, change 4). Filled by the caller that uses them.
   size_t tree_slots = 0;
+  // SPEC §1's check of an external call, two packed first-bad words (q's, tree_kv's: uint64,
+  // kernels/value_bound_check.h): the caller stages them as kNoneOutOfBound, so the call's one
+  // upload arms them and no kernel has to re-arm them for the next call (plans/0031, change 7).
+  size_t value_words = 0;
   size_t q_bytes = 0;  // the q region starts at 0 and ends before qo_indptr
   size_t slot_header = 0, slot_runs = 0, slot_values = 0;  // the slot upload
   size_t mask_indptr = 0, mask_bits = 0;

@@ -82,7 +82,7 @@ TEST(VerifyStaging, EveryArrayRoundTripsThroughTheLayout) {
         LayoutVerifyStaging(p, (*slots)->num_values, packed.size(), ws.total_bytes);
     for (size_t offset :
          {layout.q, layout.qo_indptr, layout.prefix_len, layout.slot_indptr, layout.tree_slots,
-          layout.slot_header, layout.slot_runs, layout.slot_values, layout.mask_indptr,
+          layout.value_words, layout.slot_header, layout.slot_runs, layout.slot_values, layout.mask_indptr,
           layout.mask_bits, layout.workspace, layout.lse}) {
       EXPECT_EQ(offset % 256, 0u);
     }
@@ -91,7 +91,11 @@ TEST(VerifyStaging, EveryArrayRoundTripsThroughTheLayout) {
     EXPECT_LE(layout.slot_runs + batch * sizeof(SlotScatterRun), layout.slot_values);
     // The tree rows' slots lie in the upload (after the index arrays, before the slot region).
     EXPECT_GE(layout.tree_slots, layout.slot_indptr + (batch + 1) * sizeof(int32_t));
-    EXPECT_LE(layout.tree_slots + static_cast<size_t>(p.total_q) * 4, layout.slot_header);
+    EXPECT_LE(layout.tree_slots + static_cast<size_t>(p.total_q) * 4, layout.value_words);
+    // So do the value check's two words, which the upload arms (between the tree slots and the
+    // slot region, inside the copy whatever the direct copies skip).
+    EXPECT_LE(layout.value_words + 16, layout.slot_header);
+    EXPECT_GE(layout.value_words, layout.qo_indptr);
     EXPECT_EQ(layout.upload_bytes, layout.workspace + ws.partial_o_offset);
     EXPECT_EQ(layout.input_bytes,
               std::max(layout.workspace + ws.total_bytes, layout.upload_copy_bytes));
