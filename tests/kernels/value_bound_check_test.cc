@@ -403,9 +403,8 @@ TEST(ValueBoundCheck, NanFillOnlyWhenACheckFoundSomething) {
         host_words.host()[0] = kArmed;
         host_words.host()[1] = kArmed;
         ASSERT_TRUE(LaunchNanIfOutOfBound(static_cast<unsigned long long*>(d_firsts.get()), 2,
-                                          host_words.device(),
-                                          static_cast<bf16_bits*>(d_out.get()), out_n,
-                                          static_cast<float*>(d_lse.get()), lse_n, nullptr)
+                                          host_words.device(), static_cast<bf16_bits*>(d_out.get()),
+                                          out_n, static_cast<float*>(d_lse.get()), lse_n, nullptr)
                         .ok());
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         for (int k = 0; k < 2; ++k) {

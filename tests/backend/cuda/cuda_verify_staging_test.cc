@@ -82,8 +82,8 @@ TEST(VerifyStaging, EveryArrayRoundTripsThroughTheLayout) {
         LayoutVerifyStaging(p, (*slots)->num_values, packed.size(), ws.total_bytes);
     for (size_t offset :
          {layout.q, layout.qo_indptr, layout.prefix_len, layout.slot_indptr, layout.tree_slots,
-          layout.value_words, layout.slot_header, layout.slot_runs, layout.slot_values, layout.mask_indptr,
-          layout.mask_bits, layout.workspace, layout.lse}) {
+          layout.value_words, layout.slot_header, layout.slot_runs, layout.slot_values,
+          layout.mask_indptr, layout.mask_bits, layout.workspace, layout.lse}) {
       EXPECT_EQ(offset % 256, 0u);
     }
     EXPECT_GE(layout.slot_value_capacity, static_cast<size_t>((*slots)->num_values));
