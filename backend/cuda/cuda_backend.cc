@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(CudaBackendOpti
   // Made now: creating a stream takes the driver's context lock, which a thread blocked behind a
   // scheduler's device wait may hold when the release is needed (plans/0018).
   VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&backend->rescue_stream_, cudaStreamNonBlocking));
+  VERIFYD_CUDA_CHECK(cudaStreamCreateWithFlags(&backend->upload_stream_, cudaStreamNonBlocking));
   // Mapped pinned memory cannot grow later (an external call's ready wait may hold the stream
   // that growing waits for): the value check's host words are sized once, here.
   VERIFYD_RETURN_IF_ERROR(
@@ -60,9 +61,12 @@ CudaBackend::~CudaBackend() {
   if (rescue_stream_ != nullptr && cudaStreamDestroy(rescue_stream_) != cudaSuccess) {
     cudaGetLastError();
   }
+  if (upload_stream_ != nullptr && cudaStreamDestroy(upload_stream_) != cudaSuccess) {
+    cudaGetLastError();
+  }
   for (RingStaging& ring : external_staging_) {
-    if (ring.uploaded != nullptr && cudaEventDestroy(ring.uploaded) != cudaSuccess) {
-      cudaGetLastError();
+    for (cudaEvent_t event : {ring.uploaded, ring.upload_done}) {
+      if (event != nullptr && cudaEventDestroy(event) != cudaSuccess) cudaGetLastError();
     }
   }
 }
@@ -246,17 +250,36 @@ absl::StatusOr<CudaBackend::StagedCall> CudaBackend::Stage(
   return staged;
 }
 
-absl::Status CudaBackend::EnqueueUpload(const StagedCall& staged, cudaStream_t stream,
-                                        const FirstOutOfBoundArgs& check,
-                                        const TreeRowWriteArgs& tree) {
-  const VerifyStagingLayout& layout = staged.layout;
+absl::Status CudaBackend::EnqueueUpload(const StagedCall& staged, cudaStream_t stream) {
   VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(staged.upload.offset),
                                      staged.staging->as<void>(staged.upload.offset),
                                      staged.upload.bytes, cudaMemcpyHostToDevice, stream));
+  return LaunchScatter(staged, stream);
+}
+
+absl::Status CudaBackend::LaunchScatter(const StagedCall& staged, cudaStream_t stream,
+                                        const FirstOutOfBoundArgs& check,
+                                        const TreeRowWriteArgs& tree) {
+  const VerifyStagingLayout& layout = staged.layout;
   const SlotScatterArgs scatter{inputs_.as<SlotScatterHeader>(layout.slot_header),
                                 inputs_.as<SlotScatterRun>(layout.slot_runs),
                                 inputs_.as<int32_t>(layout.slot_values), staged.arena};
   return LaunchSlotScatterAndFirstOutOfBound(scatter, check, stream, tree);
+}
+
+absl::Status CudaBackend::EnqueueUploadAhead(const StagedCall& staged, RingStaging& ring) {
+  if (ring.upload_done == nullptr) {
+    VERIFYD_CUDA_CHECK(cudaEventCreateWithFlags(&ring.upload_done, cudaEventDisableTiming));
+  }
+  if (inputs_released_ != nullptr) {
+    VERIFYD_CUDA_CHECK(cudaStreamWaitEvent(upload_stream_, inputs_released_, 0));
+  }
+  VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(staged.upload.offset),
+                                     staged.staging->as<void>(staged.upload.offset),
+                                     staged.upload.bytes, cudaMemcpyHostToDevice, upload_stream_));
+  VERIFYD_CUDA_CHECK(cudaEventRecord(ring.upload_done, upload_stream_));
+  VERIFYD_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), ring.upload_done, 0));
+  return absl::OkStatus();
 }
 
 VerifyGraphBucket CudaBackend::GraphBucket(int layer, const VerifyProblem& problem,

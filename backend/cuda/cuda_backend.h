@@ -263,10 +263,12 @@ class CudaBackend : public ComputeBackend {
                                    absl::Span<const VerifySlotList> lists, const CachedPlan& plan,
                                    const SlotMirrorPlan& slots, DirectCopies direct,
                                    PinnedBuffer* staging);
-  // The first of the captured sequence: the one H2D upload, then the one launch that reads it:
-  // the slot scatter into the arena, with the value check of `check` (external calls) riding in
-  // it (kernels/value_bound_check.h).
-  absl::Status EnqueueUpload(const StagedCall& staged, cudaStream_t stream,
+  // The first of a host call's captured sequence: the one H2D upload, then LaunchScatter.
+  absl::Status EnqueueUpload(const StagedCall& staged, cudaStream_t stream);
+  // The one launch that reads the upload: the slot scatter into the arena, with the value check
+  // of `check` and the tree write of `tree` (external calls) riding in it
+  // (kernels/value_bound_check.h).
+  absl::Status LaunchScatter(const StagedCall& staged, cudaStream_t stream,
                              const FirstOutOfBoundArgs& check = {},
                              const TreeRowWriteArgs& tree = {});
   // The graph's bucket and parameters of the call (an external call adds its tensors to both).
@@ -293,6 +295,8 @@ class CudaBackend : public ComputeBackend {
   struct RingStaging {
     PinnedBuffer buffer;
     cudaEvent_t uploaded = nullptr;
+    // The call's upload done (recorded on upload_stream_; the backend's stream waits for it).
+    cudaEvent_t upload_done = nullptr;
     bool pending = false;
     // The value check of the call that last used this position: settled before `uploaded` is
     // recorded again (cuda_value_check.h).
@@ -301,6 +305,11 @@ class CudaBackend : public ComputeBackend {
   // Waits (counted in staging_waits) until the ring buffer's last upload ran, and settles the
   // value check of the call that last used it.
   absl::Status AwaitRingStaging(RingStaging& ring, std::chrono::steady_clock::time_point* clock);
+  // An external call's upload, outside its graph and ahead of its ready wait: on upload_stream_,
+  // once the last external call's kernels are done with the inputs; the backend's stream waits
+  // for it (ring.upload_done) before the graph. So the copy overlaps the engine's work before the
+  // layer (its GEMM) instead of standing first on the layer's path (plans/0031, change 8).
+  absl::Status EnqueueUploadAhead(const StagedCall& staged, RingStaging& ring);
 
   CudaBackendOptions options_;
   std::shared_ptr<CudaStream> stream_;
@@ -336,6 +345,11 @@ class CudaBackend : public ComputeBackend {
   // ReleaseExternalWait's stream, made by Create; it runs on the daemon's channel threads.
   std::mutex rescue_mu_;
   cudaStream_t rescue_stream_ = nullptr;
+  // External calls' uploads (EnqueueUploadAhead), and the event after the last external call's
+  // kernels (its ring position's `uploaded`), which the next upload waits for: the device inputs
+  // are one buffer.
+  cudaStream_t upload_stream_ = nullptr;
+  cudaEvent_t inputs_released_ = nullptr;
   std::function<void(GraphEvent)> graph_observer_;
 };
 

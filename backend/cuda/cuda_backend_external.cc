@@ -227,7 +227,7 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
                               problem.total_q, device_tree_slots};
     }
     VERIFYD_RETURN_IF_ERROR(
-        EnqueueUpload(staged, stream,
+        LaunchScatter(staged, stream,
                       FirstOutOfBoundArgs{problem.q, rows * kKvDim, tree_kv,
                                           int64_t{problem.total_q} * kKvDim, value_words},
                       tree));
@@ -246,6 +246,8 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
   };
   // The flag operations stand outside the graph, where the host call's direct copies stand.
   auto enqueue_all = [&]() -> absl::StatusOr<GraphOutcome> {
+    // Before the ready wait: the upload needs nothing of the engine's (plans/0031, change 8).
+    VERIFYD_RETURN_IF_ERROR(EnqueueUploadAhead(staged, ring));
     const ExternalFlag& ready = external.call->order.ready;
     if (ready.word != nullptr) {
       VERIFYD_CU_CHECK(external.driver->stream_wait_value32(
@@ -263,6 +265,7 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
         EnqueueCaptured(GraphBucket(layer, problem, plan, staged, true), params, enqueue));
     VERIFYD_CUDA_CHECK(cudaEventRecord(ring.uploaded, stream_->get()));
     ring.pending = true;
+    inputs_released_ = ring.uploaded;
     const int64_t tq = problem.total_q;
     ring.value_check = std::make_shared<CudaValueCheck>(
         options_.device, ring.uploaded, value_words_host,
@@ -284,6 +287,7 @@ absl::Status CudaBackend::RunPlannedExternal(int layer, const VerifyProblem& pro
     // has passed. The next call's upload arms the words whatever ran of this one.
     if (cudaEventRecord(ring.uploaded, stream_->get()) == cudaSuccess) {
       ring.pending = true;
+      inputs_released_ = ring.uploaded;
     } else {
       cudaGetLastError();
     }
