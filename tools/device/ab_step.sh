@@ -12,10 +12,17 @@
 # decode_step_captured_engine verifyd verifyctl mla_verify_bench cuda_ipc_producer and the tests),
 # `tar czf bundle.tgz --exclude=bundle/pylib --exclude=bundle/wheel bundle`, once before the
 # change (renamed bundle-before.tgz) and once after. The bench links verifyd statically, so the two
-# bundles may share the new one's library path.
+# bundles may share the new one's library path. A third bundle, bundle-mid.tgz (a build between the
+# two), joins the interleave when it is carried. KERNEL_SHAPES (e.g. S1,S3,S5,SH): the kernel bench
+# of the first and the last bundle on those shapes, interleaved twice (a kernel change's A/B).
+# RACECHECK: a gtest filter of mla_verify_flash_test run under compute-sanitizer racecheck.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p before && tar xzf bundle-before.tgz -C before && tar xzf bundle.tgz
+bundles="before/bundle bundle"
+if [ -f bundle-mid.tgz ]; then
+  mkdir -p mid && tar xzf bundle-mid.tgz -C mid && bundles="before/bundle mid/bundle bundle"
+fi
 source tools/device/bundle_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 summary=""
@@ -27,12 +34,29 @@ for t in ${TESTS:-value_bound_check_test cuda_external_verify_test data_plane_gp
 done
 printf '%s' "$summary"
 for r in $(seq 1 "${RUNS:-3}"); do
-  for b in before/bundle bundle; do
+  for b in $bundles; do
     log="$OUT/inproc_${r}_${b%%/*}.txt"
     timeout 100 "$b/bin/decode_step_bench" --ways=model,inproc --steps 20 >"$log" 2>/dev/null
     echo "$b run $r: $(grep -E '^\| (model|in-process, graphs)' "$log" | awk -F'|' '{printf "%s %s; ", $2, $3}')"
   done
 done
+if [ -n "${KERNEL_SHAPES:-}" ]; then
+  for r in 1 2; do
+    for b in before/bundle bundle; do
+      echo "kernel bench $b run $r:"
+      timeout 150 "$b/bin/mla_verify_bench" --iters 20 --no-naive --shapes "$KERNEL_SHAPES" \
+        >"$OUT/kernel_${r}_${b%%/*}.txt" 2>&1
+      f="$OUT/kernel_${r}_${b%%/*}.txt"
+      grep -E '^measured' "$f"
+      sed -n '/^shape /,/^$/p' "$f" | awk '{print $1, $2, $3, $8, $9, $10, $11}'
+    done
+  done
+fi
+if [ -n "${RACECHECK:-}" ] && command -v compute-sanitizer >/dev/null; then
+  timeout -s KILL 200 compute-sanitizer --tool racecheck "$B/bin/mla_verify_flash_test" \
+    --gtest_filter="$RACECHECK" >"$OUT/racecheck.txt" 2>&1
+  echo "racecheck rc=$?: $(grep -E 'RACECHECK SUMMARY|PASSED|FAILED' "$OUT/racecheck.txt" | tr '\n' ' ')"
+fi
 timeout 100 "$B/bin/mla_verify_bench" --iters 20 --no-naive --shapes SH 2>&1 | grep -E '^SH  '
 source tools/device/mps.sh
 if start_mps; then
