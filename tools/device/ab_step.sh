@@ -16,6 +16,7 @@
 # two), joins the interleave when it is carried. KERNEL_SHAPES (e.g. S1,S3,S5,SH): the kernel bench
 # of the first and the last bundle on those shapes, interleaved twice (a kernel change's A/B).
 # RACECHECK: a gtest filter of mla_verify_flash_test run under compute-sanitizer racecheck.
+# STEP=0 leaves out the step's parts (the interleave, the SH bench and the MPS ways): a kernel call.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p before && tar xzf bundle-before.tgz -C before && tar xzf bundle.tgz
@@ -33,6 +34,7 @@ for t in ${TESTS:-value_bound_check_test cuda_external_verify_test data_plane_gp
   grep -E '^\[  FAILED|Failure|Expected|Which is' "$OUT/$t.txt" | head -8
 done
 printf '%s' "$summary"
+[ "${STEP:-1}" = 0 ] && RUNS=0
 for r in $(seq 1 "${RUNS:-3}"); do
   for b in $bundles; do
     log="$OUT/inproc_${r}_${b%%/*}.txt"
@@ -56,6 +58,10 @@ if [ -n "${RACECHECK:-}" ] && command -v compute-sanitizer >/dev/null; then
   timeout -s KILL 200 compute-sanitizer --tool racecheck "$B/bin/mla_verify_flash_test" \
     --gtest_filter="$RACECHECK" >"$OUT/racecheck.txt" 2>&1
   echo "racecheck rc=$?: $(grep -E 'RACECHECK SUMMARY|PASSED|FAILED' "$OUT/racecheck.txt" | tr '\n' ' ')"
+fi
+if [ "${STEP:-1}" = 0 ]; then
+  printf '%s' "$summary"
+  exit 0
 fi
 timeout 100 "$B/bin/mla_verify_bench" --iters 20 --no-naive --shapes SH 2>&1 | grep -E '^SH  '
 source tools/device/mps.sh
