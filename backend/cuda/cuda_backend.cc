@@ -64,6 +64,9 @@ CudaBackend::~CudaBackend() {
   if (upload_stream_ != nullptr && cudaStreamDestroy(upload_stream_) != cudaSuccess) {
     cudaGetLastError();
   }
+  if (inputs_zeroed_ != nullptr && cudaEventDestroy(inputs_zeroed_) != cudaSuccess) {
+    cudaGetLastError();
+  }
   for (RingStaging& ring : external_staging_) {
     for (cudaEvent_t event : {ring.uploaded, ring.upload_done}) {
       if (event != nullptr && cudaEventDestroy(event) != cudaSuccess) cudaGetLastError();
@@ -231,7 +234,10 @@ absl::StatusOr<CudaBackend::StagedCall> CudaBackend::Stage(
     absl::Span<const VerifySlotList> lists, const CachedPlan& plan, const SlotMirrorPlan& slots,
     DirectCopies direct, PinnedBuffer* staging) {
   VERIFYD_RETURN_IF_ERROR(staging->Reserve(layout.upload_copy_bytes, *stream_).status());
-  VERIFYD_RETURN_IF_ERROR(inputs_.Reserve(layout.input_bytes, *stream_).status());
+  VERIFYD_ASSIGN_OR_RETURN(const bool inputs_grew, inputs_.Reserve(layout.input_bytes, *stream_));
+  // A grown buffer is zeroed on the backend's stream: an upload on another stream must wait for
+  // that (EnqueueUploadAhead).
+  inputs_zeroing_pending_ |= inputs_grew;
   StagedCall staged;
   staged.layout = layout;
   staged.direct = direct;
@@ -273,6 +279,17 @@ absl::Status CudaBackend::EnqueueUploadAhead(const StagedCall& staged, RingStagi
   }
   if (inputs_released_ != nullptr) {
     VERIFYD_CUDA_CHECK(cudaStreamWaitEvent(upload_stream_, inputs_released_, 0));
+  }
+  if (inputs_zeroing_pending_) {
+    // The fresh inputs' memset is on the backend's stream (DeviceBuffer::Reserve); the copy must
+    // land after it, or the memset may zero the upload (seen on the GPU: a zeroed plan and tree
+    // slots, plans/0031, change 8). Once per growth, so the overlap is lost only then.
+    if (inputs_zeroed_ == nullptr) {
+      VERIFYD_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_zeroed_, cudaEventDisableTiming));
+    }
+    VERIFYD_CUDA_CHECK(cudaEventRecord(inputs_zeroed_, stream_->get()));
+    VERIFYD_CUDA_CHECK(cudaStreamWaitEvent(upload_stream_, inputs_zeroed_, 0));
+    inputs_zeroing_pending_ = false;
   }
   VERIFYD_CUDA_CHECK(cudaMemcpyAsync(inputs_.as<void>(staged.upload.offset),
                                      staged.staging->as<void>(staged.upload.offset),

@@ -350,6 +350,10 @@ class CudaBackend : public ComputeBackend {
   // are one buffer.
   cudaStream_t upload_stream_ = nullptr;
   cudaEvent_t inputs_released_ = nullptr;
+  // The inputs grew (Stage) and their zeroing memset on the backend's stream is not yet behind an
+  // event the upload stream waits for; inputs_zeroed_ is that event.
+  bool inputs_zeroing_pending_ = false;
+  cudaEvent_t inputs_zeroed_ = nullptr;
   std::function<void(GraphEvent)> graph_observer_;
 };
 
