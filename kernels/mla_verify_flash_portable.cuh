@@ -40,7 +40,7 @@
 //             prologue stages the 64-row Q tile, the epilogue O, through the same bytes  74752 B
 //   S swap    8 warps x 32 lanes x 16 fp32 (4 float4 per lane, lane-contiguous)        16384 B
 //   Q rope    64 x 72 bf16 (padded)                                                     9216 B
-//   pair mbarriers, 4 x 8 B (try_wait where the chip has it: MbarrierWait)                32 B
+//   pair mbarriers, 4 x 8 B                                                               32 B
 //
 // KV rows are gathered through the int32 slot table with 16-byte cp.async, warp w copying rows
 // 4w .. 4w+3 of a tile; lane i holds the slot of column i. One-run and scattered tiles take the
@@ -112,12 +112,7 @@ static_assert(kRows * flash::kStageStride <= sizeof(SharedPlan::kv),
               "the staged O fits the KV buffers");
 static_assert(kCols % kWarps == 0, "each warp copies whole rows of a tile");
 
-// Portable mbarrier forms: init and arrive (sm_80+), and the wait: on sm_90 and sm_120 a
-// try_wait loop (the thread sleeps in the barrier until the phase completes or a hardware time
-// limit passes), on sm_80 a test_wait spin. Why not test_wait everywhere: every poll is a
-// shared-memory operation, and v3's spinning pairs polled ~30 times a tile (ncu on S3: 16.0 M
-// "other" shared wavefronts, 8 % of the kernel's shared traffic, plans/0034) on the pipe that
-// bounds the kernel on the H200.
+// Portable mbarrier forms (sm_80+): init, arrive, and a test_wait spin (try_wait is sm_90+).
 __device__ __forceinline__ void MbarrierInit(uint32_t addr, int count) {
   asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
 }
@@ -128,21 +123,12 @@ __device__ __forceinline__ void MbarrierArrive(uint32_t addr) {
 __device__ __forceinline__ void MbarrierWait(uint32_t addr, uint32_t parity) {
   uint32_t done;
   do {
-#if __CUDA_ARCH__ >= 900
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-#else
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n"
         " selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(addr), "r"(parity)
         : "memory");
-#endif
   } while (!done);
 }
 
