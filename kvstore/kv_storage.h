@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "verify/bf16.h"
@@ -42,6 +43,21 @@ class KvStorage {
     (void)layer;
     (void)slots;
     (void)rows;
+    return absl::UnimplementedError("this KV storage has no device memory to read rows from");
+  }
+  // rows: [slots.size()][row_bytes()] already in the pool's encoding (for fp8, DeepSeek's 656-byte
+  // layout), in device memory the storage's device can read (a scheduler's registered region):
+  // checked against SPEC §1's rules for that encoding first (verify/kv_fp8_check.h), and when a
+  // row breaks one nothing is written and the answer is name_bad_row(a host copy of the first such
+  // row, its index in rows), which names the element and the rule. Storage without device memory:
+  // UNIMPLEMENTED.
+  using BadRowNamer = absl::FunctionRef<absl::Status(const uint8_t* row, int64_t index)>;
+  virtual absl::Status WriteEncodedDeviceRows(int layer, absl::Span<const int32_t> slots,
+                                              const uint8_t* rows, BadRowNamer name_bad_row) {
+    (void)layer;
+    (void)slots;
+    (void)rows;
+    (void)name_bad_row;
     return absl::UnimplementedError("this KV storage has no device memory to read rows from");
   }
   // out: host [slots.size()][576]. An fp8 storage cannot (its dequantized values are not bf16):

@@ -149,12 +149,6 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
         " rows (--kv_dtype); send bf16 rows: fp8 values x their scales are not bf16 values, so "
         "they would not be stored exactly; nothing was kept"));
   }
-  if (encoded && memory == RowMemory::kDevice) {
-    return absl::UnimplementedError(
-        "kv: fp8 rows (the 656-byte layout) are not read from device memory (their SPEC §1 checks "
-        "run on the host); send them inline or from shared memory, or send bf16 rows from device "
-        "memory (the daemon quantizes them); nothing was kept");
-  }
   const int64_t row_bytes = encoded ? kFp8RowBytes : kKvRowBytes;
   const int64_t layer_bytes = int64_t{num_tokens} * row_bytes;
   const int64_t check_shape[] = {layer_count, num_tokens};
@@ -208,7 +202,15 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
         static_cast<const uint8_t*>(kv) + static_cast<size_t>(l - layer_begin) * layer_bytes;
     const bf16_bits* rows = reinterpret_cast<const bf16_bits*>(layer_rows);
     absl::Status written;
-    if (encoded) {
+    if (encoded && memory == RowMemory::kDevice) {
+      // The storage finds the first bad row on the device; the host's check of that one row
+      // names it, as for rows in host memory.
+      const int64_t first_row = int64_t{l - layer_begin} * num_tokens;
+      written = storage_->WriteEncodedDeviceRows(
+          l, target, layer_rows, [&](const uint8_t* row, int64_t index) {
+            return CheckFp8Rows(row, 1, first_row + index, check_shape, "kv");
+          });
+    } else if (encoded) {
       if (memory == RowMemory::kShared) {
         // As for bf16 below: the bytes judged are the bytes written.
         shared_bytes_.assign(layer_rows, layer_rows + layer_bytes);
@@ -233,7 +235,8 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
       written = memory == RowMemory::kDevice ? storage_->WriteDeviceRows(l, target, rows)
                                              : storage_->WriteRows(l, target, rows);
     }
-    if (written.code() == absl::StatusCode::kInvalidArgument && memory == RowMemory::kDevice) {
+    if (written.code() == absl::StatusCode::kInvalidArgument && memory == RowMemory::kDevice &&
+        !encoded) {
       written =
           absl::InvalidArgumentError(absl::StrCat("kv[", l - layer_begin, "] ", written.message()));
     }

@@ -254,15 +254,17 @@ absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
     VERIFYD_RETURN_IF_ERROR(
         CheckDimEquals(kv, "kv", 2, kFp8RowBytes, "the fp8 row's bytes (DTYPE_FP8_MLA)"));
     VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckBytes(kv, "kv", shm, external, 1, "fp8 bytes"));
-    if (kv.data_case() == Tensor::kExternalMemory && !external->table->host_memory()) {
-      return absl::UnimplementedError(
-          "kv.external_memory: fp8 rows (DTYPE_FP8_MLA) are not read from device memory (their "
-          "SPEC §1 checks run on the host); send them inline or from shared memory, or send bf16 "
-          "rows from device memory (the daemon quantizes them)");
-    }
     call.kv_dtype = KvDtype::kFp8;
-    // The store checks every row (verify/kv_fp8_check.h) in any memory, before it keeps any.
-    call.kv_memory = kv.data_case() == Tensor::kInlineData ? RowMemory::kHost : RowMemory::kShared;
+    // The store checks every row (verify/kv_fp8_check.h) in any memory, before it keeps any: in
+    // device memory, the storage finds the first bad row where the rows are
+    // (KvStorage::WriteEncodedDeviceRows).
+    if (kv.data_case() == Tensor::kInlineData) {
+      call.kv_memory = RowMemory::kHost;
+    } else if (kv.data_case() == Tensor::kExternalMemory && !external->table->host_memory()) {
+      call.kv_memory = RowMemory::kDevice;
+    } else {
+      call.kv_memory = RowMemory::kShared;
+    }
   } else {
     VERIFYD_RETURN_IF_ERROR(CheckDimEquals(kv, "kv", 2, kKvDim, "the KV row width"));
     VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckPayload(kv, "kv", shm, external));

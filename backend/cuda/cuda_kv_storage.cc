@@ -9,6 +9,7 @@
 #include "base/cuda_check.h"
 #include "base/status_macros.h"
 #include "kernels/kv_copy_kernels.h"
+#include "kernels/kv_fp8_row_check.h"
 #include "kernels/kv_fp8_write.h"
 #include "kernels/mla_verify_launch.h"
 #include "kernels/value_bound_check.h"
@@ -238,6 +239,59 @@ absl::Status CudaKvStorage::WriteDeviceRows(int layer, absl::Span<const int32_t>
     VERIFYD_RETURN_IF_ERROR(LaunchKvSlotWrite(reinterpret_cast<bf16_bits*>(layer_bytes), capacity_,
                                               rows, slots_on_device, count, stream_->get()));
   }
+  return stream_->Synchronize();
+}
+
+absl::Status CudaKvStorage::WriteEncodedDeviceRows(int layer, absl::Span<const int32_t> slots,
+                                                   const uint8_t* rows, BadRowNamer name_bad_row) {
+  // A bf16 pool's encoded rows are bf16 rows.
+  if (dtype_ == KvDtype::kBf16) {
+    return WriteDeviceRows(layer, slots, reinterpret_cast<const bf16_bits*>(rows));
+  }
+  VERIFYD_RETURN_IF_ERROR(CheckLayer(layer));
+  VERIFYD_RETURN_IF_ERROR(CheckSlots(slots, "slots"));
+  if (slots.empty()) return absl::OkStatus();
+  if (rows == nullptr) return absl::InvalidArgumentError("rows must not be null");
+  if (reinterpret_cast<uintptr_t>(rows) % 16 != 0) {
+    return absl::InvalidArgumentError("rows must be 16-byte aligned");
+  }
+  // Earlier host rows land first, so a later device row for the same slot wins (call order).
+  VERIFYD_RETURN_IF_ERROR(FlushWrites());
+  VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
+  const int64_t count = static_cast<int64_t>(slots.size());
+  // Scratch: [slots | first bad row]; read back: [first bad row | that row's bytes].
+  const size_t first_offset = AlignTo256(slots.size() * sizeof(int32_t));
+  VERIFYD_RETURN_IF_ERROR(scratch_.Reserve(first_offset + sizeof(uint64_t), *stream_).status());
+  VERIFYD_RETURN_IF_ERROR(read_back_.Reserve(16 + kFp8RowBytes, *stream_).status());
+  void* slots_dev = nullptr;
+  void* unused = nullptr;
+  VERIFYD_RETURN_IF_ERROR(
+      UploadScratch(slots.data(), slots.size() * sizeof(int32_t), nullptr, 0, &slots_dev, &unused));
+  auto* first = scratch_.as<unsigned long long>(first_offset);
+  VERIFYD_CUDA_CHECK(cudaMemsetAsync(first, 0xff, sizeof(uint64_t), stream_->get()));
+  VERIFYD_RETURN_IF_ERROR(LaunchFirstBadFp8Row(rows, count, first, stream_->get()));
+  auto* found = static_cast<unsigned long long*>(read_back_.get());
+  VERIFYD_CUDA_CHECK(
+      cudaMemcpyAsync(found, first, sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_->get()));
+  VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
+  ring_used_ = 0;  // the stream is idle: every copy out of the ring has happened
+  if (*found != ~0ull) {
+    const int64_t bad = static_cast<int64_t>(*found);
+    uint8_t* row = read_back_.as<uint8_t>(16);
+    VERIFYD_CUDA_CHECK(cudaMemcpyAsync(row, rows + bad * kFp8RowBytes, kFp8RowBytes,
+                                       cudaMemcpyDeviceToHost, stream_->get()));
+    VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
+    const absl::Status named = name_bad_row(row, bad);
+    if (named.ok()) {
+      return absl::InternalError(absl::StrCat("the device found row ", bad,
+                                              " of the fp8 rows bad and the host's check did not; "
+                                              "nothing was kept"));
+    }
+    return named;
+  }
+  VERIFYD_RETURN_IF_ERROR(LaunchFp8RowSlotWrite(
+      const_cast<uint8_t*>(layer_device_bytes(layer)), capacity_, rows,
+      static_cast<const int32_t*>(slots_dev), static_cast<int>(count), stream_->get()));
   return stream_->Synchronize();
 }
 

@@ -63,6 +63,8 @@ class CudaKvStorage : public KvStorage {
   // from device memory are not taken (the store refuses them: plans/0030 says why).
   absl::Status WriteDeviceRows(int layer, absl::Span<const int32_t> slots,
                                const bf16_bits* rows) override;
+  absl::Status WriteEncodedDeviceRows(int layer, absl::Span<const int32_t> slots,
+                                      const uint8_t* rows, BadRowNamer name_bad_row) override;
   // Gather kernel → D2H → waits for the stream. An fp8 pool: FAILED_PRECONDITION, as on the host
   // (its dequantized values are not bf16); ReadEncodedRows reads it.
   absl::Status ReadRows(int layer, absl::Span<const int32_t> slots, bf16_bits* out) const override;

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 
+#include "verify/kv_fp8_check.h"
 #include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
 
@@ -52,6 +55,42 @@ std::vector<bf16_bits> RandomFp8EdgeRows(std::mt19937_64& rng, int64_t count) {
     rows.insert(rows.end(), row.begin(), row.end());
   }
   return rows;
+}
+
+void PlantFp8Violation(std::mt19937_64& rng, uint8_t* row, int kind) {
+  const int g = static_cast<int>(rng() % kFp8Groups);
+  auto set_scale = [&](float scale) { std::memcpy(row + kFp8ScalesOffset + 4 * g, &scale, 4); };
+  const int i = static_cast<int>(rng() % kRopeDim);
+  auto set_rope = [&](bf16_bits v) { std::memcpy(row + kFp8RopeOffset + 2 * i, &v, 2); };
+  switch (kind % 9) {
+    case 0:
+      set_scale(std::numeric_limits<float>::quiet_NaN());
+      break;
+    case 1:
+      set_scale(std::numeric_limits<float>::infinity());
+      break;
+    case 2:
+      set_scale(0.f);
+      break;
+    case 3:
+      set_scale(-1.f);
+      break;
+    case 4:
+      set_scale(std::nextafter(kMaxFp8Scale, 1e30f));
+      break;
+    case 5:
+      row[kFp8LatentOffset + rng() % kVDim] = 0x7F;
+      break;
+    case 6:
+      row[kFp8LatentOffset + rng() % kVDim] = 0xFF;
+      break;
+    case 7:
+      set_rope(rng() % 2 ? 0x7F80 /*inf*/ : 0xFFC1 /*nan*/);
+      break;
+    default:
+      set_rope(rng() % 2 ? 0x4781 : 0xC781);  // +-65792, just past 2^16
+      break;
+  }
 }
 
 }  // namespace verifyd::test

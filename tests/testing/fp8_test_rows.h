@@ -20,4 +20,10 @@ std::vector<bf16_bits> RandomFp8EdgeRow(std::mt19937_64& rng);
 // `count` such rows back to back, [count][576].
 std::vector<bf16_bits> RandomFp8EdgeRows(std::mt19937_64& rng, int64_t count);
 
+// Plants one of SPEC §1's violations in `row` (656 bytes in the fp8 layout), at a random group,
+// byte or rope element: each rule of verify/kv_fp8_check.h and the edges of its bounds, by
+// `kind` % 9 (scale NaN, Inf, 0, negative, one ulp above kMaxFp8Scale; latent 0x7F, 0xFF; rope
+// Inf or NaN; rope just past 2^16).
+void PlantFp8Violation(std::mt19937_64& rng, uint8_t* row, int kind);
+
 }  // namespace verifyd::test

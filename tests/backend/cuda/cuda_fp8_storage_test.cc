@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "tests/backend/cuda/cuda_test_util.h"
 #include "tests/kvstore/kv_test_util.h"
 #include "tests/testing/fp8_test_rows.h"
+#include "verify/kv_fp8_check.h"
 #include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
 
@@ -224,6 +226,74 @@ TEST_F(CudaFp8StorageTest, DeviceRowsAreCheckedThenQuantized) {
     }
   }
   EXPECT_EQ(refused, 10);
+  ASSERT_EQ(cudaFree(device_rows), cudaSuccess);
+  ExpectSamePools(*host_, cuda());
+}
+
+// Rows already in the layout from registered device memory: the device finds the first bad row,
+// and the answer is the host check's own message for it (so it names the row by the caller's
+// shape); nothing of a refused call is written; good rows land byte for byte as they are, also
+// with the largest scale allowed. Every byte of both pools is compared at the end.
+TEST_F(CudaFp8StorageTest, EncodedDeviceRowsAreCheckedThenCopiedAsTheyAre) {
+  SCOPED_TRACE("VERIFYD_TEST_SEED=" + std::to_string(seed_));
+  const int layers = 2;
+  const int64_t capacity = 2000;
+  Make(layers, capacity);
+  const size_t max_rows = 700;
+  uint8_t* device_rows = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device_rows), max_rows * kFp8RowBytes),
+            cudaSuccess);
+  int refused = 0;
+  for (int round = 0; round < 36; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const int layer = static_cast<int>(rng_() % layers);
+    const int k = 1 + static_cast<int>(rng_() % max_rows);
+    const std::vector<int32_t> slots = DistinctSlots(rng_, capacity, k);
+    std::vector<uint8_t> rows = testing_kv::HashedFp8Rows(rng_(), k);
+    // The bounds' own edges pass: the largest scale, rope values of exactly +-2^16.
+    const float max_scale = kMaxFp8Scale;
+    std::memcpy(rows.data() + kFp8ScalesOffset, &max_scale, 4);
+    const bf16_bits edge = 0xC780;  // -65536
+    std::memcpy(rows.data() + kFp8RopeOffset, &edge, 2);
+    // A queued bf16 write of the first slot lands before the device rows (call order).
+    const std::vector<bf16_bits> earlier = test::RandomFp8EdgeRows(rng_, 1);
+    ASSERT_TRUE(host_->WriteRows(layer, {slots[0]}, earlier.data()).ok());
+    ASSERT_TRUE(cuda().WriteRows(layer, {slots[0]}, earlier.data()).ok());
+    const bool plant = round % 2 == 1;
+    if (plant) {
+      // One to three bad rows, any rule each: the answer names the first.
+      const int bad_rows = 1 + static_cast<int>(rng_() % 3);
+      for (int b = 0; b < bad_rows; ++b) {
+        test::PlantFp8Violation(rng_, rows.data() + (rng_() % k) * kFp8RowBytes, round / 2 + b);
+      }
+    }
+    ASSERT_EQ(cudaMemcpy(device_rows, rows.data(), rows.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    const int64_t shape[] = {k};
+    int64_t named = -1;
+    const absl::Status s = cuda().WriteEncodedDeviceRows(
+        layer, slots, device_rows, [&](const uint8_t* row, int64_t index) {
+          named = index;
+          return CheckFp8Rows(row, 1, index, shape, "kv");
+        });
+    const absl::Status want = CheckFp8Rows(rows.data(), k, 0, shape, "kv");
+    EXPECT_EQ(want.ok(), !plant) << want;
+    if (plant) {
+      ++refused;
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_EQ(s.message(), want.message());
+      EXPECT_GE(named, 0);
+    } else {
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(named, -1) << "a clean call names no row";
+      ASSERT_TRUE(host_->WriteEncodedRows(layer, slots, rows.data()).ok());
+    }
+  }
+  EXPECT_EQ(refused, 18);
+  // Misuse is refused before anything runs.
+  const absl::Status unaligned = cuda().WriteEncodedDeviceRows(
+      0, {1}, device_rows + 8, [](const uint8_t*, int64_t) { return absl::OkStatus(); });
+  EXPECT_EQ(unaligned.code(), absl::StatusCode::kInvalidArgument) << unaligned;
   ASSERT_EQ(cudaFree(device_rows), cudaSuccess);
   ExpectSamePools(*host_, cuda());
 }

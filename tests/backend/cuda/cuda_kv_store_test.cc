@@ -16,8 +16,11 @@
 #include "kvstore/kv_storage.h"
 #include "kvstore/kv_store.h"
 #include "tests/backend/cuda/cuda_test_util.h"
+#include "tests/kvstore/kv_test_util.h"
+#include "tests/testing/fp8_test_rows.h"
 #include "tests/testing/problem_builder.h"
 #include "verify/bf16.h"
+#include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
 
 namespace verifyd {
@@ -227,6 +230,67 @@ TEST(CudaKvStore, AppendFromDeviceRowsMatchesHostAppendAndBadValuesKeepNothing) 
     if (::testing::Test::HasFatalFailure()) break;
   }
   EXPECT_GE(refused, 5);
+  ASSERT_EQ(cudaFree(device_kv), cudaSuccess);
+}
+
+// An fp8 store: Appends of rows already in the 656-byte layout from device memory (a scheduler's
+// registered buffer) against the same Appends from host memory into a host twin. Both answer the
+// same, word for word (a bad row is named by the host check's message: kv[layer, token], the rule),
+// a refused Append keeps nothing in either, and the committed rows stay byte-identical.
+TEST(CudaKvStore, Fp8AppendFromDeviceRowsMatchesHostAppendAndBadRowsKeepNothing) {
+  if (!test::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = test::TestSeed();
+  SCOPED_TRACE("VERIFYD_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  auto made = test::MakeBackend(CudaBackendOptions{}, kLayers, kCapacity, KvDtype::kFp8);
+  ASSERT_TRUE(made.ok()) << made.status();
+  KvStoreOptions options;
+  options.num_layers = kLayers;
+  options.max_tree_nodes = 64;
+  KvStorage* cuda_storage = made->storage.get();
+  auto host_owned = std::make_unique<HostKvStorage>(kLayers, kCapacity, KvDtype::kFp8);
+  HostKvStorage* host_storage = host_owned.get();
+  KvStore cuda(options, std::move(made->storage));
+  KvStore host(options, std::move(host_owned));
+  const int max_tokens = 80;
+  uint8_t* device_kv = nullptr;
+  ASSERT_EQ(
+      cudaMalloc(reinterpret_cast<void**>(&device_kv), size_t{kLayers} * max_tokens * kFp8RowBytes),
+      cudaSuccess);
+  int refused = 0;
+  for (int op = 0; op < 27; ++op) {
+    SCOPED_TRACE("op " + std::to_string(op));
+    const SequenceId seq = 1 + rng() % 4;
+    const int tokens = 1 + static_cast<int>(rng() % max_tokens);
+    std::vector<uint8_t> kv = testing_kv::HashedFp8Rows(rng(), int64_t{kLayers} * tokens);
+    const bool plant = op % 3 == 2;
+    if (plant) {
+      test::PlantFp8Violation(rng, kv.data() + (rng() % (kLayers * tokens)) * kFp8RowBytes, op / 3);
+    }
+    ASSERT_EQ(cudaMemcpy(device_kv, kv.data(), kv.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    const absl::Status got =
+        cuda.Append(seq, 0, kLayers, tokens, device_kv, AppendExpectation::Any(),
+                    RowMemory::kDevice, KvDtype::kFp8);
+    const absl::Status want =
+        host.Append(seq, 0, kLayers, tokens, kv.data(), AppendExpectation::Any(), RowMemory::kHost,
+                    KvDtype::kFp8);
+    EXPECT_EQ(got.code(), want.code()) << got << " vs " << want;
+    EXPECT_EQ(got.message(), want.message());
+    EXPECT_EQ(want.ok(), !plant) << want;
+    refused += !got.ok();
+    ASSERT_EQ(cuda.Sequences(), host.Sequences());
+    for (SequenceId s : host.Sequences()) {
+      const std::vector<int32_t> slots = *host.CommittedSlots(s);
+      ASSERT_EQ(*cuda.CommittedSlots(s), slots);
+      for (int layer = 0; layer < kLayers; ++layer) {
+        std::vector<uint8_t> a(slots.size() * kFp8RowBytes), b(a.size(), 0xAB);
+        ASSERT_TRUE(host_storage->ReadEncodedRows(layer, slots, a.data()).ok());
+        ASSERT_TRUE(cuda_storage->ReadEncodedRows(layer, slots, b.data()).ok());
+        ASSERT_EQ(a, b) << "sequence " << s << " layer " << layer;
+      }
+    }
+  }
+  EXPECT_EQ(refused, 9);
   ASSERT_EQ(cudaFree(device_kv), cudaSuccess);
 }
 
