@@ -37,3 +37,19 @@ def test_gpu_check(cuda_daemon, name):
 
     import numpy as np
     print(gpu.CHECKS[name](cuda_daemon.target, np.random.default_rng(zlib.crc32(name.encode()))))
+
+
+@pytest.fixture(scope="module")
+def cuda_fp8_daemon():
+    d = gpu.CudaDaemon(daemon_binary(), extra=("--kv_dtype=fp8",))
+    yield d
+    assert d.stop() == 0
+
+
+@pytest.mark.parametrize("name", list(gpu.FP8_CHECKS))
+def test_gpu_fp8_check(cuda_fp8_daemon, name):
+    import zlib
+
+    import numpy as np
+    print(gpu.FP8_CHECKS[name](cuda_fp8_daemon.target,
+                               np.random.default_rng(zlib.crc32(name.encode()))))

@@ -161,3 +161,93 @@ def test_a_bf16_daemon_refuses_fp8_rows(client, rng, seq_ids):
     with pytest.raises(verifyd.InvalidArgument, match="DTYPE_FP8_MLA"):
         client.append(next(seq_ids), rows)
     assert client.stats().kv_dtype == "bf16"
+
+
+def _data_plane(c):
+    from verifyd import dataplane
+    if not dataplane.available():
+        pytest.fail(f"the data-plane library must be built for these tests: "
+                    f"{dataplane.why_unavailable()}", pytrace=False)
+    return c.data_plane()
+
+
+def _same_attention(c, a, b, rng, n=4):
+    parents = [-1, 0, 0, 2][:n]
+    q = random_bf16(rng, (n, HEADS, 576), 0.3)
+    tkv = random_bf16(rng, (n, 576), 2.0)
+    for layer in range(LAYERS):
+        va = c.verify(layer, [(a, parents)], q, tkv, return_lse=True)
+        vb = c.verify(layer, [(b, parents)], q, tkv, return_lse=True)
+        assert np.array_equal(va.out, vb.out), f"layer {layer}"
+        assert np.array_equal(va.lse, vb.lse), f"layer {layer}"
+    c.commit(a, [])  # the trees verified above are rejected: both sequences take Appends again
+    c.commit(b, [])
+
+
+def test_append_registered_takes_fp8_rows_where_they_lie(fp8_daemon, rng, seq_ids):
+    """Rows already in the fp8 layout inside registered memory (a host buffer here; a CUDA
+    tensor's allocation on the cuda backend) go by region and offset, one message: the store holds
+    what an inline Append of the same bytes holds (the same attention, bit for bit), a bad row is
+    named as for inline rows and nothing is kept, and a later Append extends at the fill."""
+    with fp8_daemon.client() as c:
+        plane = _data_plane(c)
+        buf = plane.host_buffer(4 << 20)
+        kv = random_bf16(rng, (LAYERS, 300, 576), 3.0)
+        rows = quantize_fp8_rows(kv)
+        placed = buf.take(rows.shape, "uint8")
+        placed[...] = rows
+        a, b = next(seq_ids), next(seq_ids)
+        c.append(a, rows)
+        r = c.append_registered(b, placed)
+        assert (r.committed_length, r.chunks) == (300, 1)
+        _same_attention(c, a, b, rng)
+        # More tokens at the fill, one layer's [T, 656] form included.
+        more = quantize_fp8_rows(random_bf16(rng, (LAYERS, 20, 576), 3.0))
+        extra = buf.take(more.shape, "uint8")
+        extra[...] = more
+        c.append(a, more, expected_fill=300)
+        assert c.append_registered(b, extra, expected_fill=300).committed_length == 320
+        one = buf.take((5, FP8_ROW_BYTES), "uint8")
+        one[...] = quantize_fp8_rows(random_bf16(rng, (5, 576), 1.0))
+        assert c.append_registered(b, one, layer_begin=0, expected_fill=320).layer_fill[:2] == \
+            [325, 320]
+        c.append(a, one.copy(), layer_begin=0, expected_fill=320)
+        # A bad row: the same message as inline, nothing kept.
+        used = c.stats().used_tokens
+        bad = buf.take((LAYERS, 3, FP8_ROW_BYTES), "uint8")
+        bad[...] = quantize_fp8_rows(random_bf16(rng, (LAYERS, 3, 576)))
+        bad[1, 2, 40] = 0x7F
+        with pytest.raises(verifyd.InvalidArgument, match=r"kv\[1, 2\] byte 40 .* NaN encoding"):
+            c.append_registered(next(seq_ids), bad)
+        assert c.stats().used_tokens == used
+        c.release(a)
+        c.release(b)
+
+
+def test_append_registered_bf16_and_its_refusals(client, rng, seq_ids):
+    """bf16 rows from registered memory equal the same rows inline; memory this client did not
+    register, a wrong row width or dtype, and a bf16 daemon given fp8 rows are refused naming the
+    field, nothing kept."""
+    plane = _data_plane(client)
+    buf = plane.host_buffer(2 << 20)
+    kv = random_bf16(rng, (LAYERS, 100, 576), 2.0)
+    placed = buf.take(kv.shape)
+    placed[...] = kv
+    a, b = next(seq_ids), next(seq_ids)
+    client.append(a, kv)
+    assert client.append_registered(b, placed).committed_length == 100
+    _same_attention(client, a, b, rng)
+    used = client.stats().used_tokens
+    with pytest.raises(verifyd.InvalidArgument, match="not inside a buffer registered"):
+        client.append_registered(next(seq_ids), kv.copy())
+    with pytest.raises(verifyd.InvalidArgument, match=r"\[layer_count, T, 576\]"):
+        client.append_registered(next(seq_ids), buf.take((LAYERS, 4, 512)))
+    with pytest.raises(verifyd.InvalidArgument, match="must be bf16"):
+        client.append_registered(next(seq_ids), buf.take((LAYERS, 4, 576), "float32"))
+    fp8 = buf.take((LAYERS, 2, FP8_ROW_BYTES), "uint8")
+    fp8[...] = quantize_fp8_rows(random_bf16(rng, (LAYERS, 2, 576)))
+    with pytest.raises(verifyd.InvalidArgument, match="DTYPE_FP8_MLA|fp8"):
+        client.append_registered(next(seq_ids), fp8)
+    assert client.stats().used_tokens == used
+    client.release(a)
+    client.release(b)

@@ -211,6 +211,50 @@ class Client:
         return AppendResult(int(response.committed_length), [int(f) for f in response.layer_fill],
                             len(ranges))
 
+    def append_registered(self, sequence_id: int, kv: Any, *, layer_begin: int = 0,
+                          expected_fill: Optional[int] = None, timeout: Optional[float] = None
+                          ) -> AppendResult:
+        """Appends committed tokens that already lie in memory registered with this Client's data
+        plane (`register()`: a CUDA tensor's allocation; `host_buffer()` on the cpu backend): the
+        request names the region and offset (kv.external_memory), so the rows cross neither the
+        host nor the message size, one message whatever T. kv: bf16 [layer_count, T, 576] (torch
+        bfloat16, or numpy uint16 bits from a host buffer), or rows already in the fp8 layout,
+        uint8 [layer_count, T, 656] (an engine's own fp8 cache, for a daemon started with
+        --kv_dtype=fp8); [T, ...] for one layer; contiguous. The daemon checks the values where
+        they are (on the GPU for device memory: SPEC §1, a bad element named as for inline rows)
+        and keeps nothing of a refused call. expected_fill as in append()."""
+        method = "Append"
+        fp8_rows = _is_uint8(kv)
+        if not fp8_rows and not _is_bf16_bits(kv):
+            raise invalid_argument("kv must be bf16 (torch.bfloat16, or numpy uint16 bits) or uint8 "
+                                   "rows in the fp8 layout; got " + _dtype_name(kv), method)
+        shape = [int(d) for d in kv.shape]
+        if len(shape) == 2:
+            shape = [1] + shape
+        row = FP8_ROW_BYTES if fp8_rows else ROW
+        if len(shape) != 3 or shape[2] != row:
+            raise invalid_argument(
+                f"kv has shape {list(kv.shape)}; must be [layer_count, T, {row}] or [T, {row}]",
+                method)
+        if shape[0] < 1 or shape[1] < 1:
+            raise invalid_argument(f"kv has shape {list(kv.shape)}; layer_count and T must be "
+                                   ">= 1", method)
+        if expected_fill is not None and expected_fill < 0:
+            raise invalid_argument(f"expected_fill = {expected_fill} must be >= 0", method)
+        ref, _, _ = self.data_plane().ref(kv, "kv", method)
+        tensor = pb.Tensor(dtype=pb.DTYPE_FP8_MLA if fp8_rows else pb.DTYPE_BF16, shape=shape,
+                           external_memory=pb.ExternalMemoryRef(region=int(ref.region),
+                                                                offset=int(ref.offset)))
+        request = pb.AppendRequest(sequence_id=int(sequence_id), layer_begin=int(layer_begin),
+                                   kv=tensor)
+        if expected_fill is None:
+            request.create = True
+        else:
+            request.expected_fill = int(expected_fill)
+        response = self._call(method, self._stub.Append, request, timeout=timeout)
+        return AppendResult(int(response.committed_length), [int(f) for f in response.layer_fill],
+                            1)
+
     def append_request(self, request, *, timeout: Optional[float] = None):
         """Sends a prepared AppendRequest as is (one message; no chunking, no expected position
         added): for tools and tests."""
@@ -532,6 +576,20 @@ def _is_uint8(x: Any) -> bool:
         import torch  # noqa: PLC0415 - optional dependency
         return x.dtype == torch.uint8
     return False
+
+
+def _is_bf16_bits(x: Any) -> bool:
+    """Whether x holds bf16 values: a torch bfloat16 tensor, or numpy uint16 bits."""
+    if isinstance(x, np.ndarray):
+        return x.dtype == np.uint16
+    if is_torch(x):
+        import torch  # noqa: PLC0415 - optional dependency
+        return x.dtype == torch.bfloat16
+    return False
+
+
+def _dtype_name(x: Any) -> str:
+    return str(getattr(x, "dtype", type(x).__name__))
 
 
 def _uint8_numpy(x: Any) -> np.ndarray:

@@ -29,6 +29,12 @@ Checks:
                     arrays are): the channel's out bit-identical to the gRPC Verify's
   cost              per-layer host cost of Channel.verify() against the bare C calls it makes
                     (enqueue + two stream operations), and the per-layer wall time (printed)
+  append_registered bf16 prefill rows in a registered CUDA allocation appended by region and
+                    offset (Client.append_registered): the same attention, bit for bit, as the
+                    same rows inline; a bad value named as inline, nothing kept
+  append_registered_fp8  (a second daemon, --kv_dtype=fp8) the same with rows already in the
+                    656-byte fp8 layout: the device finds the bad row, the message is the inline
+                    path's
 """
 from __future__ import annotations
 
@@ -58,7 +64,7 @@ def _setup_path(python_dir: str | None, lib: str | None, installed: bool = False
 
 class CudaDaemon:
     def __init__(self, binary: str, heads: int = HEADS, layers: int = LAYERS,
-                 ld_path: str | None = None, backend: str = "cuda"):
+                 ld_path: str | None = None, backend: str = "cuda", extra=()):
         import verifyd
         self.dir = tempfile.mkdtemp(prefix="verifyd-pygpu-")
         self.target = f"unix://{self.dir}/verifyd.sock"
@@ -67,7 +73,7 @@ class CudaDaemon:
         self.proc = subprocess.Popen(
             [binary, f"--listen={self.target}", "--metrics=", f"--backend={backend}",
              f"--layers={layers}", f"--heads={heads}", "--max_tree_nodes=64",
-             "--kv_capacity_tokens=65536", "--drain_seconds=2"],
+             "--kv_capacity_tokens=65536", "--drain_seconds=2", *extra],
             stdout=self._out, stderr=subprocess.STDOUT,
             env=dict(os.environ, LD_LIBRARY_PATH=ld_path) if ld_path else None)
         try:
@@ -270,6 +276,96 @@ def check_errors(target: str, rng) -> str:
     return "codes and messages equal the gRPC path's; NaN; done written"
 
 
+def _appended_alike(c, a, b, rng, nodes: int = 5) -> int:
+    """Verifies one tree over sequences a and b on every layer through gRPC: out and lse must be
+    bit-identical (the same rows stored); the trees are then rejected. Returns the elements
+    compared."""
+    import numpy as np
+    from verifyd.tensors import random_bf16
+    parents = [-1, 0, 1, 1, -1][:nodes]
+    q = random_bf16(rng, (nodes, HEADS, 576), 0.3)
+    tkv = random_bf16(rng, (nodes, 576), 2.0)
+    compared = 0
+    for layer in range(LAYERS):
+        va = c.verify(layer, [(a, parents)], q, tkv, return_lse=True)
+        vb = c.verify(layer, [(b, parents)], q, tkv, return_lse=True)
+        if not (np.array_equal(va.out, vb.out) and np.array_equal(va.lse, vb.lse)):
+            raise AssertionError(f"layer {layer}: registered rows attend unlike the inline ones")
+        compared += va.out.size + va.lse.size
+    c.commit(a, [])
+    c.commit(b, [])
+    return compared
+
+
+def _append_registered_rows(c, rng, rows, bad_rows, bad_message_pattern: str) -> str:
+    """rows / bad_rows: numpy [LAYERS, T, row] (uint16 bf16 bits or uint8 fp8 rows)."""
+    import re
+
+    import torch
+    import verifyd
+    pool = Pool(c, 32 << 20)
+    dtype = torch.uint8 if rows.dtype.itemsize == 1 else torch.int16
+    placed = pool.take(rows.shape, dtype)
+    placed.copy_(torch.from_numpy(rows.view(dtype=rows.dtype if dtype == torch.uint8 else
+                                            "int16")).cuda())
+    if dtype == torch.int16:
+        placed = placed.view(torch.bfloat16)
+    a, b = 7201 + rows.shape[1], 7301 + rows.shape[1]
+    c.append(a, rows)
+    r = c.append_registered(b, placed)
+    if (r.committed_length, r.chunks) != (rows.shape[1], 1):
+        raise AssertionError(f"append_registered answered {r}")
+    compared = _appended_alike(c, a, b, rng)
+    used = c.stats().used_tokens
+    bad = pool.take(bad_rows.shape, dtype)
+    bad.copy_(torch.from_numpy(bad_rows.view(dtype=bad_rows.dtype if dtype == torch.uint8 else
+                                             "int16")).cuda())
+    if dtype == torch.int16:
+        bad = bad.view(torch.bfloat16)
+    messages = []
+    for send in (lambda: c.append(7401, bad_rows), lambda: c.append_registered(7401, bad)):
+        try:
+            send()
+            raise AssertionError("a bad row was accepted")
+        except verifyd.InvalidArgument as e:
+            messages.append(e.message)
+    if rows.dtype.itemsize == 1 and messages[0] != messages[1]:
+        raise AssertionError(f"fp8 rows: the device path said {messages[1]!r}, inline "
+                             f"{messages[0]!r}")
+    if not re.search(bad_message_pattern, messages[1]):
+        raise AssertionError(f"the device path's message {messages[1]!r} does not match "
+                             f"{bad_message_pattern!r}")
+    if c.stats().used_tokens != used:
+        raise AssertionError("a refused Append kept tokens")
+    c.release(a)
+    c.release(b)
+    pool.memory.release()
+    return (f"{compared} out/lse elements bit-identical to inline rows; bad row: "
+            f"{messages[1][:90]!r} (inline: {messages[0][:60]!r})")
+
+
+def check_append_registered(target: str, rng) -> str:
+    import verifyd
+    from verifyd.tensors import random_bf16
+    with verifyd.Client(target) as c:
+        rows = random_bf16(rng, (LAYERS, 300, 576), 2.0)
+        bad = random_bf16(rng, (LAYERS, 7, 576), 2.0)
+        bad[1, 5, 100] = 0x7FC0  # NaN
+        return _append_registered_rows(c, rng, rows, bad, r"kv\[1\] row 5 element 100")
+
+
+def check_append_registered_fp8(target: str, rng) -> str:
+    import verifyd
+    from verifyd.fp8 import quantize_fp8_rows
+    from verifyd.tensors import random_bf16
+    with verifyd.Client(target) as c:
+        rows = quantize_fp8_rows(random_bf16(rng, (LAYERS, 300, 576), 3.0))
+        bad = quantize_fp8_rows(random_bf16(rng, (LAYERS, 7, 576), 3.0))
+        bad[1, 5, 40] = 0x7F
+        return _append_registered_rows(c, rng, rows, bad,
+                                       r"^kv\[1, 5\] byte 40 .* NaN encoding")
+
+
 def check_adapter_loop(target: str, rng) -> str:
     import numpy as np
     import torch
@@ -466,30 +562,34 @@ def check_dlpack(target: str, rng) -> str:
 
 CHECKS = {"stream_order": check_stream_order, "errors": check_errors,
           "adapter_loop": check_adapter_loop, "cost": check_cost,
-          "dlpack": check_dlpack}
+          "dlpack": check_dlpack, "append_registered": check_append_registered}
+# Checks against a daemon with an fp8 pool (--kv_dtype=fp8).
+FP8_CHECKS = {"append_registered_fp8": check_append_registered_fp8}
 
 
 def run(binary: str, names=None, ld_path: str | None = None) -> tuple[int, int]:
     import numpy as np
-    daemon = CudaDaemon(binary, ld_path=ld_path)
     passed = failed = 0
-    try:
-        for name, fn in CHECKS.items():
-            if names and name not in names:
-                continue
-            rng = np.random.default_rng(zlib.crc32(name.encode()))  # the same every run
-            try:
-                note = fn(daemon.target, rng)
-                print(f"PASS {name}: {note}", flush=True)
-                passed += 1
-            except Exception:  # noqa: BLE001 - report and go on
-                print(f"FAIL {name}:\n{traceback.format_exc()}", flush=True)
+    for checks, extra in ((CHECKS, ()), (FP8_CHECKS, ("--kv_dtype=fp8",))):
+        chosen = {n: f for n, f in checks.items() if not names or n in names}
+        if not chosen:
+            continue
+        daemon = CudaDaemon(binary, ld_path=ld_path, extra=extra)
+        try:
+            for name, fn in chosen.items():
+                rng = np.random.default_rng(zlib.crc32(name.encode()))  # the same every run
+                try:
+                    note = fn(daemon.target, rng)
+                    print(f"PASS {name}: {note}", flush=True)
+                    passed += 1
+                except Exception:  # noqa: BLE001 - report and go on
+                    print(f"FAIL {name}:\n{traceback.format_exc()}", flush=True)
+                    failed += 1
+        finally:
+            rc = daemon.stop()
+            if rc != 0:
+                print(f"FAIL daemon exit {rc}: {open(daemon.log).read()[-3000:]}")
                 failed += 1
-    finally:
-        rc = daemon.stop()
-        if rc != 0:
-            print(f"FAIL daemon exit {rc}: {open(daemon.log).read()[-3000:]}")
-            failed += 1
     return passed, failed
 
 
@@ -502,7 +602,7 @@ def main() -> int:
                    help="use this Python's installed verifyd (a wheel): no --python / --lib")
     p.add_argument("--daemon-ld-path", help="LD_LIBRARY_PATH for the daemon only (the bundle's "
                    "lib/), so that this Python keeps its own libraries")
-    p.add_argument("checks", nargs="*", help=f"subset of {list(CHECKS)}")
+    p.add_argument("checks", nargs="*", help=f"subset of {list(CHECKS) + list(FP8_CHECKS)}")
     args = p.parse_args()
     _setup_path(args.python, args.lib, args.installed)
     import torch
