@@ -35,14 +35,17 @@ class KvStorage {
   virtual absl::Status WriteRows(int layer, absl::Span<const int32_t> slots,
                                  const bf16_bits* rows) = 0;
   // rows: [slots.size()][576] in device memory the storage's device can read (a scheduler's
-  // registered region, plans/0017): checked against SPEC §1's bound first (INVALID_ARGUMENT naming
-  // the first bad row and element, nothing written), then written; `rows` may be reused once it
-  // returns. Storage without device memory: UNIMPLEMENTED.
+  // registered region, plans/0017): checked against SPEC §1's bound first, nothing written when a
+  // value breaks it, and the answer is then name_bad_value(its flat index in rows, its bits), so
+  // that the caller names it by its own shape, as for rows in host memory; then written. `rows`
+  // may be reused once it returns. Storage without device memory: UNIMPLEMENTED.
+  using BadValueNamer = absl::FunctionRef<absl::Status(int64_t index, bf16_bits bits)>;
   virtual absl::Status WriteDeviceRows(int layer, absl::Span<const int32_t> slots,
-                                       const bf16_bits* rows) {
+                                       const bf16_bits* rows, BadValueNamer name_bad_value) {
     (void)layer;
     (void)slots;
     (void)rows;
+    (void)name_bad_value;
     return absl::UnimplementedError("this KV storage has no device memory to read rows from");
   }
   // rows: [slots.size()][row_bytes()] already in the pool's encoding (for fp8, DeepSeek's 656-byte

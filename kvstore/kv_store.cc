@@ -231,12 +231,18 @@ absl::Status KvStore::Append(SequenceId seq, int layer_begin, int layer_count, i
       }
       rows = shared_rows_.data();
     }
-    if (!encoded && written.ok()) {
-      written = memory == RowMemory::kDevice ? storage_->WriteDeviceRows(l, target, rows)
-                                             : storage_->WriteRows(l, target, rows);
+    bool value_named = false;  // a device value out of bound, named by kv's own shape
+    if (!encoded && written.ok() && memory == RowMemory::kDevice) {
+      written = storage_->WriteDeviceRows(l, target, rows, [&](int64_t index, bf16_bits bits) {
+        value_named = true;
+        const int64_t shape[] = {layer_count, num_tokens, kKvDim};
+        return OutOfBoundError(shape, (l - layer_begin) * layer_values + index, bits, "kv");
+      });
+    } else if (!encoded && written.ok()) {
+      written = storage_->WriteRows(l, target, rows);
     }
     if (written.code() == absl::StatusCode::kInvalidArgument && memory == RowMemory::kDevice &&
-        !encoded) {
+        !encoded && !value_named) {
       written =
           absl::InvalidArgumentError(absl::StrCat("kv[", l - layer_begin, "] ", written.message()));
     }

@@ -15,6 +15,7 @@
 #include "kernels/value_bound_check.h"
 #include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
+#include "verify/value_bound.h"
 
 namespace verifyd {
 namespace {
@@ -190,7 +191,7 @@ absl::Status CudaKvStorage::FlushWrites() const {
 }
 
 absl::Status CudaKvStorage::WriteDeviceRows(int layer, absl::Span<const int32_t> slots,
-                                            const bf16_bits* rows) {
+                                            const bf16_bits* rows, BadValueNamer name_bad_value) {
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer));
   VERIFYD_RETURN_IF_ERROR(CheckSlots(slots, "slots"));
   if (slots.empty()) return absl::OkStatus();
@@ -220,13 +221,7 @@ absl::Status CudaKvStorage::WriteDeviceRows(int layer, absl::Span<const int32_t>
   VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
   ring_used_ = 0;  // the stream is idle: every copy out of the ring has happened
   if (*found != kNoneOutOfBound) {
-    const int64_t bad = OutOfBoundIndex(*found);
-    const float v = Bf16ToFloat(OutOfBoundBits(*found));
-    return absl::InvalidArgumentError(absl::StrCat(
-        "row ", bad / kKvDim, " element ", bad % kKvDim, " = ", v,
-        std::isfinite(v) ? " is outside" : " is not finite; values must lie in",
-        " [-65536, 65536] (SPEC §1: NaN and Inf are rejected, and finite values beyond 2^16 "
-        "could overflow the scores); nothing was kept"));
+    return name_bad_value(OutOfBoundIndex(*found), OutOfBoundBits(*found));
   }
   uint8_t* layer_bytes = const_cast<uint8_t*>(layer_device_bytes(layer));
   const auto* slots_on_device = static_cast<const int32_t*>(slots_dev);
@@ -246,7 +241,11 @@ absl::Status CudaKvStorage::WriteEncodedDeviceRows(int layer, absl::Span<const i
                                                    const uint8_t* rows, BadRowNamer name_bad_row) {
   // A bf16 pool's encoded rows are bf16 rows.
   if (dtype_ == KvDtype::kBf16) {
-    return WriteDeviceRows(layer, slots, reinterpret_cast<const bf16_bits*>(rows));
+    return WriteDeviceRows(layer, slots, reinterpret_cast<const bf16_bits*>(rows),
+                           [](int64_t index, bf16_bits bits) {
+                             const int64_t shape[] = {index / kKvDim + 1, kKvDim};
+                             return OutOfBoundError(shape, index, bits, "rows");
+                           });
   }
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer));
   VERIFYD_RETURN_IF_ERROR(CheckSlots(slots, "slots"));

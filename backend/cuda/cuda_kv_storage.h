@@ -61,8 +61,8 @@ class CudaKvStorage : public KvStorage {
   // (one read of their bytes, then a wait), writes them with one kernel (quantizing into an fp8
   // pool) and waits again: the caller's buffer is free on return. Rows already in the fp8 layout
   // from device memory are not taken (the store refuses them: plans/0030 says why).
-  absl::Status WriteDeviceRows(int layer, absl::Span<const int32_t> slots,
-                               const bf16_bits* rows) override;
+  absl::Status WriteDeviceRows(int layer, absl::Span<const int32_t> slots, const bf16_bits* rows,
+                               BadValueNamer name_bad_value) override;
   absl::Status WriteEncodedDeviceRows(int layer, absl::Span<const int32_t> slots,
                                       const uint8_t* rows, BadRowNamer name_bad_row) override;
   // Gather kernel → D2H → waits for the stream. An fp8 pool: FAILED_PRECONDITION, as on the host

@@ -213,13 +213,17 @@ TEST_F(CudaFp8StorageTest, DeviceRowsAreCheckedThenQuantized) {
     ASSERT_EQ(cudaMemcpy(device_rows, rows.data(), rows.size() * sizeof(bf16_bits),
                          cudaMemcpyHostToDevice),
               cudaSuccess);
-    const absl::Status s = cuda().WriteDeviceRows(layer, slots, device_rows);
+    int64_t named = -1;
+    const absl::Status s =
+        cuda().WriteDeviceRows(layer, slots, device_rows, [&](int64_t index, bf16_bits bits) {
+          named = index;
+          return absl::InvalidArgumentError(absl::StrCat("named ", bits));
+        });
     if (plant) {
       ++refused;
       EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-      const std::string where =
-          absl::StrCat("row ", bad / kKvDim, " element ", bad % kKvDim, " = ");
-      EXPECT_NE(s.message().find(where), std::string::npos) << s << " (want " << where << ")";
+      EXPECT_EQ(named, bad) << "the planted value's flat index";
+      EXPECT_EQ(s.message(), absl::StrCat("named ", rows[bad]));
     } else {
       ASSERT_TRUE(s.ok()) << s;
       ASSERT_TRUE(host_->WriteRows(layer, slots, rows.data()).ok());

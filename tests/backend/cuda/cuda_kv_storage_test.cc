@@ -261,13 +261,20 @@ TEST_F(CudaKvStorageTest, DeviceRowsAreCheckedThenWrittenAndBadOnesChangeNothing
     ASSERT_EQ(cudaMemcpy(device_rows, rows.data(), rows.size() * sizeof(bf16_bits),
                          cudaMemcpyHostToDevice),
               cudaSuccess);
-    const absl::Status s = cuda.WriteDeviceRows(layer, slots, device_rows);
+    int64_t named = -1;
+    bf16_bits named_bits = 0;
+    const absl::Status s =
+        cuda.WriteDeviceRows(layer, slots, device_rows, [&](int64_t index, bf16_bits bits) {
+          named = index;
+          named_bits = bits;
+          return absl::InvalidArgumentError("named");
+        });
     if (plant) {
       ++refused;
       EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-      const std::string where =
-          absl::StrCat("row ", bad / kKvDim, " element ", bad % kKvDim, " = ");
-      EXPECT_NE(s.message().find(where), std::string::npos) << s << " (want " << where << ")";
+      EXPECT_EQ(s.message(), "named") << "the caller's namer gives the answer";
+      EXPECT_EQ(named, bad) << "the first bad value's flat index";
+      EXPECT_EQ(named_bits, rows[bad]);
     } else {
       ASSERT_TRUE(s.ok()) << s;
       ASSERT_TRUE(host.WriteRows(layer, slots, rows.data()).ok());
@@ -275,9 +282,10 @@ TEST_F(CudaKvStorageTest, DeviceRowsAreCheckedThenWrittenAndBadOnesChangeNothing
   }
   EXPECT_GT(refused, 10);
   // Misaligned rows and a bad slot are refused before anything moves.
-  EXPECT_EQ(cuda.WriteDeviceRows(0, {1}, device_rows + 1).code(),
+  auto unused = [](int64_t, bf16_bits) { return absl::InternalError("never named"); };
+  EXPECT_EQ(cuda.WriteDeviceRows(0, {1}, device_rows + 1, unused).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(cuda.WriteDeviceRows(0, {static_cast<int32_t>(capacity)}, device_rows).code(),
+  EXPECT_EQ(cuda.WriteDeviceRows(0, {static_cast<int32_t>(capacity)}, device_rows, unused).code(),
             absl::StatusCode::kInvalidArgument);
   ASSERT_EQ(cudaFree(device_rows), cudaSuccess);
   ExpectSamePools(host, cuda);

@@ -22,6 +22,7 @@
 #include "verify/bf16.h"
 #include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
+#include "verify/value_bound.h"
 
 namespace verifyd {
 namespace {
@@ -219,9 +220,11 @@ TEST(CudaKvStore, AppendFromDeviceRowsMatchesHostAppendAndBadValuesKeepNothing) 
                                                  AppendExpectation::Any(), RowMemory::kDevice);
     if (plant) {
       ++refused;
+      // Named by kv's own shape, as the same rows from host memory are (CheckValueBound).
+      const int64_t shape[] = {kLayers, tokens, kKvDim};
+      EXPECT_EQ(got, CheckValueBound(kv.data(), shape, "kv"));
       EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << got;
-      EXPECT_NE(got.message().find(absl::StrCat("kv[", bad_layer, "] row ")), std::string::npos)
-          << got;
+      EXPECT_NE(got.message().find(absl::StrCat("kv[", bad_layer, ", ")), std::string::npos) << got;
     } else {
       ASSERT_TRUE(got.ok()) << got;
       ASSERT_TRUE(twins.host().Append(seq, 0, kLayers, tokens, kv.data()).ok());
