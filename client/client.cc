@@ -218,6 +218,34 @@ absl::StatusOr<v1::AppendResponse> Client::AppendKvFp8(uint64_t sequence_id, uin
   return Append(request, call);
 }
 
+absl::StatusOr<v1::AppendResponse> Client::AppendKvRegistered(
+    uint64_t sequence_id, uint32_t layer_begin, int64_t layer_count, int64_t tokens,
+    v1::DType dtype, uint64_t region, uint64_t offset, AppendPosition at, const CallOptions& call) {
+  int64_t row = 0;
+  if (dtype == v1::DTYPE_BF16) row = 576;
+  if (dtype == v1::DTYPE_FP8_MLA) row = 656;
+  if (row == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AppendKvRegistered: dtype = ", v1::DType_Name(dtype),
+                     " must be DTYPE_BF16 (576 values a row) or DTYPE_FP8_MLA (656 bytes a row)"));
+  }
+  if (layer_count < 1 || tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AppendKvRegistered: layer_count = ", layer_count, " and tokens = ", tokens,
+                     " must be >= 1"));
+  }
+  v1::AppendRequest request;
+  request.set_sequence_id(sequence_id);
+  request.set_layer_begin(layer_begin);
+  SetExpectedPosition(at, &request);
+  v1::Tensor* kv = request.mutable_kv();
+  kv->set_dtype(dtype);
+  for (int64_t d : {layer_count, tokens, row}) kv->add_shape(d);
+  kv->mutable_external_memory()->set_region(region);
+  kv->mutable_external_memory()->set_offset(offset);
+  return Append(request, call);
+}
+
 absl::StatusOr<v1::VerifyResponse> Client::Verify(const v1::VerifyRequest& request,
                                                   const CallOptions& call) {
   v1::VerifyResponse response;

@@ -109,6 +109,17 @@ class Client {
                                                  int64_t layer_count, int64_t tokens,
                                                  absl::Span<const uint8_t> rows, AppendPosition at,
                                                  const CallOptions& call = {});
+  // An Append whose kv lies at `offset` (a multiple of 64) of a region this Client registered
+  // (RegisterExternalMemory): bf16 [layer_count, tokens, 576] (dtype DTYPE_BF16) or rows already in
+  // the fp8 layout [layer_count, tokens, 656] (DTYPE_FP8_MLA, a daemon started with
+  // --kv_dtype=fp8). One message whatever the size: the daemon reads and checks the rows where
+  // they lie (on the GPU for device memory), names a bad element as for inline rows and keeps
+  // nothing of a refused call.
+  absl::StatusOr<v1::AppendResponse> AppendKvRegistered(uint64_t sequence_id, uint32_t layer_begin,
+                                                        int64_t layer_count, int64_t tokens,
+                                                        v1::DType dtype, uint64_t region,
+                                                        uint64_t offset, AppendPosition at,
+                                                        const CallOptions& call = {});
   absl::StatusOr<v1::VerifyResponse> Verify(const v1::VerifyRequest& request,
                                             const CallOptions& call = {});
   // accepted_path: a root, then each node a child of the previous; empty rejects the whole tree.

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/sealed_memfd.h"
+#include "client/fp8_rows.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/service/data_plane_support.h"
@@ -92,6 +93,120 @@ TEST(ExternalMemoryTest, AFileTheClientCouldTruncateIsNeverMapped) {
   EXPECT_EQ(mismatch, "");
   munmap(data, 4 << 20);
   close(*sealed);
+}
+
+// A sealed memfd of this process, mapped and registered with h's daemon.
+struct RegisteredMemfd {
+  RegisteredMemfd(Harness& h, size_t bytes) : bytes(bytes) {
+    absl::StatusOr<int> sealed = CreateSealedMemfd("ext-append", bytes);
+    EXPECT_TRUE(sealed.ok()) << sealed.status();
+    fd = sealed.value_or(-1);
+    data = static_cast<uint8_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    EXPECT_NE(data, MAP_FAILED);
+    absl::StatusOr<v1::RegisterExternalMemoryResponse> r =
+        h.client->RegisterExternalMemory(ProcFd(fd), bytes);
+    EXPECT_TRUE(r.ok()) << r.status();
+    region = r.ok() ? r->region() : 0;
+  }
+  ~RegisteredMemfd() {
+    munmap(data, bytes);
+    close(fd);
+  }
+  size_t bytes;
+  int fd = -1;
+  uint8_t* data = nullptr;
+  uint64_t region = 0;
+};
+
+// Client::AppendKvRegistered: rows that lie in registered memory are appended by region and
+// offset, bf16 and fp8 alike; they attend as the same rows inline; a bad value is named word for
+// word as inline and nothing is kept; a misaligned offset and an unknown dtype are refused naming
+// them.
+TEST(ExternalMemoryTest, AppendKvRegisteredTakesRowsWhereTheyLie) {
+  Harness h(testing::SmallOptions("ext-append"));
+  ASSERT_TRUE(h.server.status().ok());
+  RegisteredMemfd mem(h, 4 << 20);
+  const v1::AppendRequest append = h.model.MakeAppend(5, 13);
+  const std::string& rows = append.kv().inline_data();
+  const int64_t layers = append.kv().shape(0);
+  std::memcpy(mem.data + 4096, rows.data(), rows.size());
+  absl::StatusOr<v1::AppendResponse> done = h.client->AppendKvRegistered(
+      5, 0, layers, 13, v1::DTYPE_BF16, mem.region, 4096, AppendPosition::Create());
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->committed_length(), 13u);
+  h.model.AcceptAppend(append);
+  testing::RpcDriver driver(h.server.stub(), h.model);
+  std::string mismatch;
+  ASSERT_TRUE(
+      driver.Verify(h.model.MakeVerify(1, {{5, {-1, 0, 0}, std::nullopt}}, true), &mismatch).ok());
+  EXPECT_EQ(mismatch, "");
+
+  // A NaN at [1, 7, 30]: the registered rows' answer is the inline rows' answer.
+  std::vector<uint16_t> bad(rows.size() / 2);
+  std::memcpy(bad.data(), rows.data(), rows.size());
+  bad[(1 * 13 + 7) * 576 + 30] = 0x7fc0;
+  std::memcpy(mem.data + 65536, bad.data(), rows.size());
+  const uint64_t used = h.Stats().used_tokens();
+  const absl::StatusOr<v1::AppendResponse> inline_bad =
+      h.client->AppendKv(6, 0, layers, 13, bad, AppendPosition::Create());
+  const absl::StatusOr<v1::AppendResponse> registered_bad = h.client->AppendKvRegistered(
+      6, 0, layers, 13, v1::DTYPE_BF16, mem.region, 65536, AppendPosition::Create());
+  EXPECT_EQ(registered_bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registered_bad.status(), inline_bad.status());
+  EXPECT_THAT(registered_bad.status().message(), HasSubstr("kv[1, 7, 30] = nan"));
+  EXPECT_EQ(h.Stats().used_tokens(), used);
+
+  const absl::StatusOr<v1::AppendResponse> misaligned = h.client->AppendKvRegistered(
+      6, 0, layers, 13, v1::DTYPE_BF16, mem.region, 4096 + 32, AppendPosition::Create());
+  EXPECT_EQ(misaligned.status().code(), absl::StatusCode::kInvalidArgument) << misaligned.status();
+  EXPECT_THAT(misaligned.status().message(), HasSubstr("kv.external_memory"));
+  const absl::StatusOr<v1::AppendResponse> fp32 = h.client->AppendKvRegistered(
+      6, 0, layers, 13, v1::DTYPE_FP32, mem.region, 4096, AppendPosition::Create());
+  EXPECT_EQ(fp32.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(fp32.status().message(), HasSubstr("dtype = DTYPE_FP32"));
+  EXPECT_EQ(h.Stats().used_tokens(), used);
+}
+
+TEST(ExternalMemoryTest, AppendKvRegisteredTakesFp8RowsAsInline) {
+  ServiceOptions options = testing::SmallOptions("ext-append-fp8");
+  options.kv_dtype = KvDtype::kFp8;
+  Harness h(options);
+  ASSERT_TRUE(h.server.status().ok());
+  RegisteredMemfd mem(h, 4 << 20);
+  const v1::AppendRequest append = h.model.MakeAppend(7, 21);
+  const std::string& bits = append.kv().inline_data();
+  const int64_t layers = append.kv().shape(0);
+  std::vector<uint16_t> bf16(bits.size() / 2);
+  std::memcpy(bf16.data(), bits.data(), bits.size());
+  absl::StatusOr<std::vector<uint8_t>> rows = QuantizeKvRowsFp8(bf16);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  std::memcpy(mem.data + 8192, rows->data(), rows->size());
+  ASSERT_TRUE(h.client->AppendKvFp8(7, 0, layers, 21, *rows, AppendPosition::Create()).ok());
+  absl::StatusOr<v1::AppendResponse> done = h.client->AppendKvRegistered(
+      8, 0, layers, 21, v1::DTYPE_FP8_MLA, mem.region, 8192, AppendPosition::Create());
+  ASSERT_TRUE(done.ok()) << done.status();
+  for (int layer = 0; layer < layers; ++layer) {
+    v1::VerifyRequest request = h.model.MakeVerify(layer, {{7, {-1, 0, 1}, std::nullopt}}, true);
+    absl::StatusOr<v1::VerifyResponse> a = h.client->Verify(request);
+    request.mutable_sequences(0)->set_sequence_id(8);
+    absl::StatusOr<v1::VerifyResponse> b = h.client->Verify(request);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
+    EXPECT_EQ(a->out().inline_data(), b->out().inline_data()) << "layer " << layer;
+    EXPECT_EQ(a->lse().inline_data(), b->lse().inline_data()) << "layer " << layer;
+  }
+  // A bad row: named as inline, nothing kept.
+  std::vector<uint8_t> bad = *rows;
+  bad[(1 * 21 + 4) * 656 + 40] = 0x7F;
+  std::memcpy(mem.data + 65536, bad.data(), bad.size());
+  const uint64_t used = h.Stats().used_tokens();
+  const absl::StatusOr<v1::AppendResponse> inline_bad =
+      h.client->AppendKvFp8(9, 0, layers, 21, bad, AppendPosition::Create());
+  const absl::StatusOr<v1::AppendResponse> registered_bad = h.client->AppendKvRegistered(
+      9, 0, layers, 21, v1::DTYPE_FP8_MLA, mem.region, 65536, AppendPosition::Create());
+  EXPECT_EQ(registered_bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registered_bad.status(), inline_bad.status());
+  EXPECT_THAT(registered_bad.status().message(), HasSubstr("kv[1, 4] byte 40"));
+  EXPECT_EQ(h.Stats().used_tokens(), used);
 }
 
 TEST(ExternalMemoryTest, NoFileOfTheDaemonsUserCanBeNamed) {
