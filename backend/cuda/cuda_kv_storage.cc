@@ -190,49 +190,59 @@ absl::Status CudaKvStorage::FlushWrites() const {
   return absl::OkStatus();
 }
 
-absl::Status CudaKvStorage::WriteDeviceRows(int layer, absl::Span<const int32_t> slots,
-                                            const bf16_bits* rows, BadValueNamer name_bad_value) {
-  VERIFYD_RETURN_IF_ERROR(CheckLayer(layer));
-  VERIFYD_RETURN_IF_ERROR(CheckSlots(slots, "slots"));
-  if (slots.empty()) return absl::OkStatus();
+absl::StatusOr<CudaKvStorage::DeviceRowsScratch> CudaKvStorage::StageDeviceRows(
+    absl::Span<const int32_t> slots, const void* rows) {
   if (rows == nullptr) return absl::InvalidArgumentError("rows must not be null");
   if (reinterpret_cast<uintptr_t>(rows) % 16 != 0) {
     return absl::InvalidArgumentError("rows must be 16-byte aligned");
   }
-  // Earlier host rows land first, so a later device row for the same slot wins (call order).
   VERIFYD_RETURN_IF_ERROR(FlushWrites());
   VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
-  const int64_t elements = static_cast<int64_t>(slots.size()) * kKvDim;
-  // Scratch: [slots | first bad index]; sized before the upload so that growing it cannot
-  // discard the slots.
+  // Sized before the upload so that growing it cannot discard the slots.
   const size_t first_offset = AlignTo256(slots.size() * sizeof(int32_t));
   VERIFYD_RETURN_IF_ERROR(scratch_.Reserve(first_offset + sizeof(uint64_t), *stream_).status());
   void* slots_dev = nullptr;
   void* unused = nullptr;
   VERIFYD_RETURN_IF_ERROR(
       UploadScratch(slots.data(), slots.size() * sizeof(int32_t), nullptr, 0, &slots_dev, &unused));
-  auto* first = scratch_.as<unsigned long long>(first_offset);
-  VERIFYD_CUDA_CHECK(cudaMemsetAsync(first, 0xff, sizeof(uint64_t), stream_->get()));
-  VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBound(rows, elements, first, stream_->get()));
+  DeviceRowsScratch staged;
+  staged.slots = static_cast<const int32_t*>(slots_dev);
+  staged.first_bad = scratch_.as<unsigned long long>(first_offset);
+  VERIFYD_CUDA_CHECK(cudaMemsetAsync(staged.first_bad, 0xff, sizeof(uint64_t), stream_->get()));
+  return staged;
+}
+
+absl::StatusOr<unsigned long long> CudaKvStorage::ReadFirstBad(
+    const unsigned long long* first_bad) {
   VERIFYD_RETURN_IF_ERROR(read_back_.Reserve(sizeof(uint64_t), *stream_).status());
   auto* found = static_cast<unsigned long long*>(read_back_.get());
   VERIFYD_CUDA_CHECK(
-      cudaMemcpyAsync(found, first, sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_->get()));
+      cudaMemcpyAsync(found, first_bad, sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_->get()));
   VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
   ring_used_ = 0;  // the stream is idle: every copy out of the ring has happened
-  if (*found != kNoneOutOfBound) {
-    return name_bad_value(OutOfBoundIndex(*found), OutOfBoundBits(*found));
-  }
+  return *found;
+}
+
+absl::Status CudaKvStorage::WriteDeviceRows(int layer, absl::Span<const int32_t> slots,
+                                            const bf16_bits* rows, BadValueNamer name_bad_value) {
+  VERIFYD_RETURN_IF_ERROR(CheckLayer(layer));
+  VERIFYD_RETURN_IF_ERROR(CheckSlots(slots, "slots"));
+  if (slots.empty()) return absl::OkStatus();
+  VERIFYD_ASSIGN_OR_RETURN(const DeviceRowsScratch staged, StageDeviceRows(slots, rows));
+  const int64_t elements = static_cast<int64_t>(slots.size()) * kKvDim;
+  VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBound(rows, elements, staged.first_bad, stream_->get()));
+  VERIFYD_ASSIGN_OR_RETURN(const unsigned long long found, ReadFirstBad(staged.first_bad));
+  if (found != kNoneOutOfBound)
+    return name_bad_value(OutOfBoundIndex(found), OutOfBoundBits(found));
   uint8_t* layer_bytes = const_cast<uint8_t*>(layer_device_bytes(layer));
-  const auto* slots_on_device = static_cast<const int32_t*>(slots_dev);
   const int count = static_cast<int>(slots.size());
   if (dtype_ == KvDtype::kFp8) {
     // Checked above as bf16 (SPEC §1), quantized on the way in as WriteRows' rows are.
     VERIFYD_RETURN_IF_ERROR(
-        LaunchKvSlotWriteFp8(layer_bytes, capacity_, rows, slots_on_device, count, stream_->get()));
+        LaunchKvSlotWriteFp8(layer_bytes, capacity_, rows, staged.slots, count, stream_->get()));
   } else {
     VERIFYD_RETURN_IF_ERROR(LaunchKvSlotWrite(reinterpret_cast<bf16_bits*>(layer_bytes), capacity_,
-                                              rows, slots_on_device, count, stream_->get()));
+                                              rows, staged.slots, count, stream_->get()));
   }
   return stream_->Synchronize();
 }
@@ -250,33 +260,15 @@ absl::Status CudaKvStorage::WriteEncodedDeviceRows(int layer, absl::Span<const i
   VERIFYD_RETURN_IF_ERROR(CheckLayer(layer));
   VERIFYD_RETURN_IF_ERROR(CheckSlots(slots, "slots"));
   if (slots.empty()) return absl::OkStatus();
-  if (rows == nullptr) return absl::InvalidArgumentError("rows must not be null");
-  if (reinterpret_cast<uintptr_t>(rows) % 16 != 0) {
-    return absl::InvalidArgumentError("rows must be 16-byte aligned");
-  }
-  // Earlier host rows land first, so a later device row for the same slot wins (call order).
-  VERIFYD_RETURN_IF_ERROR(FlushWrites());
-  VERIFYD_RETURN_IF_ERROR(stream_->MakeDeviceCurrent());
+  VERIFYD_ASSIGN_OR_RETURN(const DeviceRowsScratch staged, StageDeviceRows(slots, rows));
   const int64_t count = static_cast<int64_t>(slots.size());
-  // Scratch: [slots | first bad row]; read back: [first bad row | that row's bytes].
-  const size_t first_offset = AlignTo256(slots.size() * sizeof(int32_t));
-  VERIFYD_RETURN_IF_ERROR(scratch_.Reserve(first_offset + sizeof(uint64_t), *stream_).status());
-  VERIFYD_RETURN_IF_ERROR(read_back_.Reserve(16 + kFp8RowBytes, *stream_).status());
-  void* slots_dev = nullptr;
-  void* unused = nullptr;
-  VERIFYD_RETURN_IF_ERROR(
-      UploadScratch(slots.data(), slots.size() * sizeof(int32_t), nullptr, 0, &slots_dev, &unused));
-  auto* first = scratch_.as<unsigned long long>(first_offset);
-  VERIFYD_CUDA_CHECK(cudaMemsetAsync(first, 0xff, sizeof(uint64_t), stream_->get()));
-  VERIFYD_RETURN_IF_ERROR(LaunchFirstBadFp8Row(rows, count, first, stream_->get()));
-  auto* found = static_cast<unsigned long long*>(read_back_.get());
-  VERIFYD_CUDA_CHECK(
-      cudaMemcpyAsync(found, first, sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_->get()));
-  VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
-  ring_used_ = 0;  // the stream is idle: every copy out of the ring has happened
-  if (*found != ~0ull) {
-    const int64_t bad = static_cast<int64_t>(*found);
-    uint8_t* row = read_back_.as<uint8_t>(16);
+  VERIFYD_RETURN_IF_ERROR(LaunchFirstBadFp8Row(rows, count, staged.first_bad, stream_->get()));
+  VERIFYD_ASSIGN_OR_RETURN(const unsigned long long found, ReadFirstBad(staged.first_bad));
+  if (found != ~0ull) {
+    // That one row back to the host, named by the caller's check of it.
+    const int64_t bad = static_cast<int64_t>(found);
+    VERIFYD_RETURN_IF_ERROR(read_back_.Reserve(kFp8RowBytes, *stream_).status());
+    uint8_t* row = read_back_.as<uint8_t>();
     VERIFYD_CUDA_CHECK(cudaMemcpyAsync(row, rows + bad * kFp8RowBytes, kFp8RowBytes,
                                        cudaMemcpyDeviceToHost, stream_->get()));
     VERIFYD_RETURN_IF_ERROR(stream_->Synchronize());
@@ -288,9 +280,9 @@ absl::Status CudaKvStorage::WriteEncodedDeviceRows(int layer, absl::Span<const i
     }
     return named;
   }
-  VERIFYD_RETURN_IF_ERROR(LaunchFp8RowSlotWrite(
-      const_cast<uint8_t*>(layer_device_bytes(layer)), capacity_, rows,
-      static_cast<const int32_t*>(slots_dev), static_cast<int>(count), stream_->get()));
+  VERIFYD_RETURN_IF_ERROR(LaunchFp8RowSlotWrite(const_cast<uint8_t*>(layer_device_bytes(layer)),
+                                                capacity_, rows, staged.slots,
+                                                static_cast<int>(count), stream_->get()));
   return stream_->Synchronize();
 }
 

@@ -119,6 +119,17 @@ class CudaKvStorage : public KvStorage {
   // Enqueues `batch`'s rows with the kernel that fits them: a plain copy when their size is the
   // pool's row size, else (bf16 rows into an fp8 pool) the quantizing write.
   absl::Status FlushBatch(CudaWriteBatch& batch) const;
+  // The start shared by the writes from device rows: the rows' pointer checked, earlier host rows
+  // flushed (a later device row for the same slot wins: call order), the slots uploaded and a
+  // first-bad word armed to ~0 in the scratch ([slots | word]), for the caller's check kernel.
+  struct DeviceRowsScratch {
+    const int32_t* slots = nullptr;
+    unsigned long long* first_bad = nullptr;
+  };
+  absl::StatusOr<DeviceRowsScratch> StageDeviceRows(absl::Span<const int32_t> slots,
+                                                    const void* rows);
+  // The first-bad word once the check enqueued on the stream has run (the stream is then idle).
+  absl::StatusOr<unsigned long long> ReadFirstBad(const unsigned long long* first_bad);
   // The gather shared by ReadRows and ReadEncodedRows: row_bytes() per row into `out`.
   absl::Status GatherToHost(int layer, absl::Span<const int32_t> slots, void* out) const;
 
