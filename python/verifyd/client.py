@@ -568,24 +568,24 @@ class Client:
         return VerifyResult(out, lse, [int(n) for n in response.committed_length], response)
 
 
-def _is_uint8(x: Any) -> bool:
-    """Whether x is a uint8 array: numpy, or a torch tensor (fp8 rows in the 656-byte layout)."""
+def _has_dtype(x: Any, numpy_dtype, torch_dtype: str) -> bool:
+    """Whether x is a numpy array of numpy_dtype or a torch tensor of torch.<torch_dtype>."""
     if isinstance(x, np.ndarray):
-        return x.dtype == np.uint8
+        return x.dtype == numpy_dtype
     if is_torch(x):
         import torch  # noqa: PLC0415 - optional dependency
-        return x.dtype == torch.uint8
+        return x.dtype == getattr(torch, torch_dtype)
     return False
+
+
+def _is_uint8(x: Any) -> bool:
+    """Whether x is a uint8 array: numpy, or a torch tensor (fp8 rows in the 656-byte layout)."""
+    return _has_dtype(x, np.uint8, "uint8")
 
 
 def _is_bf16_bits(x: Any) -> bool:
     """Whether x holds bf16 values: a torch bfloat16 tensor, or numpy uint16 bits."""
-    if isinstance(x, np.ndarray):
-        return x.dtype == np.uint16
-    if is_torch(x):
-        import torch  # noqa: PLC0415 - optional dependency
-        return x.dtype == torch.bfloat16
-    return False
+    return _has_dtype(x, np.uint16, "bfloat16")
 
 
 def _dtype_name(x: Any) -> str:
