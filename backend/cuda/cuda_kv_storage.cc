@@ -232,8 +232,9 @@ absl::Status CudaKvStorage::WriteDeviceRows(int layer, absl::Span<const int32_t>
   const int64_t elements = static_cast<int64_t>(slots.size()) * kKvDim;
   VERIFYD_RETURN_IF_ERROR(LaunchFirstOutOfBound(rows, elements, staged.first_bad, stream_->get()));
   VERIFYD_ASSIGN_OR_RETURN(const unsigned long long found, ReadFirstBad(staged.first_bad));
-  if (found != kNoneOutOfBound)
+  if (found != kNoneOutOfBound) {
     return name_bad_value(OutOfBoundIndex(found), OutOfBoundBits(found));
+  }
   uint8_t* layer_bytes = const_cast<uint8_t*>(layer_device_bytes(layer));
   const int count = static_cast<int>(slots.size());
   if (dtype_ == KvDtype::kFp8) {
