@@ -255,32 +255,24 @@ absl::StatusOr<AppendCall> ValidateAppend(const v1::AppendRequest& request,
         CheckDimEquals(kv, "kv", 2, kFp8RowBytes, "the fp8 row's bytes (DTYPE_FP8_MLA)"));
     VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckBytes(kv, "kv", shm, external, 1, "fp8 bytes"));
     call.kv_dtype = KvDtype::kFp8;
-    // The store checks every row (verify/kv_fp8_check.h) in any memory, before it keeps any: in
-    // device memory, the storage finds the first bad row where the rows are
-    // (KvStorage::WriteEncodedDeviceRows).
-    if (kv.data_case() == Tensor::kInlineData) {
-      call.kv_memory = RowMemory::kHost;
-    } else if (kv.data_case() == Tensor::kExternalMemory && !external->table->host_memory()) {
-      call.kv_memory = RowMemory::kDevice;
-    } else {
-      call.kv_memory = RowMemory::kShared;
-    }
   } else {
     VERIFYD_RETURN_IF_ERROR(CheckDimEquals(kv, "kv", 2, kKvDim, "the KV row width"));
     VERIFYD_ASSIGN_OR_RETURN(call.kv, CheckPayload(kv, "kv", shm, external));
   }
-  if (fp8) {
-    // Kind and memory set above.
-  } else if (kv.data_case() == Tensor::kExternalMemory && !external->table->host_memory()) {
-    // Device memory: the storage checks the values where they are (KvStorage::WriteDeviceRows).
+  // Where the rows lie decides where the store checks them (SPEC §1), for either dtype (fp8 rows:
+  // verify/kv_fp8_check.h).
+  if (kv.data_case() == Tensor::kExternalMemory && !external->table->host_memory()) {
+    // Device memory: the storage checks the values where they are (KvStorage::WriteDeviceRows,
+    // WriteEncodedDeviceRows).
     call.kv_memory = RowMemory::kDevice;
   } else if (kv.data_case() != Tensor::kInlineData) {
     // Memory the client can rewrite until the executor is done with it: the store checks the copy
     // it makes, not these bytes now (issue 33 N8).
     call.kv_memory = RowMemory::kShared;
-  } else {
+  } else if (!fp8) {
     VERIFYD_RETURN_IF_ERROR(CheckValues(kv, "kv", static_cast<const bf16_bits*>(call.kv)));
   }
+  // Inline fp8 rows: the store checks every row before it keeps any (KvStore::Append).
   switch (request.expected_position_case()) {
     case v1::AppendRequest::kCreate:
       if (!request.create()) {

@@ -59,8 +59,9 @@ class CudaKvStorage : public KvStorage {
                          const bf16_bits* rows) override;
   // bf16 rows in device memory. Flushes the write batches, checks the rows' values on the device
   // (one read of their bytes, then a wait), writes them with one kernel (quantizing into an fp8
-  // pool) and waits again: the caller's buffer is free on return. Rows already in the fp8 layout
-  // from device memory are not taken (the store refuses them: plans/0030 says why).
+  // pool) and waits again: the caller's buffer is free on return. WriteEncodedDeviceRows does the
+  // same for rows already in the pool's layout (an fp8 pool: its rules checked on the device,
+  // kernels/kv_fp8_row_check.h; the rows copied as they are).
   absl::Status WriteDeviceRows(int layer, absl::Span<const int32_t> slots, const bf16_bits* rows,
                                BadValueNamer name_bad_value) override;
   absl::Status WriteEncodedDeviceRows(int layer, absl::Span<const int32_t> slots,
