@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "base/sealed_memfd.h"
 #include "client/fp8_rows.h"
@@ -118,6 +119,20 @@ struct RegisteredMemfd {
   uint64_t region = 0;
 };
 
+// A refused Append from registered memory answers as the same rows inline (code and message,
+// which names `where`) and keeps nothing: `inline_append` and `registered_append` send them.
+void ExpectRefusedAsInline(Harness& h, absl::FunctionRef<absl::Status()> inline_append,
+                           absl::FunctionRef<absl::Status()> registered_append,
+                           const std::string& where) {
+  const uint64_t used = h.Stats().used_tokens();
+  const absl::Status inline_status = inline_append();
+  const absl::Status registered = registered_append();
+  EXPECT_EQ(registered.code(), absl::StatusCode::kInvalidArgument) << registered;
+  EXPECT_EQ(registered, inline_status);
+  EXPECT_THAT(registered.message(), HasSubstr(where));
+  EXPECT_EQ(h.Stats().used_tokens(), used);
+}
+
 // Client::AppendKvRegistered: rows that lie in registered memory are appended by region and
 // offset, bf16 and fp8 alike; they attend as the same rows inline; a bad value is named word for
 // word as inline and nothing is kept; a misaligned offset and an unknown dtype are refused naming
@@ -146,15 +161,17 @@ TEST(ExternalMemoryTest, AppendKvRegisteredTakesRowsWhereTheyLie) {
   std::memcpy(bad.data(), rows.data(), rows.size());
   bad[(1 * 13 + 7) * 576 + 30] = 0x7fc0;
   std::memcpy(mem.data + 65536, bad.data(), rows.size());
+  ExpectRefusedAsInline(
+      h,
+      [&] { return h.client->AppendKv(6, 0, layers, 13, bad, AppendPosition::Create()).status(); },
+      [&] {
+        return h.client
+            ->AppendKvRegistered(6, 0, layers, 13, v1::DTYPE_BF16, mem.region, 65536,
+                                 AppendPosition::Create())
+            .status();
+      },
+      "kv[1, 7, 30] = nan");
   const uint64_t used = h.Stats().used_tokens();
-  const absl::StatusOr<v1::AppendResponse> inline_bad =
-      h.client->AppendKv(6, 0, layers, 13, bad, AppendPosition::Create());
-  const absl::StatusOr<v1::AppendResponse> registered_bad = h.client->AppendKvRegistered(
-      6, 0, layers, 13, v1::DTYPE_BF16, mem.region, 65536, AppendPosition::Create());
-  EXPECT_EQ(registered_bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(registered_bad.status(), inline_bad.status());
-  EXPECT_THAT(registered_bad.status().message(), HasSubstr("kv[1, 7, 30] = nan"));
-  EXPECT_EQ(h.Stats().used_tokens(), used);
 
   const absl::StatusOr<v1::AppendResponse> misaligned = h.client->AppendKvRegistered(
       6, 0, layers, 13, v1::DTYPE_BF16, mem.region, 4096 + 32, AppendPosition::Create());
@@ -198,15 +215,18 @@ TEST(ExternalMemoryTest, AppendKvRegisteredTakesFp8RowsAsInline) {
   std::vector<uint8_t> bad = *rows;
   bad[(1 * 21 + 4) * 656 + 40] = 0x7F;
   std::memcpy(mem.data + 65536, bad.data(), bad.size());
-  const uint64_t used = h.Stats().used_tokens();
-  const absl::StatusOr<v1::AppendResponse> inline_bad =
-      h.client->AppendKvFp8(9, 0, layers, 21, bad, AppendPosition::Create());
-  const absl::StatusOr<v1::AppendResponse> registered_bad = h.client->AppendKvRegistered(
-      9, 0, layers, 21, v1::DTYPE_FP8_MLA, mem.region, 65536, AppendPosition::Create());
-  EXPECT_EQ(registered_bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(registered_bad.status(), inline_bad.status());
-  EXPECT_THAT(registered_bad.status().message(), HasSubstr("kv[1, 4] byte 40"));
-  EXPECT_EQ(h.Stats().used_tokens(), used);
+  ExpectRefusedAsInline(
+      h,
+      [&] {
+        return h.client->AppendKvFp8(9, 0, layers, 21, bad, AppendPosition::Create()).status();
+      },
+      [&] {
+        return h.client
+            ->AppendKvRegistered(9, 0, layers, 21, v1::DTYPE_FP8_MLA, mem.region, 65536,
+                                 AppendPosition::Create())
+            .status();
+      },
+      "kv[1, 4] byte 40");
 }
 
 TEST(ExternalMemoryTest, NoFileOfTheDaemonsUserCanBeNamed) {
