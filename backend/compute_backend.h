@@ -161,12 +161,9 @@ class ComputeBackend {
   // Whether this process's work on the device shares it through MPS (cuda: the device's
   // CU_DEVICE_ATTRIBUTE_MPS_ENABLED, read at creation); false for a backend without a device.
   virtual bool mps_active() const { return false; }
-  // The attention kernel a pool of `dtype` runs on (the startup line names it): an operator on a
-  // Hopper GPU must see that an fp8 pool runs the portable kernel (plans/0032).
-  virtual std::string attention_kernel(KvDtype dtype) const {
-    (void)dtype;
-    return name();
-  }
+  // The attention kernel this backend runs (the startup line names it), e.g. the cuda backend's
+  // "sm90a-wgmma" or "portable-mma-sync"; both of its kernels read both pool dtypes.
+  virtual std::string attention_kernel() const { return name(); }
   // The device's UUID as nvidia-smi and DCGM print it ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx",
   // base/gpu_uuid.h), for the metrics' join with DCGM; "" for a backend without a GPU (an empty
   // label is no label to Prometheus: a join finds nothing, which is the truth).

@@ -40,6 +40,10 @@
 //   cp.async completing on the slot's mbarrier (cp.async.mbarrier.arrive.noinc). A slot's mbarrier
 //   expects its owner's 128 threads either way (for a copy, the first thread's arrival also
 //   announces the bytes), so the warpgroups pass no barrier but __syncthreads and mbarriers.
+// - An fp8 pool (the instance with KvMaps = Fp8KvTileMaps): a half's 656-byte rows come the same
+//   two ways, raw, into the upper part of their slot, and at step 7 the owner widens them in place
+//   into the nine bf16 chunks (mla_verify_flash_sm90_fp8_load.cuh: its byte plan, its order, and
+//   the warpgroup's named barriers); everything after is the bf16 instance's.
 //
 // The schedule, once:
 //  Prologue (every thread)
@@ -53,7 +57,7 @@
 //   5. Wait for Q; each warp reads Q's first kQRegSteps k-steps into registers.
 //   6. __syncthreads (Q's first chunks become ring slot 4); halves 2 and 3 by copy.
 //  Per own half h of a warpgroup (HalfStep)
-//   7. Wait for the half's slot; issue S(h).
+//   7. Wait for the half's slot (an fp8 half: widen it); issue S(h).
 //   8. Wait for the other's P(h-1) (its mbarrier), adopt its reference where higher, issue
 //      P(h-1) V(h-1); wait for S.
 //   9. Mask (a separate loop only for halves that reach the tree or col_end); move the reference
@@ -77,9 +81,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/kv_tile_map.h"
 #include "kernels/mla_verify_flash_common.cuh"
+#include "kernels/mla_verify_flash_sm90_fp8_load.cuh"
 #include "kernels/mla_verify_flash_sm90_ops.cuh"
 #include "kernels/mla_verify_flash_sm90_plan.cuh"
 #include "kernels/mla_verify_kernels.h"
@@ -203,10 +209,44 @@ struct Ring {
   uint32_t gathered_ahead;  // bit k: its own half h + 2k (h the current one) was gathered
 };
 
+// How a half's rows come, by the pool's maps: bf16 rows as they are (KvTileMap), fp8 rows
+// (Fp8KvTileMaps) raw, widened by their owner once landed (mla_verify_flash_sm90_fp8_load.cuh).
+template <class KvMaps>
+inline constexpr bool kWidensRows = std::is_same_v<KvMaps, Fp8KvTileMaps>;
+
+__device__ __forceinline__ void PrefetchKvMaps(const KvTileMap& maps) {
+  tma::PrefetchTensorMap(&maps.map);
+}
+__device__ __forceinline__ void PrefetchKvMaps(const Fp8KvTileMaps& maps) {
+  tma::PrefetchTensorMap(&maps.latent);
+  tma::PrefetchTensorMap(&maps.scales);
+  tma::PrefetchTensorMap(&maps.rope);
+}
+
+__device__ __forceinline__ void CopyKvHalf(const KvTileMap& maps, int run_base, uint32_t dst,
+                                           uint32_t bar, int wg_tid) {
+  CopyHalfByOwner(&maps.map, run_base, dst, bar, wg_tid);
+}
+__device__ __forceinline__ void CopyKvHalf(const Fp8KvTileMaps& maps, int run_base, uint32_t dst,
+                                           uint32_t bar, int wg_tid) {
+  fp8::CopyFp8HalfByOwner(maps, run_base, dst, bar, wg_tid);
+}
+
+__device__ __forceinline__ void GatherKvHalf(const KvTileMap&, const VerifyProblem& pr,
+                                             int slot_word, int half_col, int col_end, uint32_t dst,
+                                             uint32_t bar, int wg_warp, int lane) {
+  GatherHalfByOwner(pr.kv, slot_word, half_col, col_end, dst, bar, wg_warp, lane);
+}
+__device__ __forceinline__ void GatherKvHalf(const Fp8KvTileMaps&, const VerifyProblem& pr,
+                                             int slot_word, int half_col, int col_end, uint32_t dst,
+                                             uint32_t bar, int wg_warp, int lane) {
+  fp8::GatherFp8HalfByOwner(pr.kv_fp8, slot_word, half_col, col_end, dst, bar, wg_warp, lane);
+}
+
 // Schedule steps 2-6. Returns bit k: half k was gathered (its owner fences before a wgmma reads
 // it).
-template <class Probe>
-__device__ __forceinline__ uint32_t Prologue(const MlaVerifyParams& params, const KvTileMap& kv_map,
+template <class Probe, class KvMaps>
+__device__ __forceinline__ uint32_t Prologue(const MlaVerifyParams& params, const KvMaps& kv_map,
                                              const KvTileMap& q_map, const Smem& sm,
                                              const Place& at, const FlashWorkItem& item,
                                              const flash::ItemRows& rows, Probe& probe,
@@ -233,7 +273,7 @@ __device__ __forceinline__ uint32_t Prologue(const MlaVerifyParams& params, cons
     for (int b = 0; b < 4; ++b) tma::MbarrierInit(sm.p_full + 8 * b, 128);
     tma::MbarrierInit(sm.q_bar, 1);
     tma::FenceMbarrierInit();
-    if (kv_map.usable) tma::PrefetchTensorMap(&kv_map.map);
+    if (kv_map.usable) PrefetchKvMaps(kv_map);
     // Q: one copy of the item's 64 rows into the 9 swizzled chunks (rows past the sequence come
     // as they are, the next sequence's or zero past the tensor, and are never written out).
     if (q_map.usable) {
@@ -283,13 +323,13 @@ __device__ __forceinline__ uint32_t Prologue(const MlaVerifyParams& params, cons
         if (half >= 2) {
           copy_base = run_base;
         } else {
-          CopyHalfByOwner(&kv_map.map, run_base, RingSlot(sm.base, half), bar, tid & 127);
+          CopyKvHalf(kv_map, run_base, RingSlot(sm.base, half), bar, tid & 127);
         }
       }
     } else {
       if (at.wg == (half & 1)) {
-        GatherHalfByOwner(pr.kv, word, half_col, item.col_end, RingSlot(sm.base, half), bar,
-                          at.warp & 3, lane);
+        GatherKvHalf(kv_map, pr, word, half_col, item.col_end, RingSlot(sm.base, half), bar,
+                     at.warp & 3, lane);
       }
       prologue_gathered |= 1u << half;
     }
@@ -318,8 +358,8 @@ __device__ __forceinline__ uint32_t Prologue(const MlaVerifyParams& params, cons
   // copy only now, so that they do not slow the landing of Q and tile 0 that every CTA waits for.
   __syncthreads();
   if (copy_base >= 0) {
-    CopyHalfByOwner(&kv_map.map, copy_base, RingSlot(sm.base, 2 + at.wg),
-                    sm.full_bar + 8 * (2 + at.wg), tid & 127);
+    CopyKvHalf(kv_map, copy_base, RingSlot(sm.base, 2 + at.wg), sm.full_bar + 8 * (2 + at.wg),
+               tid & 127);
   }
   return prologue_gathered;
 }
@@ -355,8 +395,8 @@ __device__ __forceinline__ void IssueOtherPv(int hp, const Smem& sm, const Place
 }
 
 // Schedule steps 7-14 for this warpgroup's half h.
-template <class Probe>
-__device__ __forceinline__ void HalfStep(int h, const VerifyProblem& pr, const KvTileMap& kv_map,
+template <class Probe, class KvMaps>
+__device__ __forceinline__ void HalfStep(int h, const VerifyProblem& pr, const KvMaps& kv_map,
                                          const Smem& sm, const Place& at, const Columns& cols,
                                          const QOperand& q, Probe& probe, Ring& ring,
                                          RowState& st) {
@@ -365,14 +405,25 @@ __device__ __forceinline__ void HalfStep(int h, const VerifyProblem& pr, const K
   const int slot = h % kRingHalves;
   const uint32_t half_smem = RingSlot(sm.base, slot);
   const int half_col = cols.col_begin + h * kHalfCols;
-  const int next_refill_word = SlotAt(cols.slots, half_col + 6 * kHalfCols + lane, cols.col_end);
+  // The slot word of half h + 6 (the refill after next), loaded early to hide its latency; with
+  // fp8 rows only after the widening, which needs the register.
+  int next_refill_word = 0;
+  if constexpr (!kWidensRows<KvMaps>) {
+    next_refill_word = SlotAt(cols.slots, half_col + 6 * kHalfCols + lane, cols.col_end);
+  }
   probe.Phase(h / 2, kTop);
   // 7. The half in; S(h).
   if (Probe::kGathers || h < 4) tma::MbarrierWait(sm.full_bar + 8 * slot, (h / kRingHalves) & 1);
-  // A gathered half came by cp.async (the generic proxy); this warpgroup gathered it itself
-  // (in the prologue or as the refiller of half h, who is its owner), so it knows.
-  if (ring.gathered_ahead & 1) wgmma::FenceProxyAsyncShared();
-  ring.gathered_ahead >>= 1;
+  if constexpr (kWidensRows<KvMaps>) {
+    // Raw fp8 rows, copied or gathered: bf16 once the owner has widened them (it fences).
+    fp8::WidenHalf(half_smem, wg, at.tid & 127);
+    next_refill_word = SlotAt(cols.slots, half_col + 6 * kHalfCols + lane, cols.col_end);
+  } else {
+    // A gathered half came by cp.async (the generic proxy); this warpgroup gathered it itself
+    // (in the prologue or as the refiller of half h, who is its owner), so it knows.
+    if (ring.gathered_ahead & 1) wgmma::FenceProxyAsyncShared();
+    ring.gathered_ahead >>= 1;
+  }
   probe.TileIn(h / 2);
   probe.Phase(h / 2, kHalfIn);
 
@@ -461,12 +512,14 @@ __device__ __forceinline__ void HalfStep(int h, const VerifyProblem& pr, const K
     const int refill_col = half_col + 4 * kHalfCols;
     const int run_base = __shfl_sync(kFullMask, ring.refill_word, 0);
     if (kv_map.usable && HalfIsOneRun(ring.refill_word, lane, run_base, refill_col, cols.col_end)) {
-      CopyHalfByOwner(&kv_map.map, run_base, refill_smem, refill_bar, at.tid & 127);
+      CopyKvHalf(kv_map, run_base, refill_smem, refill_bar, at.tid & 127);
     } else {
       // Not one run (the tree's columns, the range's end, a fragmented pool): gathered.
-      GatherHalfByOwner(pr.kv, ring.refill_word, refill_col, cols.col_end, refill_smem, refill_bar,
-                        at.warp & 3, lane);
-      ring.gathered_ahead |= 2u;  // half h + 4: two own halves on (the shift is at the top)
+      GatherKvHalf(kv_map, pr, ring.refill_word, refill_col, cols.col_end, refill_smem, refill_bar,
+                   at.warp & 3, lane);
+      // Half h + 4: two own halves on (the shift is at the top). Raw fp8 rows are widened, and
+      // fenced, whichever way they came.
+      if constexpr (!kWidensRows<KvMaps>) ring.gathered_ahead |= 2u;
     }
   }
   probe.Phase(h / 2, kRefilled);
@@ -545,10 +598,11 @@ __device__ __forceinline__ void Epilogue(const MlaVerifyParams& params, const Fl
   }
 }
 
-// timeline: the probe's (a benchmark's clock stamps); nullptr for the product.
-template <class Probe>
+// timeline: the probe's (a benchmark's clock stamps); nullptr for the product. KvMaps: KvTileMap
+// for a bf16 pool, Fp8KvTileMaps for an fp8 one (problem.kv_fp8).
+template <class Probe, class KvMaps = KvTileMap>
 __global__ void __launch_bounds__(kHopperFlashThreads, 1)
-    MlaVerifyFlashSm90Kernel(MlaVerifyParams params, const __grid_constant__ KvTileMap kv_map,
+    MlaVerifyFlashSm90Kernel(MlaVerifyParams params, const __grid_constant__ KvMaps kv_map,
                              const __grid_constant__ KvTileMap q_map, uint64_t* timeline) {
   pdl::AllowDependentLaunch();  // 1.
   Probe probe(timeline);

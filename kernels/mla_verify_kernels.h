@@ -29,7 +29,9 @@ cudaError_t LaunchFlashKernel(const MlaVerifyParams& params, cudaStream_t stream
 // benchmark's instrumented builds of it (timeline, no gathers, no wgmma) live in tools/bench.
 inline constexpr int kHopperFlashThreads = 256;
 int HopperFlashSmemBytes();
-const void* HopperFlashKernelSymbol();
+// The instance for bf16 rows, or (fp8_rows) for an fp8 pool's 656-byte rows.
+const void* HopperFlashKernelSymbol(bool fp8_rows = false);
+// The fp8 instance where params.problem.kv_fp8 is set.
 cudaError_t LaunchHopperFlashKernel(const MlaVerifyParams& params, cudaStream_t stream);
 
 // One CTA per (combine item, row of its 64): merges the item's partials by LSE into out/lse.

@@ -21,17 +21,17 @@
 // tile-top barrier of j+1 publishes the widened rows to every warp, as it does the bf16 copies.
 #pragma once
 
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
 #include <cstdint>
 
+#include "kernels/kv_fp8_widen.cuh"
 #include "kernels/mla_verify_flash_common.cuh"
 #include "kernels/mla_verify_mma.cuh"
 #include "verify/kv_fp8_layout.h"
 #include "verify/mla_dims.h"
 
 namespace verifyd::portable::fp8 {
+
+using verifyd::fp8::WidenEight;
 
 inline constexpr int kRowBytes = kFp8RowBytes;                   // 656
 inline constexpr int kRowChunks = kRowBytes / 16;                // 41 16-byte chunks per raw row
@@ -57,24 +57,6 @@ __device__ __forceinline__ void LoadRawRow(const uint8_t* kv_fp8, int my_slot, u
       mma::SmemAddr(buffer + warp * kWarpBytes + kRawOffset + rr * kRowBytes + lane * 16);
   mma::CpAsync16Full(to, src);
   if (lane < kRowChunks - 32) mma::CpAsync16Full(to + 512, src + 512);
-}
-
-// Eight e4m3 codes (two words, code k of value base + k) times their group's scale, as four bf16
-// pairs.
-__device__ __forceinline__ uint4 WidenEight(uint2 codes, float scale) {
-  const uint32_t words[2] = {codes.x, codes.y};
-  uint32_t out[4];
-#pragma unroll
-  for (int w = 0; w < 2; ++w) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * h));
-      const __half2_raw halves = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&halves));
-      out[2 * w + h] = mma::PackBf16x2(v.x * scale, v.y * scale);
-    }
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 // Widens raw row rr of this warp into its bf16 tile row (4 warp + rr), in place (the header says

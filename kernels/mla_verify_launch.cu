@@ -64,8 +64,7 @@ bool HopperImageRunsHere() {
   });
 }
 
-// The Hopper kernel reads bf16 rows only (issue 34): kAuto gives an fp8 pool the portable kernel.
-bool UsesHopper(FlashPath path, bool fp8_rows) {
+bool UsesHopper(FlashPath path) {
   switch (path) {
     case FlashPath::kPortable:
       return false;
@@ -74,7 +73,7 @@ bool UsesHopper(FlashPath path, bool fp8_rows) {
     case FlashPath::kAuto:
       break;
   }
-  return !fp8_rows && kHopperPathEnabled && HopperImageRunsHere();
+  return kHopperPathEnabled && HopperImageRunsHere();
 }
 
 }  // namespace
@@ -92,13 +91,13 @@ bool ProgrammaticLaunchRunsHere() {
 
 bool HopperFlashAvailable() { return HopperImageRunsHere(); }
 
-std::vector<FlashPath> AvailableFlashPaths(bool fp8_rows) {
-  if (!fp8_rows && HopperFlashAvailable()) return {FlashPath::kHopper, FlashPath::kPortable};
+std::vector<FlashPath> AvailableFlashPaths() {
+  if (HopperFlashAvailable()) return {FlashPath::kHopper, FlashPath::kPortable};
   return {FlashPath::kPortable};
 }
 
-const char* FlashKernelName(FlashPath path, bool fp8_rows) {
-  return UsesHopper(path, fp8_rows) ? "sm90a-wgmma" : "portable-mma-sync";
+const char* FlashKernelName(FlashPath path) {
+  return UsesHopper(path) ? "sm90a-wgmma" : "portable-mma-sync";
 }
 
 absl::StatusOr<int> CurrentDeviceSmCount() {
@@ -148,15 +147,10 @@ absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan
         "FlashPath::kHopper: this device or library has no sm_90a image of the Hopper kernel");
   }
   const bool fp8_rows = problem.kv_fp8 != nullptr;
-  if (path == FlashPath::kHopper && fp8_rows) {
-    return absl::FailedPreconditionError(
-        "FlashPath::kHopper reads bf16 rows only: an fp8 pool (problem.kv_fp8) runs on "
-        "FlashPath::kPortable or kAuto");
-  }
-  const bool hopper = UsesHopper(path, fp8_rows);
+  const bool hopper = UsesHopper(path);
   // Setting the attribute is not a stream operation, so it is legal while a stream is capturing.
   VERIFYD_CUDA_CHECK(
-      cudaFuncSetAttribute(hopper ? HopperFlashKernelSymbol() : FlashKernelSymbol(fp8_rows),
+      cudaFuncSetAttribute(hopper ? HopperFlashKernelSymbol(fp8_rows) : FlashKernelSymbol(fp8_rows),
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                            hopper ? HopperFlashSmemBytes() : FlashSmemBytes()));
   const MlaVerifyParams params = MakeMlaVerifyParams(problem, plan, layout, workspace);

@@ -38,10 +38,10 @@ absl::Status UploadPlan(const SplitPlan& plan, const WorkspaceLayout& layout, vo
 // benchmark's time breakdown (kCombineOnly needs a flash run of the same plan before it).
 enum class VerifyStages { kFlashAndCombine, kFlashOnly, kCombineOnly };
 // Which flash kernel runs. kAuto (the product's): the sm_90a wgmma kernel on a compute-capability-9
-// device when this library holds its image and the pool is bf16, else the portable mma.sync kernel
-// (the one kernel that reads an fp8 pool, problem.kv_fp8, so far). kPortable and kHopper force one,
-// for the tests and the benchmark, which check and time both on one device; kHopper where it cannot
-// run (no image, or an fp8 pool) is an error (FailedPrecondition), never a silent fallback.
+// device when this library holds its image, else the portable mma.sync kernel; both read a bf16
+// pool (problem.kv) and an fp8 one (problem.kv_fp8). kPortable and kHopper force one, for the tests
+// and the benchmark, which check and time both on one device; kHopper where it cannot run (no
+// image) is an error (FailedPrecondition), never a silent fallback.
 enum class FlashPath { kAuto, kPortable, kHopper };
 absl::Status LaunchMlaVerify(const VerifyProblem& problem, const SplitPlan& plan,
                              const WorkspaceLayout& layout, void* workspace, cudaStream_t stream,
@@ -54,13 +54,12 @@ MlaVerifyParams MakeMlaVerifyParams(const VerifyProblem& problem, const SplitPla
 // Whether the current device can run the Hopper kernel (compute capability 9 and an sm_90a image in
 // this library).
 bool HopperFlashAvailable();
-// The flash paths the current device can run on a bf16 pool (or, fp8_rows, an fp8 one):
-// {kHopper, kPortable} where the Hopper kernel can run, else {kPortable}. Tests and the benchmark
-// loop over these.
-std::vector<FlashPath> AvailableFlashPaths(bool fp8_rows = false);
+// The flash paths the current device can run: {kHopper, kPortable} where the Hopper kernel can
+// run, else {kPortable}. Tests and the benchmark loop over these.
+std::vector<FlashPath> AvailableFlashPaths();
 // The kernel `path` runs on the current device: "sm90a-wgmma" or "portable-mma-sync" (kAuto
 // resolved; kHopper where it cannot run still says "sm90a-wgmma").
-const char* FlashKernelName(FlashPath path = FlashPath::kAuto, bool fp8_rows = false);
+const char* FlashKernelName(FlashPath path = FlashPath::kAuto);
 
 // Whether the current device runs programmatic dependent launch (compute capability 9.0 or later;
 // kernels/programmatic_launch.cuh): the verify kernels' launchers ask, once per device.

@@ -53,6 +53,16 @@ __device__ __forceinline__ void PrefetchTensorMap(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
+// One box of a 2-D tensor map at element coordinates (x, y) into shared memory at `dst`.
+__device__ __forceinline__ void TensorCopy2d(uint32_t dst, const void* map, int x, int y,
+                                             uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+
 // One box of a 3-D tensor map at element coordinates (x, y, z) into shared memory at `dst`.
 __device__ __forceinline__ void TensorCopy3d(uint32_t dst, const void* map, int x, int y, int z,
                                              uint32_t bar) {

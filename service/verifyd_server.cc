@@ -176,7 +176,7 @@ absl::Status VerifydServer::BecomeReady() {
   VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend, CreateBackend(options_));
   backend_name_ = backend->name();
   mps_active_ = backend->mps_active();
-  attention_kernel_ = backend->attention_kernel(options_.kv_dtype);
+  attention_kernel_ = backend->attention_kernel();
   metrics_->SetBuildInfo(VERIFYD_VERSION, backend_name_);
   metrics_->SetMpsActive(mps_active_);
   metrics_->SetDeviceInfo(options_.device, backend->gpu_uuid());

@@ -192,9 +192,7 @@ absl::StatusOr<CudaBackend::PlannedCall> CudaBackend::PlanCall(
   return planned;
 }
 
-std::string CudaBackend::attention_kernel(KvDtype dtype) const {
-  return FlashKernelName(options_.flash_path, dtype == KvDtype::kFp8);
-}
+std::string CudaBackend::attention_kernel() const { return FlashKernelName(options_.flash_path); }
 
 absl::Status CudaBackend::ComputeVerify(int layer, VerifyProblem problem,
                                         absl::Span<const VerifySlotList> slot_lists) {

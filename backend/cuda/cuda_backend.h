@@ -180,8 +180,8 @@ class CudaBackend : public ComputeBackend {
   absl::Status ReleaseExternalWait(const ExternalFlag& ready) override;
   const ExternalCallCounters& external_counters() const { return external_counters_; }
   bool mps_active() const override { return mps_active_; }
-  // FlashKernelName of this backend's path for the dtype: "sm90a-wgmma" or "portable-mma-sync".
-  std::string attention_kernel(KvDtype dtype) const override;
+  // FlashKernelName of this backend's path: "sm90a-wgmma" or "portable-mma-sync".
+  std::string attention_kernel() const override;
   std::string gpu_uuid() const override { return gpu_uuid_; }
 
   const GraphCounters& graph_counters() const { return graphs_.counters(); }

@@ -2,8 +2,9 @@
 // float64 oracle computed on the dequantized KV (SPEC §1: attention over an fp8 store is attention
 // over its dequantized rows), on fresh random inputs quantized the daemon's way: the whole flash
 // test matrix, forced split plans, page-size-1 / one-run / random-run layouts (bit-exact), the
-// naive kernel's fp8 reading, the largest shapes against the naive kernel, and the Hopper path's
-// refusal. Also reports (does not bound) how far the fp8 store's output is from the bf16 store's.
+// naive kernel's fp8 reading and the largest shapes against the naive kernel, on every flash path
+// the device has (both on a Hopper one). Also reports (does not bound) how far the fp8 store's
+// output is from the bf16 store's.
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -54,14 +55,14 @@ TEST_P(FlashFp8VsOracle, MatchesFloat64OnTheDequantizedKv) {
   ComputeVerifyF64(host.problem(), &bf16_out, &bf16_lse);
   auto dev = DeviceProblem::Upload(host, &pool);
   ASSERT_TRUE(dev.ok()) << dev.status();
-  for (FlashPath path : AvailableFlashPaths(/*fp8_rows=*/true)) {
-    SCOPED_TRACE(FlashKernelName(path, /*fp8_rows=*/true));
+  for (FlashPath path : AvailableFlashPaths()) {
+    SCOPED_TRACE(FlashKernelName(path));
     auto flash = dev->RunFlash(kSms, path);
     ASSERT_TRUE(flash.ok()) << flash.status();
     EXPECT_LE(RelativeError(flash->out, ref_out), kTolerance);
     EXPECT_LE(RelativeError(flash->lse, ref_lse), kTolerance);
     std::printf("fp8 %-26s %-18s out err %.2e, lse err %.2e; vs a bf16 store %.2e\n",
-                c.name.c_str(), FlashKernelName(path, true), RelativeError(flash->out, ref_out),
+                c.name.c_str(), FlashKernelName(path), RelativeError(flash->out, ref_out),
                 RelativeError(flash->lse, ref_lse), RelativeError(flash->out, bf16_out));
   }
   auto naive = dev->RunNaive();
@@ -97,7 +98,7 @@ TEST(FlashFp8, EveryPlanAndLayoutMatchesFloat64AndLayoutsAreBitExact) {
   auto dev_c = DeviceProblem::Upload(contiguous, &pool_c);
   auto dev_r = DeviceProblem::Upload(runs, &pool_r);
   ASSERT_TRUE(dev_s.ok() && dev_c.ok() && dev_r.ok());
-  for (FlashPath path : AvailableFlashPaths(/*fp8_rows=*/true)) {
+  for (FlashPath path : AvailableFlashPaths()) {
     for (int sms : {1, 3, 5, 24, 132, 100000}) {
       SCOPED_TRACE("num_sms=" + std::to_string(sms));
       auto a = dev_s->RunFlash(sms, path);
@@ -146,7 +147,7 @@ TEST(FlashFp8, ScalesFarFromOneAndSubnormalCodesMatchFloat64) {
   OracleOnFp8(host, pool, &ref_out, &ref_lse);
   auto dev = DeviceProblem::Upload(host, &pool);
   ASSERT_TRUE(dev.ok()) << dev.status();
-  for (FlashPath path : AvailableFlashPaths(/*fp8_rows=*/true)) {
+  for (FlashPath path : AvailableFlashPaths()) {
     for (int sms : {5, 132}) {
       auto flash = dev->RunFlash(sms, path);
       ASSERT_TRUE(flash.ok()) << flash.status();
@@ -157,20 +158,6 @@ TEST(FlashFp8, ScalesFarFromOneAndSubnormalCodesMatchFloat64) {
   auto naive = dev->RunNaive();
   ASSERT_TRUE(naive.ok()) << naive.status();
   EXPECT_LE(RelativeError(naive->out, ref_out), kTolerance);
-}
-
-// The Hopper kernel reads bf16 rows only: forcing it on an fp8 pool is refused, never run.
-TEST(FlashFp8, HopperPathRefusesAnFp8Pool) {
-  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
-  if (!HopperFlashAvailable()) GTEST_SKIP() << "no Hopper kernel on this device";
-  using enum TreeShape;
-  HostProblem host = MakeRandomProblem({{100, 9, kChain}}, 8, TestSeed(), true, 3);
-  const std::vector<uint8_t> pool = QuantizePool(host);
-  auto dev = DeviceProblem::Upload(host, &pool);
-  ASSERT_TRUE(dev.ok()) << dev.status();
-  auto flash = dev->RunFlash(kSms, FlashPath::kHopper);
-  EXPECT_EQ(flash.status().code(), absl::StatusCode::kFailedPrecondition) << flash.status();
-  EXPECT_STREQ(FlashKernelName(FlashPath::kAuto, /*fp8_rows=*/true), "portable-mma-sync");
 }
 
 // The largest shapes against the naive kernel reading the same fp8 pool (checked against float64
@@ -195,7 +182,7 @@ TEST(FlashFp8, LargeShapesMatchTheNaiveKernel) {
     const Reference ref = AsReference(*naive);
     const std::vector<double>& naive_out = ref.out;
     const std::vector<double>& naive_lse = ref.lse;
-    for (FlashPath path : AvailableFlashPaths(/*fp8_rows=*/true)) {
+    for (FlashPath path : AvailableFlashPaths()) {
       auto flash = dev->RunFlash(kSms, path);
       ASSERT_TRUE(flash.ok());
       EXPECT_LE(RelativeError(flash->out, naive_out), kTolerance);

@@ -63,10 +63,9 @@ ABSL_FLAG(int, steps, 40, "timed decode steps per way");
 ABSL_FLAG(std::string, flash_kernel, "auto",
           "auto|portable: every way's flash kernel (portable: the one sm_120 runs; the daemon "
           "ways pass it as the daemon's --flash-kernel)");
-ABSL_FLAG(
-    std::string, kv_dtype, "bf16",
-    "bf16|fp8: the in-process ways' pool (fp8: DeepSeek's 656-byte rows, read by the portable "
-    "kernel); the daemon ways run bf16 only");
+ABSL_FLAG(std::string, kv_dtype, "bf16",
+          "bf16|fp8: the in-process ways' pool (fp8: DeepSeek's 656-byte rows, read by either "
+          "kernel); the daemon ways run bf16 only");
 ABSL_FLAG(int, warmup, 5, "untimed steps first (graph warm-up and capture)");
 ABSL_FLAG(int, gemm_n, 1024, "the model GEMM is 4096 x gemm_n x 4096 bf16 (1024: ~50 us)");
 ABSL_FLAG(std::string, ways,

@@ -807,7 +807,6 @@ int Main(int argc, char** argv) {
         BENCH_CUDA(cudaDeviceSynchronize());
       }
     }
-    const std::vector<FlashPath> fp8_paths = AvailableFlashPaths(/*fp8_rows=*/true);
     // Each flash path this device has (the Hopper kernel where it runs, then the portable one),
     // measured against the same ceilings and the same naive output.
     const std::vector<FlashPath> paths =
@@ -871,10 +870,7 @@ int Main(int argc, char** argv) {
         row.naive_ms = naive_ms;
         row.err = RelativeErrorBf16(d.out, d.out_naive, size_t(s.batch) * s.q * s.heads * kVDim);
       }
-      const bool path_reads_fp8 =
-          std::find(fp8_paths.begin(), fp8_paths.end(), path) != fp8_paths.end() ||
-          (path == FlashPath::kAuto);
-      if (fp8 && path_reads_fp8) {
+      if (fp8) {
         const double fp8_ms = MedianMs(5, iters, [&](int i) { launch_fp8(i, false); });
         const double fp8_scattered_ms = MedianMs(5, iters, [&](int i) { launch_fp8(i, true); });
         const double fp8_bytes = double(s.batch) * (double(s.l) + s.q) * kFp8RowBytes;
