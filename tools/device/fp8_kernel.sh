@@ -3,7 +3,7 @@
 # one call (issue 34, plans/0032): the fp8 flash tests (against float64 on the dequantized KV), the
 # bf16 flash tests (the load stage is a template of the same kernel), racecheck on the fp8 kernel
 # (gathered and copied layouts), then the kernel bench with --fp8 (both paths, ceilings in the same
-# run; fp8 / bf16 per shape on the paths that read fp8).
+# run; fp8 / bf16 per shape on both paths).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/bundle_env.sh
