@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/kv_tile_map.h"
+#include "verify/kv_fp8_layout.h"
 
 namespace verifyd {
 namespace {
@@ -116,6 +117,22 @@ TEST(KvTileMap, NoMapForAPoolTheCopiesCannotAddress) {
   EXPECT_EQ(EncodeKvTileMap(aligned, (int64_t{1} << 31) + 1).usable, 0);
   if (!HaveDriverAndDevice()) GTEST_SKIP() << "no CUDA driver and device: no map can be made";
   EXPECT_EQ(EncodeKvTileMap(aligned, 64).usable, 1);  // a pool of more slots than one box holds
+}
+
+// The fp8 pool's three maps (codes, scales, rope; kv_tile_map.h): none where any of them cannot be
+// made (no pool, an unaligned one, fewer slots than one box of 32), so the kernel gathers.
+TEST(Fp8KvTileMaps, NoMapsForAPoolTheCopiesCannotAddress) {
+  std::vector<uint8_t> pool(kFp8RowBytes * 64 + 16);
+  uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(pool.data()) + 15) &
+                                                ~static_cast<uintptr_t>(15));
+  EXPECT_EQ(EncodeFp8KvTileMaps(nullptr, 64).usable, 0);
+  EXPECT_EQ(EncodeFp8KvTileMaps(aligned + 1, 63).usable, 0);  // not 16-byte aligned
+  EXPECT_EQ(EncodeFp8KvTileMaps(aligned, 31).usable, 0);      // fewer slots than one box
+  EXPECT_EQ(EncodeFp8KvTileMaps(aligned, 0).usable, 0);
+  EXPECT_EQ(EncodeFp8KvTileMaps(aligned, (int64_t{1} << 31) + 1).usable, 0);
+  if (!HaveDriverAndDevice()) GTEST_SKIP() << "no CUDA driver and device: no map can be made";
+  EXPECT_EQ(EncodeFp8KvTileMaps(aligned, 32).usable, 1);  // one box: the whole pool
+  EXPECT_EQ(EncodeFp8KvTileMaps(aligned, 64).usable, 1);
 }
 
 // The same for the queries' map (box: 64 rows): none for a batch of fewer rows than a box (the
