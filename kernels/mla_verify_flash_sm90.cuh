@@ -43,7 +43,7 @@
 // - An fp8 pool (the instance with KvMaps = Fp8KvTileMaps): a half's 656-byte rows come the same
 //   two ways, raw, into the upper part of their slot, and at step 7 the owner widens them in place
 //   into the nine bf16 chunks (mla_verify_flash_sm90_fp8_load.cuh: its byte plan, its order, and
-//   the warpgroup's named barriers); everything after is the bf16 instance's.
+//   the warpgroup's meetings on its own mbarrier); everything after is the bf16 instance's.
 //
 // The schedule, once:
 //  Prologue (every thread)
@@ -148,6 +148,7 @@ struct Smem {
   uint32_t p_full;
   uint32_t p_empty;
   uint32_t q_bar;
+  uint32_t widen_bar;  // + 8 wg: warpgroup wg's meetings while it widens an fp8 half
 };
 
 __device__ __forceinline__ Smem SmemOf(uint8_t* smem_raw) {
@@ -165,6 +166,7 @@ __device__ __forceinline__ Smem SmemOf(uint8_t* smem_raw) {
   sm.p_full = sm.base + offsetof(SharedPlan, p_full);
   sm.p_empty = sm.p_full + 16;
   sm.q_bar = sm.p_full + 32;
+  sm.widen_bar = sm.base + offsetof(SharedPlan, widen_bar);
   return sm;
 }
 
@@ -272,6 +274,10 @@ __device__ __forceinline__ uint32_t Prologue(const MlaVerifyParams& params, cons
 #pragma unroll
     for (int b = 0; b < 4; ++b) tma::MbarrierInit(sm.p_full + 8 * b, 128);
     tma::MbarrierInit(sm.q_bar, 1);
+    if constexpr (kWidensRows<KvMaps>) {
+      tma::MbarrierInit(sm.widen_bar, 128);
+      tma::MbarrierInit(sm.widen_bar + 8, 128);
+    }
     tma::FenceMbarrierInit();
     if (kv_map.usable) PrefetchKvMaps(kv_map);
     // Q: one copy of the item's 64 rows into the 9 swizzled chunks (rows past the sequence come
@@ -416,7 +422,7 @@ __device__ __forceinline__ void HalfStep(int h, const VerifyProblem& pr, const K
   if (Probe::kGathers || h < 4) tma::MbarrierWait(sm.full_bar + 8 * slot, (h / kRingHalves) & 1);
   if constexpr (kWidensRows<KvMaps>) {
     // Raw fp8 rows, copied or gathered: bf16 once the owner has widened them (it fences).
-    fp8::WidenHalf(half_smem, wg, at.tid & 127);
+    fp8::WidenHalf(half_smem, sm.widen_bar + 8 * wg, h >> 1, at.tid & 127);
     next_refill_word = SlotAt(cols.slots, half_col + 6 * kHalfCols + lane, cols.col_end);
   } else {
     // A gathered half came by cp.async (the generic proxy); this warpgroup gathered it itself

@@ -25,12 +25,15 @@
 // raw chunk (a contiguous 2 KB per chunk and warpgroup: no bank conflicts; the two 16-byte stores
 // of a chunk row go to units 2 (t % 4) and + 1, which the swizzle spreads over all banks per 8
 // threads). Writing bf16 chunk c destroys [4096 c, 4096 c + 4096), so the order is:
-//   scales; chunks 0-2 (below every raw byte); raw chunk 3 to registers;     -- barrier 1
-//   chunk 3 (over the scales); chunks 4-5 (over raw 0-3); raw 6-7 to registers; -- barrier 2
-//   chunks 6-7 (over raw 4-7); fence.proxy.async;                             -- barrier 3
+//   scales; chunks 0-2 (below every raw byte); raw chunk 3 to registers;     -- meeting 1
+//   chunk 3 (over the scales); chunks 4-5 (over raw 0-3); raw 6-7 to registers; -- meeting 2
+//   chunks 6-7 (over raw 4-7); fence.proxy.async;                             -- meeting 3
 // so no byte is overwritten before every thread has read it, and the wgmma (the async proxy) of
-// any warp of the warpgroup sees every thread's stores. Barriers are named (1 + warpgroup, 128
-// threads): the other warpgroup runs on.
+// any warp of the warpgroup sees every thread's stores. A meeting is an arrival and a wait on the
+// warpgroup's own mbarrier (SharedPlan::widen_bar, 128 arrivals): the other warpgroup runs on.
+// Why not named barriers (bar.sync 1 + warpgroup, 128), which ran at the same speed: racecheck
+// pairs named-barrier epochs by count, and the warpgroups' counts differ whenever one widens a half
+// more, so the tool reported thousands of hazards that are not there (plans/0036 has the probe).
 #pragma once
 
 #include <cuda.h>
@@ -62,7 +65,7 @@ static_assert(kVDim / 64 * kRawChunkBytes + kHalfCols * kScaleRowBytes + kHalfCo
 static_assert(kCodesOffset + kVDim / 64 * kRawChunkBytes == kRopeChunk * kHalfChunkBytes,
               "the codes end where the rope's chunk begins");
 static_assert(kScalesOffset >= 3 * kHalfChunkBytes,
-              "chunks 0-2, widened before barrier 1, lie below the scales");
+              "chunks 0-2, widened before meeting 1, lie below the scales");
 static_assert(kRopeDim == 64 && kFp8GroupSize == 128, "chunk 8 is the rope; two chunks a group");
 
 // The three maps' boxes into ring slot `dst`, completing on `bar` (one thread).
@@ -117,13 +120,12 @@ __device__ __forceinline__ void GatherFp8HalfByOwner(const uint8_t* kv_fp8, int 
   tma::CpAsyncMbarrierArriveNoInc(bar);
 }
 
-// Barrier 1 + wg, an immediate each so that ptxas counts two named barriers, not all sixteen.
-__device__ __forceinline__ void WarpgroupBarrier(int wg) {
-  if (wg == 0) {
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
-  } else {
-    asm volatile("bar.sync 2, 128;\n" ::: "memory");
-  }
+// The warpgroup's meeting on its mbarrier `bar` (128 arrivals): an arrival (a release of this
+// thread's reads and writes) and a wait on the phase it completes (an acquire of everyone's). A
+// half takes three meetings, so meeting k of the warpgroup's n-th own half completes phase 3n + k.
+__device__ __forceinline__ void WarpgroupMeet(uint32_t bar, uint32_t phase) {
+  tma::MbarrierArrive(bar);
+  tma::MbarrierWait(bar, phase & 1);
 }
 
 __device__ __forceinline__ uint4 LdShared128(uint32_t addr) {
@@ -151,9 +153,10 @@ __device__ __forceinline__ void StoreWidened(uint32_t slot, int c, int r, int qu
               verifyd::fp8::WidenEight(make_uint2(codes.z, codes.w), scale));
 }
 
-// The landed raw half in `slot` widened in place by its owner warpgroup (wg; wg_tid its thread),
-// in the header's order. On return every chunk is bf16 and visible to the warpgroup's wgmma.
-__device__ __forceinline__ void WidenHalf(uint32_t slot, int wg, int wg_tid) {
+// The landed raw half in `slot` widened in place by its owner warpgroup (wg_tid its thread; `bar`
+// its mbarrier; own_half: how many halves it widened before in this item), in the header's order.
+// On return every chunk is bf16 and visible to the warpgroup's wgmma.
+__device__ __forceinline__ void WidenHalf(uint32_t slot, uint32_t bar, int own_half, int wg_tid) {
   const int r = wg_tid >> 2;
   const int quarter = wg_tid & 3;
   const uint32_t codes = slot + kCodesOffset + 16 * wg_tid;  // chunk c at + c x kRawChunkBytes
@@ -163,12 +166,12 @@ __device__ __forceinline__ void WidenHalf(uint32_t slot, int wg, int wg_tid) {
     StoreWidened(slot, c, r, quarter, LdShared128(codes + c * kRawChunkBytes),
                  LdSharedF32(scales + 4 * (c >> 1)));
   }
-  // What chunks 3-7 need of the bytes that barrier 1 lets be overwritten.
+  // What chunks 3-7 need of the bytes that meeting 1 lets be overwritten.
   const uint4 codes3 = LdShared128(codes + 3 * kRawChunkBytes);
   const float scale1 = LdSharedF32(scales + 4);
   const float scale2 = LdSharedF32(scales + 8);
   const float scale3 = LdSharedF32(scales + 12);
-  WarpgroupBarrier(wg);
+  WarpgroupMeet(bar, 3 * own_half);
   StoreWidened(slot, 3, r, quarter, codes3, scale1);
 #pragma unroll
   for (int c = 4; c < 6; ++c) {
@@ -176,11 +179,11 @@ __device__ __forceinline__ void WidenHalf(uint32_t slot, int wg, int wg_tid) {
   }
   const uint4 codes6 = LdShared128(codes + 6 * kRawChunkBytes);
   const uint4 codes7 = LdShared128(codes + 7 * kRawChunkBytes);
-  WarpgroupBarrier(wg);
+  WarpgroupMeet(bar, 3 * own_half + 1);
   StoreWidened(slot, 6, r, quarter, codes6, scale3);
   StoreWidened(slot, 7, r, quarter, codes7, scale3);
   wgmma::FenceProxyAsyncShared();
-  WarpgroupBarrier(wg);
+  WarpgroupMeet(bar, 3 * own_half + 2);
 }
 
 }  // namespace verifyd::flash_sm90::fp8

@@ -60,12 +60,14 @@ struct SharedPlan {
   uint64_t p_full[2];
   uint64_t p_empty[2];
   uint64_t q_bar;  // Q's copy (where Q comes by one)
+  // Per warpgroup, the fp8 widening's three meetings a half (128 arrivals: its threads).
+  uint64_t widen_bar[2];
 };
 constexpr int kQOffset = offsetof(SharedPlan, q);
 constexpr int kRingOffset = offsetof(SharedPlan, ring);
 constexpr int kPOffset = offsetof(SharedPlan, p);
 constexpr int kSmemBytes = sizeof(SharedPlan) + 1024;  // room to align the base to 1024
-static_assert(sizeof(SharedPlan) == 231032, "the plan as measured (plans/0004)");
+static_assert(sizeof(SharedPlan) == 231048, "the plan as measured (plans/0004)");
 static_assert(kSmemBytes <= 232448, "an sm_90 block may take 227 KB of dynamic shared memory");
 static_assert(kQOffset % 1024 == 0 && kRingOffset % 1024 == 0 && kPOffset % 1024 == 0,
               "chunks are 1024-byte aligned (the swizzle's phase is the row)");
